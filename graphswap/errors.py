@@ -1,0 +1,38 @@
+"""Exception types.  Every error graphswap raises on bad input derives from GraphswapError, so the
+CLI can print its message (what was wrong, what is allowed, what to do) without a traceback."""
+
+
+class GraphswapError(Exception):
+    """Base class of all errors graphswap raises deliberately."""
+
+
+class KernelSpecError(GraphswapError, ValueError):
+    """A kernel specification (name, .c/.so/.lut path, symbol) is invalid or cannot be resolved."""
+
+
+class KernelLoadError(GraphswapError):
+    """A kernel library could not be loaded: missing file, missing symbols, ABI version mismatch."""
+
+
+class KernelTrustError(KernelLoadError):
+    """A model names a native library the user has not trusted, or whose hash changed."""
+
+
+class KernelExecutionError(GraphswapError, RuntimeError):
+    """A kernel call returned an error code; the message carries the kernel's own message."""
+
+
+class UnsupportedLayerError(GraphswapError, ValueError):
+    """A layer uses an option graphswap cannot reproduce; the message names the layer and option."""
+
+
+class ModelLoadError(GraphswapError):
+    """A model file could not be loaded (missing, corrupt, weights-only, unsupported format)."""
+
+
+class DataError(GraphswapError, ValueError):
+    """Training/evaluation data does not fit the model (keys, shapes, labels, emptiness)."""
+
+
+class OutputPathError(GraphswapError):
+    """An output path exists (and --force was not given), or its directory is missing/read-only."""

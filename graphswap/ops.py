@@ -1,0 +1,216 @@
+"""TensorFlow ops whose forward pass runs a graphswap Kernel and whose backward pass is TensorFlow's.
+
+Forward: `tf.numpy_function` into the kernel (one C call for the whole batch), with the static
+output shape set.  Backward (`backward="native"`): the same computations TensorFlow registers as the
+gradients of MatMul and Conv2D (MatMul: dy @ w^T and x^T @ dy; Conv2D: Conv2DBackpropInput and
+Conv2DBackpropFilter with the forward's explicit paddings), against the float weights - the
+straight-through estimator for approximate forwards, and bit-for-bit TensorFlow's own gradient code
+for the exact kernel.  `backward="kernel"` sends the backward products through the same kernel (as
+ApproxTrain does): the matmuls directly, the convolution gradients as patches x matmul.
+
+Weights are explicit inputs of the custom-gradient functions (no captured variables), and all
+inputs are cast to float32 for the kernel; the casts' own gradients cast back, so float16,
+bfloat16 and mixed-precision policies work unchanged.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import tensorflow as tf
+
+from graphswap.errors import UnsupportedLayerError
+from graphswap.geometry import ConvGeometry, conv_geometry
+from graphswap.kernels import Kernel, im2col
+
+BACKWARD_MODES = ("native", "kernel")
+
+_threads_configured = False
+
+
+def _configure_threads(kernel: Kernel) -> None:
+    """Size the kernel library's thread pool from TensorFlow's intra-op setting, once."""
+    global _threads_configured
+    if _threads_configured:
+        return
+    library = getattr(kernel, "library", None)
+    from graphswap import native
+
+    threads = tf.config.threading.get_intra_op_parallelism_threads() or (os.cpu_count() or 1)
+    try:
+        native.shipped_library().set_num_threads(threads)
+        if library is not None:
+            library.set_num_threads(threads)
+    except Exception:  # noqa: BLE001 - thread sizing is an optimisation, never a failure
+        pass
+    _threads_configured = True
+
+
+def check_backward_mode(backward: str) -> str:
+    if backward not in BACKWARD_MODES:
+        raise ValueError(f"backward must be one of {BACKWARD_MODES}, got {backward!r}")
+    return backward
+
+
+# --------------------------------------------------------------------------------------------
+# matmul
+# --------------------------------------------------------------------------------------------
+
+def _numpy_matmul(kernel: Kernel, a, b, m_static, n_static):
+    out = tf.numpy_function(lambda x, y: kernel.matmul(x, y), [a, b], tf.float32, stateful=False,
+                            name="graphswap_matmul")
+    out.set_shape([m_static, n_static])
+    return out
+
+
+def swapped_matmul(x, w, kernel: Kernel, backward: str = "native"):
+    """x (..., k) @ w (k, n) with the kernel's forward; returns x's dtype, shape (..., n)."""
+    _configure_threads(kernel)
+    dtype = x.dtype
+    x32 = tf.cast(x, tf.float32)
+    w32 = tf.cast(w, tf.float32)
+    k = w32.shape[0]
+    n = w32.shape[1]
+    leading_static = x32.shape[:-1]
+    x2d = tf.reshape(x32, [-1, k]) if x32.shape.rank != 2 else x32
+    m_static = x2d.shape[0]
+
+    @tf.custom_gradient
+    def matmul(a, b):
+        y = _numpy_matmul(kernel, a, b, m_static, n)
+
+        def grad(dy):
+            if backward == "native":
+                # what TensorFlow registers for MatMul(transpose_a=False, transpose_b=False)
+                return (tf.linalg.matmul(dy, b, transpose_b=True),
+                        tf.linalg.matmul(a, dy, transpose_a=True))
+            da = _numpy_matmul(kernel, dy, tf.transpose(b), m_static, k)
+            db = _numpy_matmul(kernel, tf.transpose(a), dy, k, n)
+            return da, db
+
+        return y, grad
+
+    y = matmul(x2d, w32)
+    if x32.shape.rank != 2:
+        y = tf.reshape(y, tf.concat([tf.shape(x32)[:-1], [n]], axis=0))
+        y.set_shape(leading_static.concatenate([n]))
+    return tf.cast(y, dtype) if dtype != tf.float32 else y
+
+
+# --------------------------------------------------------------------------------------------
+# conv2d
+# --------------------------------------------------------------------------------------------
+
+def col2im(columns: np.ndarray, geometry: ConvGeometry) -> np.ndarray:
+    """Adjoint of kernels.im2col: scatter-add patch columns back onto the (unpadded) input."""
+    g = geometry
+    patches = columns.reshape(g.batch, g.out_height, g.out_width, g.filter_height, g.filter_width,
+                              g.in_channels)
+    padded = np.zeros((g.batch, g.in_height + g.pad_top + g.pad_bottom,
+                       g.in_width + g.pad_left + g.pad_right, g.in_channels), dtype=np.float32)
+    for fh in range(g.filter_height):
+        top = fh * g.dilation_height
+        for fw in range(g.filter_width):
+            left = fw * g.dilation_width
+            padded[:, top: top + (g.out_height - 1) * g.stride_height + 1: g.stride_height,
+                   left: left + (g.out_width - 1) * g.stride_width + 1: g.stride_width, :] += \
+                patches[:, :, :, fh, fw, :]
+    return padded[:, g.pad_top: g.pad_top + g.in_height, g.pad_left: g.pad_left + g.in_width, :]
+
+
+def _conv_backward_through_kernel(kernel: Kernel, x, w, dy, geometry: ConvGeometry):
+    """Conv2D gradients whose products run through `kernel` (patches x matmul lowering)."""
+    g = geometry
+    patches = im2col(x, g)  # (M, fh*fw, in_c)
+    rows = patches.shape[0]
+    dy2d = dy.reshape(rows, g.out_channels)
+    group_in = g.in_channels // g.groups
+    group_out = g.out_channels // g.groups
+    dx_cols = np.zeros((rows, g.filter_height * g.filter_width, g.in_channels), dtype=np.float32)
+    dw = np.zeros_like(w, dtype=np.float32)
+    for group in range(g.groups):
+        in_slice = slice(group * group_in, (group + 1) * group_in)
+        out_slice = slice(group * group_out, (group + 1) * group_out)
+        cols = np.ascontiguousarray(patches[:, :, in_slice].reshape(rows, -1))
+        filt = np.ascontiguousarray(w[:, :, :, out_slice].reshape(-1, group_out))
+        dy_g = np.ascontiguousarray(dy2d[:, out_slice])
+        dw[:, :, :, out_slice] = kernel.matmul(np.ascontiguousarray(cols.T), dy_g).reshape(
+            g.filter_height, g.filter_width, group_in, group_out)
+        dx_cols[:, :, in_slice] = kernel.matmul(dy_g, np.ascontiguousarray(filt.T)).reshape(
+            rows, g.filter_height * g.filter_width, group_in)
+    dx = col2im(dx_cols, g)
+    return dx.astype(np.float32), dw
+
+
+def _geometry_for(x_shape, w_shape, strides, dilations, padding, groups) -> ConvGeometry:
+    return conv_geometry(x_shape, w_shape, strides, dilations, padding, groups)
+
+
+def swapped_conv2d(x, w, kernel: Kernel, strides=(1, 1), padding="valid", dilations=(1, 1),
+                   groups=1, backward: str = "native"):
+    """NHWC x HWIO convolution with the kernel's forward; returns x's dtype."""
+    _configure_threads(kernel)
+    strides = tuple(int(s) for s in strides)
+    dilations = tuple(int(d) for d in dilations)
+    if max(strides) > 1 and max(dilations) > 1:
+        raise UnsupportedLayerError(
+            f"Conv2D with strides {strides} and dilation_rate {dilations} together: TensorFlow has "
+            f"no gradient for that combination; use strides=1 or dilation_rate=1")
+    dtype = x.dtype
+    x32 = tf.cast(x, tf.float32)
+    w32 = tf.cast(w, tf.float32)
+    filter_shape = tuple(int(d) for d in w32.shape)
+    out_channels = filter_shape[3]
+    # Static geometry (batch may be unknown in graph mode) for the output shape.
+    static = x32.shape
+    if None not in static[1:]:
+        g_static = _geometry_for((1, *static[1:]), filter_shape, strides, dilations, padding, groups)
+        static_out = [static[0], g_static.out_height, g_static.out_width, out_channels]
+        explicit = [0, 0, g_static.pad_top, g_static.pad_bottom, g_static.pad_left,
+                    g_static.pad_right, 0, 0]
+    else:
+        raise UnsupportedLayerError(
+            f"swapped Conv2D needs static height, width and channels, got input shape {static}")
+
+    def geometry_of(x_array):
+        return _geometry_for(x_array.shape, filter_shape, strides, dilations, padding, groups)
+
+    def forward_np(x_array, w_array):
+        return kernel.conv2d(x_array, w_array, geometry_of(x_array))
+
+    def backward_np(x_array, w_array, dy_array):
+        return _conv_backward_through_kernel(kernel, x_array, w_array, dy_array,
+                                             geometry_of(x_array))
+
+    @tf.custom_gradient
+    def conv(inputs, filters):
+        y = tf.numpy_function(forward_np, [inputs, filters], tf.float32, stateful=False,
+                              name="graphswap_conv2d")
+        y.set_shape(static_out)
+
+        def grad(dy):
+            if backward == "native":
+                # what TensorFlow registers for Conv2D (nn_grad._Conv2DGrad), explicit paddings
+                tf_strides = [1, strides[0], strides[1], 1]
+                tf_dilations = [1, dilations[0], dilations[1], 1]
+                dx = tf.raw_ops.Conv2DBackpropInput(
+                    input_sizes=tf.shape(inputs), filter=filters, out_backprop=dy,
+                    strides=tf_strides, padding="EXPLICIT", explicit_paddings=explicit,
+                    dilations=tf_dilations, data_format="NHWC")
+                dw = tf.raw_ops.Conv2DBackpropFilter(
+                    input=inputs, filter_sizes=tf.shape(filters), out_backprop=dy,
+                    strides=tf_strides, padding="EXPLICIT", explicit_paddings=explicit,
+                    dilations=tf_dilations, data_format="NHWC")
+                return dx, dw
+            dx, dw = tf.numpy_function(backward_np, [inputs, filters, dy],
+                                       [tf.float32, tf.float32], stateful=False,
+                                       name="graphswap_conv2d_grad")
+            dx.set_shape(inputs.shape)
+            dw.set_shape(filters.shape)
+            return dx, dw
+
+        return y, grad
+
+    y = conv(x32, w32)
+    return tf.cast(y, dtype) if dtype != tf.float32 else y

@@ -1,0 +1,1 @@
+"""Placeholder until the multiplier-level work lands (issue 3)."""

@@ -1,0 +1,128 @@
+/*
+ * graphswap_kernels.h -- the C ABI between graphswap (Python, through ctypes) and kernel libraries.
+ *
+ * ABI version 1.  A library built against this header exports graphswap_abi_version() returning
+ * GRAPHSWAP_ABI_VERSION; graphswap refuses to load a library that reports another version.
+ *
+ * Two levels share this contract:
+ *
+ * 1. Operation level -- a library that computes whole float32 matrix products / convolutions.
+ *    Required:  graphswap_abi_version, graphswap_matmul_f32.
+ *    Optional:  graphswap_conv2d_f32 (without it, graphswap lowers Conv2D to patches x matmul),
+ *               graphswap_last_error (message for the last non-zero return, per thread),
+ *               graphswap_set_num_threads.
+ *
+ * 2. Multiplier level -- a scalar 8-bit multiplier (e.g. an EvoApproxLib circuit).  Users do not
+ *    implement anything from this header for that: graphswap evaluates the scalar function into a
+ *    256x256 table and runs the table-driven kernels (graphswap_lut_*) shipped in graphswap's own
+ *    library.
+ *
+ * Conventions (all entry points):
+ *   - float32 buffers, row-major, C-contiguous, no aliasing between inputs and outputs;
+ *   - all sizes are int64_t;
+ *   - tensors use TensorFlow's layouts: input NHWC, filter HWIO
+ *     ([filter_height, filter_width, in_channels / groups, out_channels]), output NHWC;
+ *   - paddings, strides and dilations are explicit; graphswap computes them on the Python side
+ *     exactly as TensorFlow does for 'SAME' / 'VALID';
+ *   - every entry point returns GRAPHSWAP_OK (0) or a negative error code, never aborts, and
+ *     never writes outside the output buffer it was given;
+ *   - entry points must be re-entrant: graphswap calls them concurrently from several threads
+ *     (TensorFlow's thread pools, tf.distribute replicas) with distinct buffers;
+ *   - a size of 0 in any dimension is legal and must return GRAPHSWAP_OK with nothing computed
+ *     (output buffers of zero elements may be NULL).
+ */
+#ifndef GRAPHSWAP_KERNELS_H
+#define GRAPHSWAP_KERNELS_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define GRAPHSWAP_ABI_VERSION 1
+
+#if defined(_WIN32)
+#define GRAPHSWAP_EXPORT __declspec(dllexport)
+#else
+#define GRAPHSWAP_EXPORT __attribute__((visibility("default")))
+#endif
+
+/* Return codes. */
+#define GRAPHSWAP_OK 0
+#define GRAPHSWAP_ERR_INVALID_ARGUMENT (-1) /* a size, stride, pointer or geometry is invalid   */
+#define GRAPHSWAP_ERR_OUT_OF_MEMORY (-2)    /* a scratch allocation failed                      */
+#define GRAPHSWAP_ERR_OVERFLOW (-3)         /* a size or an accumulator would overflow          */
+#define GRAPHSWAP_ERR_UNSUPPORTED (-4)      /* the library does not implement this variant      */
+#define GRAPHSWAP_ERR_INTERNAL (-5)         /* anything else; see graphswap_last_error()        */
+
+/*
+ * Convolution geometry, shared by the float and the table-driven convolutions.
+ * out_height == (in_height + pad_top + pad_bottom - dilation_height*(filter_height-1) - 1)
+ *               / stride_height + 1      (same for width); graphswap always passes consistent values
+ * and kernels must reject inconsistent ones with GRAPHSWAP_ERR_INVALID_ARGUMENT.
+ * in_channels and out_channels are both divisible by groups; filter input depth is in_channels/groups;
+ * output channel oc belongs to group oc / (out_channels / groups).
+ */
+typedef struct graphswap_conv2d_params {
+    int64_t batch, in_height, in_width, in_channels;
+    int64_t filter_height, filter_width, out_channels;
+    int64_t out_height, out_width;
+    int64_t stride_height, stride_width;
+    int64_t dilation_height, dilation_width;
+    int64_t pad_top, pad_bottom, pad_left, pad_right;
+    int64_t groups;
+} graphswap_conv2d_params;
+
+/* ---- operation level: required ---- */
+
+/* Returns GRAPHSWAP_ABI_VERSION of the header the library was built with. */
+GRAPHSWAP_EXPORT int32_t graphswap_abi_version(void);
+
+/* c[m,n] = sum_k a[m,k] * b[k,n].  a is (m,k), b is (k,n), c is (m,n); c is overwritten. */
+GRAPHSWAP_EXPORT int32_t graphswap_matmul_f32(const float *a, const float *b, float *c,
+                                              int64_t m, int64_t k, int64_t n);
+
+/* ---- operation level: optional ---- */
+
+/* output[n,oh,ow,oc] = sum_{fh,fw,ic} input[n, oh*sh - pt + fh*dh, ow*sw - pl + fw*dw, g*icg + ic]
+ *                                     * filter[fh, fw, ic, oc]      (out-of-range input reads are 0)
+ * where g is oc's group and icg = in_channels / groups.  output is overwritten. */
+GRAPHSWAP_EXPORT int32_t graphswap_conv2d_f32(const float *input, const float *filter, float *output,
+                                              const graphswap_conv2d_params *params);
+
+/* Human-readable message for the last non-zero return in the calling thread ("" if none). */
+GRAPHSWAP_EXPORT const char *graphswap_last_error(void);
+
+/* Upper bound on threads one call may use (graphswap passes TensorFlow's intra-op setting);
+ * n <= 0 means "library default".  Returns the previous setting. */
+GRAPHSWAP_EXPORT int32_t graphswap_set_num_threads(int32_t n);
+
+/* ---- multiplier level: table-driven kernels (graphswap's own library) ----
+ *
+ * Operands are 8-bit codes.  For unsigned multipliers a code is the operand value 0..255; for signed
+ * multipliers a code is the two's-complement bit pattern of the int8 value (code = (uint8_t)value).
+ * table has 65536 int32 entries: table[(a_code << 8) | b_code] is the multiplier's product of
+ * operand a (first, from the left matrix / the input) and operand b (second, from the right matrix /
+ * the filter).  Products are summed exactly in 64-bit integers; no rounding, no saturation.
+ */
+
+/* acc[m,n] = sum_k table[(a[m,k] << 8) | b[k,n]].  a is (m,k), b is (k,n), acc is (m,n). */
+GRAPHSWAP_EXPORT int32_t graphswap_lut_matmul(const uint8_t *a, const uint8_t *b, const int32_t *table,
+                                              int64_t *acc, int64_t m, int64_t k, int64_t n);
+
+/* acc[n,oh,ow,oc] = sum_{fh,fw,ic} table[(x << 8) | filter[fh,fw,ic,oc]], with x the input code at the
+ * same position as in graphswap_conv2d_f32, or pad_code where that position lies in the padding.
+ * If window_sums is not NULL it receives, per (n, oh, ow, group), the sum of the input codes
+ * (pad_code included) in that window: shape [batch, out_height, out_width, groups]; graphswap uses it
+ * for exact zero-point corrections. */
+GRAPHSWAP_EXPORT int32_t graphswap_lut_conv2d(const uint8_t *input, const uint8_t *filter,
+                                              const int32_t *table, uint8_t pad_code, int64_t *acc,
+                                              int64_t *window_sums,
+                                              const graphswap_conv2d_params *params);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* GRAPHSWAP_KERNELS_H */

@@ -1,0 +1,484 @@
+/*
+ * gemm_f32.c -- exact float32 GEMM: graphswap_matmul_f32 and the internal gs_gemm_f32 used by the
+ * convolution.
+ *
+ * Structure (Goto/BLIS): C is computed in MR x NR register tiles by an AVX2/FMA micro-kernel
+ * (6 x 16: twelve 8-float accumulators) from packed operand panels.  Loops, outermost first:
+ *   jc over N in NC-blocks -> pc over K in KC-blocks (pack a KC x NC block of B into NR-wide panels,
+ *   kept in L3/L2) -> ic over M in MC-blocks (pack an MC x KC block of A into MR-tall panels, kept in
+ *   L2) -> jr over NR panels (one B micro-panel stays in L1) -> ir over MR panels -> micro-kernel.
+ * Panels are zero-padded at the edges, so the micro-kernel always runs a full tile; partial tiles
+ * (and tiles of a transposed C) are written back through a small buffer.
+ *
+ * Operands are abstract (gs_operand, see internal.h): a strided matrix, or an implicit im2col view
+ * of a convolution input that is expanded only while packing, so convolutions need no im2col buffer.
+ *
+ * Orientation: the tile is 6 x 16, so a product with few columns (n = 6, 10 ...) wastes most of each
+ * 16-wide row.  gs_gemm_f32 then computes C^T = B^T A^T instead (swapping the operands and C's
+ * strides), whichever pads less.
+ *
+ * Threads: C is split into one contiguous block per thread (rows, or columns when there are few
+ * rows); each thread packs its own panels into its own slice of one per-call scratch allocation.
+ * Small products run on the calling thread only.
+ */
+#include <string.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define GS_HAVE_AVX2 1
+#endif
+
+#include "internal.h"
+
+#define MR 6
+#define NR 16
+#define KC 256
+#define MC 168  /* multiple of MR */
+#define NC 4080 /* multiple of NR */
+
+/* Minimum flops per thread before a second thread is worth waking (measured: fork/join with a
+ * passive wait policy costs ~10-30 us here). */
+#define GS_GEMM_MIN_FLOPS_PER_THREAD 3.0e6
+
+static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+static inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+/* ------------------------------------------------------------------------------------------------
+ * Packing.  pack_panel writes dst[k*R + r] = op(i0 + r, k0 + k) for r < rows, k < kc, and zeros for
+ * rows <= r < R.  R is MR (A panels) or NR (B panels); the functions are inlined with R constant.
+ * ------------------------------------------------------------------------------------------------ */
+
+static inline void pack_matrix(const gs_operand *s, int64_t i0, int64_t rows, int64_t k0, int64_t kc,
+                               const int R, float *restrict dst)
+{
+    const int64_t si = s->si, sk = s->sk;
+    const float *p = s->p + i0 * si + k0 * sk;
+    if (si == 1) {
+        /* the R values of one k are contiguous */
+        if (rows == R) {
+            for (int64_t k = 0; k < kc; ++k) {
+                const float *src = p + k * sk;
+                float *d = dst + k * R;
+                for (int r = 0; r < R; ++r) d[r] = src[r];
+            }
+        } else {
+            for (int64_t k = 0; k < kc; ++k) {
+                const float *src = p + k * sk;
+                float *d = dst + k * R;
+                int r = 0;
+                for (; r < rows; ++r) d[r] = src[r];
+                for (; r < R; ++r) d[r] = 0.0f;
+            }
+        }
+        return;
+    }
+    if (sk == 1) {
+        /* each operand row is contiguous along k: transpose rows into the panel */
+        int64_t r = 0;
+#ifdef GS_HAVE_AVX2
+        if (R == 16 || R == 8) {
+            /* 8 x 8 transposes */
+            for (; r + 8 <= rows; r += 8) {
+                const float *s0 = p + r * si;
+                int64_t k = 0;
+                for (; k + 8 <= kc; k += 8) {
+                    __m256 x0 = _mm256_loadu_ps(s0 + 0 * si + k), x1 = _mm256_loadu_ps(s0 + 1 * si + k);
+                    __m256 x2 = _mm256_loadu_ps(s0 + 2 * si + k), x3 = _mm256_loadu_ps(s0 + 3 * si + k);
+                    __m256 x4 = _mm256_loadu_ps(s0 + 4 * si + k), x5 = _mm256_loadu_ps(s0 + 5 * si + k);
+                    __m256 x6 = _mm256_loadu_ps(s0 + 6 * si + k), x7 = _mm256_loadu_ps(s0 + 7 * si + k);
+                    __m256 t0 = _mm256_unpacklo_ps(x0, x1), t1 = _mm256_unpackhi_ps(x0, x1);
+                    __m256 t2 = _mm256_unpacklo_ps(x2, x3), t3 = _mm256_unpackhi_ps(x2, x3);
+                    __m256 t4 = _mm256_unpacklo_ps(x4, x5), t5 = _mm256_unpackhi_ps(x4, x5);
+                    __m256 t6 = _mm256_unpacklo_ps(x6, x7), t7 = _mm256_unpackhi_ps(x6, x7);
+                    __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+                    __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+                    __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+                    __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+                    float *d = dst + k * R + r;
+                    _mm256_storeu_ps(d + 0 * R, _mm256_permute2f128_ps(u0, u4, 0x20));
+                    _mm256_storeu_ps(d + 1 * R, _mm256_permute2f128_ps(u1, u5, 0x20));
+                    _mm256_storeu_ps(d + 2 * R, _mm256_permute2f128_ps(u2, u6, 0x20));
+                    _mm256_storeu_ps(d + 3 * R, _mm256_permute2f128_ps(u3, u7, 0x20));
+                    _mm256_storeu_ps(d + 4 * R, _mm256_permute2f128_ps(u0, u4, 0x31));
+                    _mm256_storeu_ps(d + 5 * R, _mm256_permute2f128_ps(u1, u5, 0x31));
+                    _mm256_storeu_ps(d + 6 * R, _mm256_permute2f128_ps(u2, u6, 0x31));
+                    _mm256_storeu_ps(d + 7 * R, _mm256_permute2f128_ps(u3, u7, 0x31));
+                }
+                for (; k < kc; ++k)
+                    for (int q = 0; q < 8; ++q) dst[k * R + r + q] = s0[q * si + k];
+            }
+        }
+#endif
+        if (r < rows) {
+            /* remaining rows, R at a time along k to keep the writes sequential */
+            const int64_t nrem = rows - r;
+            for (int64_t k = 0; k < kc; ++k) {
+                float *d = dst + k * R + r;
+                const float *src = p + r * si + k;
+                for (int64_t q = 0; q < nrem; ++q) d[q] = src[q * si];
+            }
+        }
+        if (rows < R)
+            for (int64_t k = 0; k < kc; ++k)
+                for (int64_t q = rows; q < R; ++q) dst[k * R + q] = 0.0f;
+        return;
+    }
+    for (int64_t k = 0; k < kc; ++k) {
+        float *d = dst + k * R;
+        int64_t r = 0;
+        for (; r < rows; ++r) d[r] = p[r * si + k * sk];
+        for (; r < R; ++r) d[r] = 0.0f;
+    }
+}
+
+/* Implicit im2col: operand row = output pixel, column k = (fh*FW + fw)*cin_g + ic. */
+static inline void pack_conv(const gs_operand *s, int64_t i0, int64_t rows, int64_t k0, int64_t kc,
+                             const int R, float *restrict dst)
+{
+    const gs_conv_src *cv = s->conv;
+    const int64_t H = cv->height, W = cv->width, C = cv->channels, OW = cv->out_w;
+    const int64_t FW = cv->filter_w, CG = cv->cin_g;
+    const int64_t sw = cv->sw, dh = cv->dh, dw = cv->dw;
+    const int64_t pix0 = s->row0 + i0;
+    const int64_t ohw = cv->out_h * OW;
+
+    int64_t n = pix0 / ohw, rem = pix0 - n * ohw, oh = rem / OW, ow = rem - oh * OW;
+    const int64_t tap0 = k0 / CG, ic0 = k0 - tap0 * CG;
+
+    if (ow + rows <= OW) {
+        /* all pixels of the panel lie in one output row: for each k, the R inputs are equally
+         * spaced (sw*C apart) along one input row */
+        const float *img = cv->input + n * H * W * C + cv->c_off;
+        const int64_t ih0 = oh * cv->sh - cv->pt, iw0 = ow * sw - cv->pl;
+        const int64_t step = sw * C;
+        int64_t fh = tap0 / FW, fw = tap0 - fh * FW, ic = ic0;
+        int64_t kk = 0;
+        while (kk < kc) {
+            const int64_t run = min64(CG - ic, kc - kk);
+            const int64_t ih = ih0 + fh * dh;
+            float *d = dst + kk * R;
+            if (ih < 0 || ih >= H) {
+                memset(d, 0, sizeof(float) * (size_t)(run * R));
+            } else {
+                const int64_t iwf = iw0 + fw * dw; /* input column of pixel 0 */
+                int64_t jlo = 0, jhi = rows;
+                if (iwf < 0) jlo = (-iwf + sw - 1) / sw;
+                if (iwf + (rows - 1) * sw >= W) jhi = (iwf >= W) ? 0 : (W - 1 - iwf) / sw + 1;
+                if (jlo > jhi) jlo = jhi;
+                /* pixel j reads rowp[j*step + t]; only valid j index the image */
+                const float *rowp = img + ih * W * C + ic;
+                const int64_t x0 = iwf * C;
+                for (int64_t t = 0; t < run; ++t, d += R) {
+                    int64_t j = 0;
+                    for (; j < jlo; ++j) d[j] = 0.0f;
+                    if (step == 1) {
+                        for (; j < jhi; ++j) d[j] = rowp[x0 + j + t];
+                    } else {
+                        for (; j < jhi; ++j) d[j] = rowp[x0 + j * step + t];
+                    }
+                    for (; j < R; ++j) d[j] = 0.0f;
+                }
+            }
+            kk += run;
+            ic = 0;
+            if (++fw == FW) { fw = 0; ++fh; }
+        }
+        return;
+    }
+
+    /* general case: pixel by pixel (the panel crosses output rows / images) */
+    for (int64_t r = 0; r < rows; ++r) {
+        const float *img = cv->input + n * H * W * C + cv->c_off;
+        const int64_t ih0 = oh * cv->sh - cv->pt, iw0 = ow * sw - cv->pl;
+        int64_t fh = tap0 / FW, fw = tap0 - fh * FW, ic = ic0;
+        int64_t kk = 0;
+        while (kk < kc) {
+            const int64_t run = min64(CG - ic, kc - kk);
+            const int64_t ih = ih0 + fh * dh, iw = iw0 + fw * dw;
+            float *d = dst + kk * R + r;
+            if (ih < 0 || ih >= H || iw < 0 || iw >= W) {
+                for (int64_t t = 0; t < run; ++t) d[t * R] = 0.0f;
+            } else {
+                const float *src = img + (ih * W + iw) * C + ic;
+                for (int64_t t = 0; t < run; ++t) d[t * R] = src[t];
+            }
+            kk += run;
+            ic = 0;
+            if (++fw == FW) { fw = 0; ++fh; }
+        }
+        if (++ow == OW) {
+            ow = 0;
+            if (++oh == cv->out_h) { oh = 0; ++n; }
+        }
+    }
+    for (int64_t r = rows; r < R; ++r)
+        for (int64_t k = 0; k < kc; ++k) dst[k * R + r] = 0.0f;
+}
+
+static inline void pack_panel(const gs_operand *s, int64_t i0, int64_t rows, int64_t k0, int64_t kc,
+                              const int R, float *restrict dst)
+{
+    if (s->conv)
+        pack_conv(s, i0, rows, k0, kc, R, dst);
+    else
+        pack_matrix(s, i0, rows, k0, kc, R, dst);
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * Micro-kernel: C_tile(mr x nr) (+)= A_panel(kc x MR)^T * B_panel(kc x NR); accumulate != 0 adds to C.
+ * ------------------------------------------------------------------------------------------------ */
+
+static inline void store_tile_generic(const float *restrict t, float *restrict c, int64_t rs_c,
+                                      int64_t cs_c, int64_t mr, int64_t nr, int accumulate)
+{
+    if (accumulate) {
+        for (int64_t r = 0; r < mr; ++r)
+            for (int64_t j = 0; j < nr; ++j) c[r * rs_c + j * cs_c] += t[r * NR + j];
+    } else {
+        for (int64_t r = 0; r < mr; ++r)
+            for (int64_t j = 0; j < nr; ++j) c[r * rs_c + j * cs_c] = t[r * NR + j];
+    }
+}
+
+#ifdef GS_HAVE_AVX2
+
+static void micro_kernel(int64_t kc, const float *restrict a, const float *restrict b, float *restrict c,
+                         int64_t rs_c, int64_t cs_c, int64_t mr, int64_t nr, int accumulate)
+{
+    __m256 c00 = _mm256_setzero_ps(), c01 = _mm256_setzero_ps();
+    __m256 c10 = _mm256_setzero_ps(), c11 = _mm256_setzero_ps();
+    __m256 c20 = _mm256_setzero_ps(), c21 = _mm256_setzero_ps();
+    __m256 c30 = _mm256_setzero_ps(), c31 = _mm256_setzero_ps();
+    __m256 c40 = _mm256_setzero_ps(), c41 = _mm256_setzero_ps();
+    __m256 c50 = _mm256_setzero_ps(), c51 = _mm256_setzero_ps();
+
+#define GS_STEP(o)                                                                             \
+    do {                                                                                       \
+        const __m256 b0 = _mm256_load_ps(b + (o) * NR), b1 = _mm256_load_ps(b + (o) * NR + 8); \
+        __m256 av = _mm256_broadcast_ss(a + (o) * MR + 0);                                     \
+        c00 = _mm256_fmadd_ps(av, b0, c00);                                                    \
+        c01 = _mm256_fmadd_ps(av, b1, c01);                                                    \
+        av = _mm256_broadcast_ss(a + (o) * MR + 1);                                            \
+        c10 = _mm256_fmadd_ps(av, b0, c10);                                                    \
+        c11 = _mm256_fmadd_ps(av, b1, c11);                                                    \
+        av = _mm256_broadcast_ss(a + (o) * MR + 2);                                            \
+        c20 = _mm256_fmadd_ps(av, b0, c20);                                                    \
+        c21 = _mm256_fmadd_ps(av, b1, c21);                                                    \
+        av = _mm256_broadcast_ss(a + (o) * MR + 3);                                            \
+        c30 = _mm256_fmadd_ps(av, b0, c30);                                                    \
+        c31 = _mm256_fmadd_ps(av, b1, c31);                                                    \
+        av = _mm256_broadcast_ss(a + (o) * MR + 4);                                            \
+        c40 = _mm256_fmadd_ps(av, b0, c40);                                                    \
+        c41 = _mm256_fmadd_ps(av, b1, c41);                                                    \
+        av = _mm256_broadcast_ss(a + (o) * MR + 5);                                            \
+        c50 = _mm256_fmadd_ps(av, b0, c50);                                                    \
+        c51 = _mm256_fmadd_ps(av, b1, c51);                                                    \
+    } while (0)
+
+    int64_t p = 0;
+    for (; p + 4 <= kc; p += 4) {
+        _mm_prefetch((const char *)(b + 16 * NR), _MM_HINT_T0);
+        GS_STEP(0);
+        GS_STEP(1);
+        GS_STEP(2);
+        GS_STEP(3);
+        a += 4 * MR;
+        b += 4 * NR;
+    }
+    for (; p < kc; ++p) {
+        GS_STEP(0);
+        a += MR;
+        b += NR;
+    }
+#undef GS_STEP
+
+    if (mr == MR && nr == NR && cs_c == 1) {
+#define GS_ROW(r, x0, x1)                                                       \
+    do {                                                                        \
+        float *cr = c + (r) * rs_c;                                             \
+        if (accumulate) {                                                       \
+            x0 = _mm256_add_ps(x0, _mm256_loadu_ps(cr));                        \
+            x1 = _mm256_add_ps(x1, _mm256_loadu_ps(cr + 8));                    \
+        }                                                                       \
+        _mm256_storeu_ps(cr, x0);                                               \
+        _mm256_storeu_ps(cr + 8, x1);                                           \
+    } while (0)
+        GS_ROW(0, c00, c01);
+        GS_ROW(1, c10, c11);
+        GS_ROW(2, c20, c21);
+        GS_ROW(3, c30, c31);
+        GS_ROW(4, c40, c41);
+        GS_ROW(5, c50, c51);
+#undef GS_ROW
+        return;
+    }
+    float t[MR * NR] __attribute__((aligned(32)));
+    _mm256_store_ps(t + 0 * NR, c00); _mm256_store_ps(t + 0 * NR + 8, c01);
+    _mm256_store_ps(t + 1 * NR, c10); _mm256_store_ps(t + 1 * NR + 8, c11);
+    _mm256_store_ps(t + 2 * NR, c20); _mm256_store_ps(t + 2 * NR + 8, c21);
+    _mm256_store_ps(t + 3 * NR, c30); _mm256_store_ps(t + 3 * NR + 8, c31);
+    _mm256_store_ps(t + 4 * NR, c40); _mm256_store_ps(t + 4 * NR + 8, c41);
+    _mm256_store_ps(t + 5 * NR, c50); _mm256_store_ps(t + 5 * NR + 8, c51);
+    store_tile_generic(t, c, rs_c, cs_c, mr, nr, accumulate);
+}
+
+#else /* portable fallback: same tile, plain C (auto-vectorised where the target allows) */
+
+static void micro_kernel(int64_t kc, const float *restrict a, const float *restrict b, float *restrict c,
+                         int64_t rs_c, int64_t cs_c, int64_t mr, int64_t nr, int accumulate)
+{
+    float t[MR * NR];
+    for (int i = 0; i < MR * NR; ++i) t[i] = 0.0f;
+    for (int64_t p = 0; p < kc; ++p) {
+        for (int r = 0; r < MR; ++r) {
+            const float av = a[p * MR + r];
+            for (int j = 0; j < NR; ++j) t[r * NR + j] += av * b[p * NR + j];
+        }
+    }
+    store_tile_generic(t, c, rs_c, cs_c, mr, nr, accumulate);
+}
+
+#endif
+
+/* ------------------------------------------------------------------------------------------------
+ * Drivers
+ * ------------------------------------------------------------------------------------------------ */
+
+/* Scratch floats one thread needs for an (M x N x K) block. */
+static void scratch_sizes(int64_t M, int64_t N, int64_t K, int64_t *a_floats, int64_t *b_floats)
+{
+    const int64_t kc = min64(K, KC);
+    /* multiples of 16 floats, so every slice of the scratch stays 64-byte aligned */
+    *a_floats = round_up(round_up(min64(M, MC), MR) * kc, 16);
+    *b_floats = round_up(min64(N, NC), NR) * kc;
+}
+
+/* One thread: rows [i_begin, i_end) x columns [j_begin, j_end) of C. */
+static void gemm_block(int64_t i_begin, int64_t i_end, int64_t j_begin, int64_t j_end, int64_t K,
+                       const gs_operand *A, const gs_operand *B, float *C, int64_t rs_c, int64_t cs_c,
+                       float *restrict buf_a, float *restrict buf_b)
+{
+    for (int64_t jc = j_begin; jc < j_end; jc += NC) {
+        const int64_t nc = min64(NC, j_end - jc);
+        for (int64_t pc = 0; pc < K; pc += KC) {
+            const int64_t kc = min64(KC, K - pc);
+            for (int64_t jp = 0; jp < nc; jp += NR)
+                pack_panel(B, jc + jp, min64(NR, nc - jp), pc, kc, NR, buf_b + jp * kc);
+            for (int64_t ic = i_begin; ic < i_end; ic += MC) {
+                const int64_t mc = min64(MC, i_end - ic);
+                for (int64_t ip = 0; ip < mc; ip += MR)
+                    pack_panel(A, ic + ip, min64(MR, mc - ip), pc, kc, MR, buf_a + ip * kc);
+                for (int64_t jp = 0; jp < nc; jp += NR) {
+                    const int64_t nr = min64(NR, nc - jp);
+                    const float *bp = buf_b + jp * kc;
+                    for (int64_t ip = 0; ip < mc; ip += MR) {
+                        micro_kernel(kc, buf_a + ip * kc, bp, C + (ic + ip) * rs_c + (jc + jp) * cs_c,
+                                     rs_c, cs_c, min64(MR, mc - ip), nr, pc > 0);
+                    }
+                }
+            }
+        }
+    }
+}
+
+int32_t gs_gemm_f32(int64_t M, int64_t N, int64_t K, const gs_operand *A, const gs_operand *B,
+                    float *C, int64_t rs_c, int64_t cs_c, int max_threads)
+{
+    if (M <= 0 || N <= 0) return GRAPHSWAP_OK;
+    if (K <= 0) {
+        for (int64_t i = 0; i < M; ++i)
+            for (int64_t j = 0; j < N; ++j) C[i * rs_c + j * cs_c] = 0.0f;
+        return GRAPHSWAP_OK;
+    }
+
+    /* Orientation: compute C^T = B^T A^T when that pads the 6 x 16 tiles noticeably less (the
+     * transposed write-back is slower, hence the 0.8 margin). */
+    const double pad_normal = (double)round_up(M, MR) * (double)round_up(N, NR);
+    const double pad_swapped = (double)round_up(N, MR) * (double)round_up(M, NR);
+    if (pad_swapped < 0.8 * pad_normal) {
+        const gs_operand *t = A;
+        A = B;
+        B = t;
+        int64_t x = M;
+        M = N;
+        N = x;
+        x = rs_c;
+        rs_c = cs_c;
+        cs_c = x;
+    }
+
+    const double flops = 2.0 * (double)M * (double)N * (double)K;
+    int nt = gs_threads_for(flops, GS_GEMM_MIN_FLOPS_PER_THREAD);
+    if (nt > max_threads) nt = max_threads;
+    if (nt < 1) nt = 1;
+
+    /* split rows when there are enough MR panels for every thread, else columns */
+    const int split_rows = (M + MR - 1) / MR >= 2 * (int64_t)nt || (M >= N);
+    int64_t a_floats, b_floats;
+    if (split_rows)
+        scratch_sizes((M + nt - 1) / nt + MR, N, K, &a_floats, &b_floats);
+    else
+        scratch_sizes(M, (N + nt - 1) / nt + NR, K, &a_floats, &b_floats);
+    const int64_t per_thread = a_floats + b_floats;
+    float *scratch = (float *)gs_alloc((int64_t)sizeof(float) * per_thread * nt);
+    if (!scratch)
+        return gs_fail(GRAPHSWAP_ERR_OUT_OF_MEMORY,
+                       "graphswap: cannot allocate %lld bytes of GEMM packing scratch",
+                       (long long)(sizeof(float) * per_thread * nt));
+
+    if (nt == 1) {
+        gemm_block(0, M, 0, N, K, A, B, C, rs_c, cs_c, scratch, scratch + a_floats);
+    } else {
+#pragma omp parallel num_threads(nt)
+        {
+#ifdef _OPENMP
+            const int t = omp_get_thread_num(), team = omp_get_num_threads();
+#else
+            const int t = 0, team = 1;
+#endif
+            float *buf_a = scratch + per_thread * t, *buf_b = buf_a + a_floats;
+            if (split_rows) {
+                const int64_t panels = (M + MR - 1) / MR;
+                const int64_t p0 = panels * t / team, p1 = panels * (t + 1) / team;
+                const int64_t i0 = p0 * MR, i1 = min64(p1 * MR, M);
+                if (i0 < i1) gemm_block(i0, i1, 0, N, K, A, B, C, rs_c, cs_c, buf_a, buf_b);
+            } else {
+                const int64_t panels = (N + NR - 1) / NR;
+                const int64_t p0 = panels * t / team, p1 = panels * (t + 1) / team;
+                const int64_t j0 = p0 * NR, j1 = min64(p1 * NR, N);
+                if (j0 < j1) gemm_block(0, M, j0, j1, K, A, B, C, rs_c, cs_c, buf_a, buf_b);
+            }
+        }
+    }
+    gs_free(scratch);
+    return GRAPHSWAP_OK;
+}
+
+GRAPHSWAP_EXPORT int32_t graphswap_matmul_f32(const float *a, const float *b, float *c, int64_t m,
+                                              int64_t k, int64_t n)
+{
+    if (m < 0 || k < 0 || n < 0)
+        return gs_fail(GRAPHSWAP_ERR_INVALID_ARGUMENT,
+                       "graphswap_matmul_f32: sizes must be >= 0, got m=%lld k=%lld n=%lld",
+                       (long long)m, (long long)k, (long long)n);
+    int64_t mk, kn, mn;
+    if (gs_mul_i64(m, k, &mk) || gs_mul_i64(k, n, &kn) || gs_mul_i64(m, n, &mn) ||
+        gs_mul_i64(mk, (int64_t)sizeof(float), &mk) || gs_mul_i64(kn, (int64_t)sizeof(float), &kn) ||
+        gs_mul_i64(mn, (int64_t)sizeof(float), &mn))
+        return gs_fail(GRAPHSWAP_ERR_OVERFLOW,
+                       "graphswap_matmul_f32: buffer sizes overflow int64 (m=%lld k=%lld n=%lld)",
+                       (long long)m, (long long)k, (long long)n);
+    if (mn == 0) return GRAPHSWAP_OK;
+    if (!c) return gs_fail(GRAPHSWAP_ERR_INVALID_ARGUMENT, "graphswap_matmul_f32: c is NULL (m=%lld n=%lld)",
+                           (long long)m, (long long)n);
+    if (k > 0 && (!a || !b))
+        return gs_fail(GRAPHSWAP_ERR_INVALID_ARGUMENT, "graphswap_matmul_f32: %s is NULL (m=%lld k=%lld n=%lld)",
+                       !a ? "a" : "b", (long long)m, (long long)k, (long long)n);
+
+    const gs_operand A = {a, k, 1, NULL, 0}; /* A(i, p) = a[i*k + p] */
+    const gs_operand B = {b, 1, n, NULL, 0}; /* B(j, p) = b[p*n + j] */
+    return gs_gemm_f32(m, n, k, &A, &B, c, n, 1, gs_num_threads());
+}

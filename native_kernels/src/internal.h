@@ -1,0 +1,126 @@
+/*
+ * internal.h -- helpers shared by the .c files of graphswap's own kernel library.
+ *
+ * Not part of the ABI: nothing here is exported (the library is built with -fvisibility=hidden).
+ * Keep it small.  What it offers:
+ *
+ *   gs_fail(code, fmt, ...)     record a printf-style message for graphswap_last_error() in the
+ *                               calling thread and return `code`:
+ *                                   return gs_fail(GRAPHSWAP_ERR_INVALID_ARGUMENT,
+ *                                                  "graphswap_lut_matmul: m must be >= 0, got %lld",
+ *                                                  (long long)m);
+ *   gs_num_threads()            upper bound on OpenMP threads one call may use (set by
+ *                               graphswap_set_num_threads; default: all available cores).
+ *   gs_threads_for(work, min)   threads to use for `work` units when each thread should get at
+ *                               least `min` units (1 for small problems: fork/join costs ~10 us).
+ *   gs_mul_i64 / gs_add_i64     overflow-checked int64 arithmetic for sizes (return 0 if OK).
+ *   gs_alloc / gs_free          64-byte-aligned scratch allocation (NULL on failure or bytes == 0
+ *                               overflow; report GRAPHSWAP_ERR_OUT_OF_MEMORY yourself).
+ *
+ * Threading rule for every kernel: open parallel regions with
+ *     #pragma omp parallel num_threads(nt)
+ * where nt comes from gs_threads_for(...) (never more than gs_num_threads()), and skip the parallel
+ * region entirely when nt == 1.  graphswap sets OMP_WAIT_POLICY=PASSIVE so threads sleep after a
+ * call instead of spinning against TensorFlow's pool.  Kernels must be re-entrant: no global mutable
+ * scratch -- allocate per call (or per thread inside the call).
+ */
+#ifndef GRAPHSWAP_INTERNAL_H
+#define GRAPHSWAP_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "graphswap_kernels.h"
+
+#if defined(__GNUC__) || defined(__clang__)
+#define GS_PRINTF_LIKE(f, a) __attribute__((format(printf, f, a)))
+#else
+#define GS_PRINTF_LIKE(f, a)
+#endif
+
+/* Stores the formatted message (truncated to ~1 KiB) for graphswap_last_error() in the calling
+ * thread and returns `code` unchanged. */
+int32_t gs_fail(int32_t code, const char *fmt, ...) GS_PRINTF_LIKE(2, 3);
+
+/* Upper bound on threads per call: graphswap_set_num_threads(n) if n > 0, else all available cores
+ * (omp_get_num_procs(); 1 without OpenMP).  Always >= 1. */
+int gs_num_threads(void);
+
+/* Threads for a job of `work` units (e.g. flops) when each thread should get at least
+ * `min_work_per_thread` units; in [1, gs_num_threads()]. */
+static inline int gs_threads_for(double work, double min_work_per_thread)
+{
+    int limit = gs_num_threads();
+    double want = min_work_per_thread > 0 ? work / min_work_per_thread : (double)limit;
+    if (want < 1.0) return 1;
+    return want < (double)limit ? (int)want : limit;
+}
+
+/* *out = a * b; returns 0, or 1 if the product overflows int64 (then *out is unspecified). */
+static inline int gs_mul_i64(int64_t a, int64_t b, int64_t *out)
+{
+#if defined(__GNUC__) || defined(__clang__)
+    return __builtin_mul_overflow(a, b, out) ? 1 : 0;
+#else
+    if (a != 0 && b != 0) {
+        if ((a > 0 && b > 0 && a > INT64_MAX / b) || (a < 0 && b < 0 && a < INT64_MAX / b) ||
+            (a > 0 && b < 0 && b < INT64_MIN / a) || (a < 0 && b > 0 && a < INT64_MIN / b))
+            return 1;
+    }
+    *out = a * b;
+    return 0;
+#endif
+}
+
+/* *out = a + b; returns 0, or 1 on int64 overflow. */
+static inline int gs_add_i64(int64_t a, int64_t b, int64_t *out)
+{
+#if defined(__GNUC__) || defined(__clang__)
+    return __builtin_add_overflow(a, b, out) ? 1 : 0;
+#else
+    if ((b > 0 && a > INT64_MAX - b) || (b < 0 && a < INT64_MIN - b)) return 1;
+    *out = a + b;
+    return 0;
+#endif
+}
+
+/* 64-byte-aligned allocation of `bytes` (rounded up); NULL on failure or if bytes <= 0. */
+static inline void *gs_alloc(int64_t bytes)
+{
+    if (bytes <= 0 || (uint64_t)bytes > (uint64_t)SIZE_MAX - 64) return NULL;
+    size_t size = ((size_t)bytes + 63) & ~(size_t)63;
+    return aligned_alloc(64, size);
+}
+
+static inline void gs_free(void *p) { free(p); }
+
+/* ---- float32 GEMM internals (gemm_f32.c), used by conv_f32.c ----
+ *
+ * gs_gemm_f32 computes C[i*rs_c + j*cs_c] = sum_k A(i,k) * B(j,k) for i < M, j < N, where an
+ * operand element (r, k) is either
+ *   - a strided matrix: p[r*si + k*sk]                               (conv == NULL), or
+ *   - an implicit im2col patch (conv != NULL): r is the output pixel index
+ *     (n*out_h + oh)*out_w + ow, counted from `row0`, and k = (fh*filter_w + fw)*cin_g + ic reads
+ *     input[n, oh*sh - pt + fh*dh, ow*sw - pl + fw*dw, c_off + ic] (0 outside the image).
+ * Sizes must already be validated (no overflow).  Returns GRAPHSWAP_OK or _ERR_OUT_OF_MEMORY
+ * (with gs_fail called).  Uses up to `max_threads` OpenMP threads. */
+typedef struct gs_conv_src {
+    const float *input;
+    int64_t height, width, channels;     /* input image geometry (NHWC) */
+    int64_t out_h, out_w;
+    int64_t filter_w, cin_g, c_off;       /* filter width, channels per group, group channel offset */
+    int64_t sh, sw, dh, dw, pt, pl;
+} gs_conv_src;
+
+typedef struct gs_operand {
+    const float *p;           /* strided matrix source (conv == NULL) */
+    int64_t si, sk;
+    const gs_conv_src *conv;  /* implicit im2col source, or NULL */
+    int64_t row0;             /* conv source: pixel index of operand row 0 */
+} gs_operand;
+
+int32_t gs_gemm_f32(int64_t M, int64_t N, int64_t K, const gs_operand *A, const gs_operand *B,
+                    float *C, int64_t rs_c, int64_t cs_c, int max_threads);
+
+#endif /* GRAPHSWAP_INTERNAL_H */
