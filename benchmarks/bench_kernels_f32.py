@@ -8,8 +8,8 @@ graphswap/compiler.py, loaded by path, so the package need not be installed).  F
 prints GFLOP/s of graphswap_matmul_f32 / graphswap_conv2d_f32 and of tf.linalg.matmul /
 tf.nn.conv2d (eager, inputs already tf.Tensors), the ratio ours/TF, and the maximum error of our
 result against a float64 NumPy reference, relative to sum |a||b| (float32 round-off is ~1e-7..1e-6).
-Times are medians over repetitions after warm-up; ours and TF's alternate, so both see the same
-machine state.  OMP_WAIT_POLICY=PASSIVE is set before the library loads, as graphswap does.
+Times are medians over repetitions after warm-up, ours and TF's measured back to back in the same
+process.  OMP_WAIT_POLICY=PASSIVE is set before the library loads, as graphswap does.
 """
 from __future__ import annotations
 
@@ -61,24 +61,27 @@ def ptr(a: np.ndarray):
 
 
 def median_times(fns, reps: int, budget: float) -> list[float]:
-    """Median seconds per call of each fn; calls alternate between fns, after warm-up."""
+    """Median seconds per call of each fn, measured in blocks (all calls of one fn, then the next).
+
+    Blocks rather than alternating calls: TensorFlow's Eigen pool keeps spinning for a while after
+    each op, and an alternating loop would mostly measure how the two pools disturb each other.
+    Each block starts with warm-up calls, which also let the other library's threads go idle.
+    """
+    out = []
     for f in fns:
         for _ in range(3):
             f()
-    # pick the repetition count from a rough estimate so slow shapes stay within the budget
-    est = []
-    for f in fns:
         t = time.perf_counter()
         f()
-        est.append(time.perf_counter() - t)
-    reps = max(5, min(reps, int(budget / max(sum(est), 1e-7))))
-    samples = [[] for _ in fns]
-    for _ in range(reps):
-        for i, f in enumerate(fns):
+        est = time.perf_counter() - t
+        n = max(5, min(reps, int(budget / 2 / max(est, 1e-7))))
+        samples = []
+        for _ in range(n):
             t = time.perf_counter()
             f()
-            samples[i].append(time.perf_counter() - t)
-    return [float(np.median(s)) for s in samples]
+            samples.append(time.perf_counter() - t)
+        out.append(float(np.median(samples)))
+    return out
 
 
 def same_padding(size: int, filt: int, stride: int) -> tuple[int, int, int]:

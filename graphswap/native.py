@@ -213,6 +213,18 @@ class KernelLibrary:
                                    _ptr(acc, _i64p), sums_ptr, ctypes.byref(params)))
         return acc, sums
 
+    # -- issue 3 additions: built-in multipliers (native_kernels/src/multipliers.c) -------------
+    def builtin_multiplier_table(self, name: str) -> np.ndarray:
+        """The 65536-entry int32 table of built-in multiplier `name`, indexed (a_code << 8) | b_code."""
+        function = getattr(self._lib, "graphswap_builtin_multiplier_table", None)
+        if function is None:
+            raise KernelLoadError(f"{self.path} has no graphswap_builtin_multiplier_table")
+        function.restype = ctypes.c_int32
+        function.argtypes = [ctypes.c_char_p, _i32p]
+        table = np.empty(65536, dtype=np.int32)
+        self._check("graphswap_builtin_multiplier_table", function(name.encode("ascii"), _ptr(table, _i32p)))
+        return table
+
 
 _libraries: dict[str, KernelLibrary] = {}
 _lock = threading.Lock()

@@ -147,6 +147,49 @@ def _geometry_for(x_shape, w_shape, strides, dilations, padding, groups) -> Conv
     return conv_geometry(x_shape, w_shape, strides, dilations, padding, groups)
 
 
+def _dilated_vjp(strides, dilations, padding):
+    def one_group(x, w, dy_group):
+        with tf.GradientTape() as tape:
+            tape.watch([x, w])
+            y = tf.nn.convolution(x, w, strides=list(strides), padding=padding.upper(),
+                                  dilations=list(dilations))
+        return tape.gradient(y, [x, w], output_gradients=dy_group)
+
+    return one_group
+
+
+def _native_conv_gradients(inputs, filters, dy, strides, dilations, explicit, groups,
+                           padding_string="valid"):
+    """TensorFlow's Conv2D gradient ops; grouped convolutions one group at a time, because
+    TensorFlow's CPU backprop kernels reject grouped filters."""
+    tf_strides = [1, strides[0], strides[1], 1]
+    tf_dilations = [1, dilations[0], dilations[1], 1]
+
+    def one_group(x, w, dy_group):
+        dx = tf.raw_ops.Conv2DBackpropInput(
+            input_sizes=tf.shape(x), filter=w, out_backprop=dy_group, strides=tf_strides,
+            padding="EXPLICIT", explicit_paddings=explicit, dilations=tf_dilations,
+            data_format="NHWC")
+        dw = tf.raw_ops.Conv2DBackpropFilter(
+            input=x, filter_sizes=tf.shape(w), out_backprop=dy_group, strides=tf_strides,
+            padding="EXPLICIT", explicit_paddings=explicit, dilations=tf_dilations,
+            data_format="NHWC")
+        return dx, dw
+
+    if max(dilations) > 1:
+        # TensorFlow's CPU backprop kernels reject dilations; tf.nn.convolution realises a dilated
+        # convolution as SpaceToBatch -> Conv2D -> BatchToSpace, and its gradient is what an
+        # unswapped Keras layer gets, so take the vector-Jacobian product of exactly that.
+        one_group = _dilated_vjp(strides, dilations, padding_string)
+    if groups == 1:
+        return one_group(inputs, filters, dy)
+    xs = tf.split(inputs, groups, axis=3)
+    ws = tf.split(filters, groups, axis=3)
+    dys = tf.split(dy, groups, axis=3)
+    parts = [one_group(x, w, d) for x, w, d in zip(xs, ws, dys)]
+    return tf.concat([p[0] for p in parts], axis=3), tf.concat([p[1] for p in parts], axis=3)
+
+
 def swapped_conv2d(x, w, kernel: Kernel, strides=(1, 1), padding="valid", dilations=(1, 1),
                    groups=1, backward: str = "native"):
     """NHWC x HWIO convolution with the kernel's forward; returns x's dtype."""
@@ -192,17 +235,8 @@ def swapped_conv2d(x, w, kernel: Kernel, strides=(1, 1), padding="valid", dilati
         def grad(dy):
             if backward == "native":
                 # what TensorFlow registers for Conv2D (nn_grad._Conv2DGrad), explicit paddings
-                tf_strides = [1, strides[0], strides[1], 1]
-                tf_dilations = [1, dilations[0], dilations[1], 1]
-                dx = tf.raw_ops.Conv2DBackpropInput(
-                    input_sizes=tf.shape(inputs), filter=filters, out_backprop=dy,
-                    strides=tf_strides, padding="EXPLICIT", explicit_paddings=explicit,
-                    dilations=tf_dilations, data_format="NHWC")
-                dw = tf.raw_ops.Conv2DBackpropFilter(
-                    input=inputs, filter_sizes=tf.shape(filters), out_backprop=dy,
-                    strides=tf_strides, padding="EXPLICIT", explicit_paddings=explicit,
-                    dilations=tf_dilations, data_format="NHWC")
-                return dx, dw
+                return _native_conv_gradients(inputs, filters, dy, strides, dilations,
+                                              explicit, groups, padding)
             dx, dw = tf.numpy_function(backward_np, [inputs, filters, dy],
                                        [tf.float32, tf.float32], stateful=False,
                                        name="graphswap_conv2d_grad")

@@ -121,6 +121,14 @@ GRAPHSWAP_EXPORT int32_t graphswap_lut_conv2d(const uint8_t *input, const uint8_
                                               int64_t *window_sums,
                                               const graphswap_conv2d_params *params);
 
+/* ---- extra exports of graphswap's own library (issue 3: built-in multipliers) ----
+ *
+ * Fills table[(a_code << 8) | b_code] (65536 int32 entries, codes as for graphswap_lut_*) with the
+ * built-in multiplier `name`: "mul8u_exact", "mul8s_exact", "mul8{u,s}_trunc{1..8}",
+ * "mul8{u,s}_drum{3..6}", "mul8{u,s}_mitchell" (designs and citations in src/multipliers.c).
+ * Returns GRAPHSWAP_OK, or GRAPHSWAP_ERR_INVALID_ARGUMENT for an unknown name / NULL pointer. */
+GRAPHSWAP_EXPORT int32_t graphswap_builtin_multiplier_table(const char *name, int32_t *table);
+
 #ifdef __cplusplus
 }
 #endif

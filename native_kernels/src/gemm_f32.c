@@ -41,7 +41,9 @@
 
 /* Minimum flops per thread before a second thread is worth waking (measured: fork/join with a
  * passive wait policy costs ~10-30 us here). */
+#ifndef GS_GEMM_MIN_FLOPS_PER_THREAD
 #define GS_GEMM_MIN_FLOPS_PER_THREAD 3.0e6
+#endif
 
 static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 static inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
@@ -134,53 +136,57 @@ static inline void pack_matrix(const gs_operand *s, int64_t i0, int64_t rows, in
     }
 }
 
-/* Implicit im2col: operand row = output pixel, column k = (fh*FW + fw)*cin_g + ic. */
-static inline void pack_conv(const gs_operand *s, int64_t i0, int64_t rows, int64_t k0, int64_t kc,
-                             const int R, float *restrict dst)
+/* d[0..n) = s[0..n) without a libc call (these copies are short and many). */
+static inline void copy_floats(float *restrict d, const float *restrict s, int64_t n)
 {
-    const gs_conv_src *cv = s->conv;
-    const int64_t H = cv->height, W = cv->width, C = cv->channels, OW = cv->out_w;
-    const int64_t FW = cv->filter_w, CG = cv->cin_g;
-    const int64_t sw = cv->sw, dh = cv->dh, dw = cv->dw;
-    const int64_t pix0 = s->row0 + i0;
-    const int64_t ohw = cv->out_h * OW;
+    int64_t j = 0;
+#ifdef GS_HAVE_AVX2
+    for (; j + 8 <= n; j += 8) _mm256_storeu_ps(d + j, _mm256_loadu_ps(s + j));
+    if (j + 4 <= n) {
+        _mm_storeu_ps(d + j, _mm_loadu_ps(s + j));
+        j += 4;
+    }
+    /* (no vmaskmovps: its store form is microcoded and slow on AMD) */
+#endif
+    for (; j < n; ++j) d[j] = s[j];
+}
 
-    int64_t n = pix0 / ohw, rem = pix0 - n * ohw, oh = rem / OW, ow = rem - oh * OW;
-    const int64_t tap0 = k0 / CG, ic0 = k0 - tap0 * CG;
+static inline void zero_floats(float *d, int64_t n)
+{
+    for (int64_t j = 0; j < n; ++j) d[j] = 0.0f;
+}
 
-    if (ow + rows <= OW) {
-        /* all pixels of the panel lie in one output row: for each k, the R inputs are equally
-         * spaced (sw*C apart) along one input row */
-        const float *img = cv->input + n * H * W * C + cv->c_off;
-        const int64_t ih0 = oh * cv->sh - cv->pt, iw0 = ow * sw - cv->pl;
-        const int64_t step = sw * C;
-        int64_t fh = tap0 / FW, fw = tap0 - fh * FW, ic = ic0;
-        int64_t kk = 0;
+/* Implicit im2col: operand row = output pixel, column k = (fh*FW + fw)*cin_g + ic.
+ * The panel's pixels are handled in segments that lie in one output row (consecutive ow). */
+
+/* Segment of `seg` pixels of one output row, filled k by k: for each k the pixels' inputs are
+ * equally spaced (sw*C apart) along one input row.  Best when that spacing is 1 (C == 1, stride 1)
+ * or when per-pixel runs are short. */
+static inline void pack_conv_row_gather(const gs_conv_src *cv, const float *img, int64_t ih0,
+                                        int64_t iw0, int64_t seg, int64_t tap0, int64_t ic0,
+                                        int64_t kc, const int R, float *restrict dst)
+{
+    const int64_t H = cv->height, W = cv->width, C = cv->channels, FW = cv->filter_w, CG = cv->cin_g;
+    const int64_t sw = cv->sw, step = cv->sw * C;
+    int64_t fh = tap0 / FW, fw = tap0 - fh * FW, ic = ic0;
+    int64_t kk = 0;
+    const int64_t FH_last = (tap0 + (ic0 + kc - 1) / CG) / FW; /* last filter row touched */
+    if (ih0 >= 0 && ih0 + FH_last * cv->dh < H && iw0 >= 0 &&
+        iw0 + (seg - 1) * sw + (FW - 1) * cv->dw < W) {
+        /* interior: every read is inside the image */
         while (kk < kc) {
             const int64_t run = min64(CG - ic, kc - kk);
-            const int64_t ih = ih0 + fh * dh;
+            const float *src = img + ((ih0 + fh * cv->dh) * W + iw0 + fw * cv->dw) * C + ic;
             float *d = dst + kk * R;
-            if (ih < 0 || ih >= H) {
-                memset(d, 0, sizeof(float) * (size_t)(run * R));
-            } else {
-                const int64_t iwf = iw0 + fw * dw; /* input column of pixel 0 */
-                int64_t jlo = 0, jhi = rows;
-                if (iwf < 0) jlo = (-iwf + sw - 1) / sw;
-                if (iwf + (rows - 1) * sw >= W) jhi = (iwf >= W) ? 0 : (W - 1 - iwf) / sw + 1;
-                if (jlo > jhi) jlo = jhi;
-                /* pixel j reads rowp[j*step + t]; only valid j index the image */
-                const float *rowp = img + ih * W * C + ic;
-                const int64_t x0 = iwf * C;
-                for (int64_t t = 0; t < run; ++t, d += R) {
-                    int64_t j = 0;
-                    for (; j < jlo; ++j) d[j] = 0.0f;
-                    if (step == 1) {
-                        for (; j < jhi; ++j) d[j] = rowp[x0 + j + t];
-                    } else {
-                        for (; j < jhi; ++j) d[j] = rowp[x0 + j * step + t];
-                    }
-                    for (; j < R; ++j) d[j] = 0.0f;
+            if (step == 1) {
+                if (seg == R) {
+                    for (int64_t t = 0; t < run; ++t, d += R) copy_floats(d, src + t, R);
+                } else {
+                    for (int64_t t = 0; t < run; ++t, d += R) copy_floats(d, src + t, seg);
                 }
+            } else {
+                for (int64_t t = 0; t < run; ++t, d += R)
+                    for (int64_t j = 0; j < seg; ++j) d[j] = src[j * step + t];
             }
             kk += run;
             ic = 0;
@@ -188,34 +194,107 @@ static inline void pack_conv(const gs_operand *s, int64_t i0, int64_t rows, int6
         }
         return;
     }
-
-    /* general case: pixel by pixel (the panel crosses output rows / images) */
-    for (int64_t r = 0; r < rows; ++r) {
-        const float *img = cv->input + n * H * W * C + cv->c_off;
-        const int64_t ih0 = oh * cv->sh - cv->pt, iw0 = ow * sw - cv->pl;
-        int64_t fh = tap0 / FW, fw = tap0 - fh * FW, ic = ic0;
-        int64_t kk = 0;
-        while (kk < kc) {
-            const int64_t run = min64(CG - ic, kc - kk);
-            const int64_t ih = ih0 + fh * dh, iw = iw0 + fw * dw;
-            float *d = dst + kk * R + r;
-            if (ih < 0 || ih >= H || iw < 0 || iw >= W) {
-                for (int64_t t = 0; t < run; ++t) d[t * R] = 0.0f;
-            } else {
-                const float *src = img + (ih * W + iw) * C + ic;
-                for (int64_t t = 0; t < run; ++t) d[t * R] = src[t];
+    while (kk < kc) {
+        const int64_t run = min64(CG - ic, kc - kk);
+        const int64_t ih = ih0 + fh * cv->dh;
+        float *d = dst + kk * R;
+        if (ih < 0 || ih >= H) {
+            for (int64_t t = 0; t < run; ++t, d += R) zero_floats(d, seg);
+        } else {
+            const int64_t iwf = iw0 + fw * cv->dw; /* input column of the segment's pixel 0 */
+            int64_t jlo = 0, jhi = seg;
+            if (iwf < 0) jlo = (-iwf + sw - 1) / sw;
+            if (iwf + (seg - 1) * sw >= W) jhi = (iwf >= W) ? 0 : (W - 1 - iwf) / sw + 1;
+            if (jlo > jhi) jlo = jhi;
+            /* pixel j reads rowp[x0 + j*step + t]; only valid j index the image */
+            const float *rowp = img + ih * W * C + ic;
+            const int64_t x0 = iwf * C;
+            for (int64_t t = 0; t < run; ++t, d += R) {
+                zero_floats(d, jlo);
+                if (step == 1) {
+                    if (jhi > jlo) copy_floats(d + jlo, rowp + x0 + jlo + t, jhi - jlo);
+                } else {
+                    for (int64_t j = jlo; j < jhi; ++j) d[j] = rowp[x0 + j * step + t];
+                }
+                zero_floats(d + jhi, seg - jhi);
             }
-            kk += run;
-            ic = 0;
-            if (++fw == FW) { fw = 0; ++fh; }
         }
-        if (++ow == OW) {
+        kk += run;
+        ic = 0;
+        if (++fw == FW) { fw = 0; ++fh; }
+    }
+}
+
+/* One pixel, filled along k with contiguous input runs (consecutive taps of one filter row are
+ * merged into one run when they are adjacent in memory: dilation_w 1 and a single group). */
+static inline void pack_conv_pixel(const gs_conv_src *cv, const float *img, int64_t ih0, int64_t iw0,
+                                   int64_t tap0, int64_t ic0, int64_t kc, const int R,
+                                   float *restrict d)
+{
+    const int64_t H = cv->height, W = cv->width, C = cv->channels, FW = cv->filter_w, CG = cv->cin_g;
+    const int64_t dw = cv->dw;
+    const int merge = dw == 1 && CG == C;
+    int64_t fh = tap0 / FW, fw = tap0 - fh * FW, ic = ic0;
+    int64_t kk = 0;
+    while (kk < kc) {
+        const int64_t ih = ih0 + fh * cv->dh;
+        int64_t run;
+        if (ih < 0 || ih >= H) {
+            run = min64((FW - fw) * CG - ic, kc - kk); /* rest of this filter row: zeros */
+            for (int64_t t = 0; t < run; ++t) d[(kk + t) * R] = 0.0f;
+        } else {
+            const int64_t iw = iw0 + fw * dw;
+            if (iw < 0 || iw >= W) {
+                run = min64(CG - ic, kc - kk);
+                for (int64_t t = 0; t < run; ++t) d[(kk + t) * R] = 0.0f;
+            } else {
+                const int64_t taps = merge ? min64(FW - fw, W - iw) : 1;
+                run = min64(taps * CG - ic, kc - kk);
+                const float *src = img + (ih * W + iw) * C + ic;
+                for (int64_t t = 0; t < run; ++t) d[(kk + t) * R] = src[t];
+            }
+        }
+        kk += run;
+        ic += run;
+        fw += ic / CG;
+        ic %= CG;
+        if (fw >= FW) { fw -= FW; ++fh; }
+    }
+}
+
+static inline void pack_conv(const gs_operand *s, int64_t i0, int64_t rows, int64_t k0, int64_t kc,
+                             const int R, float *restrict dst)
+{
+    const gs_conv_src *cv = s->conv;
+    const int64_t H = cv->height, W = cv->width, C = cv->channels, OW = cv->out_w, OH = cv->out_h;
+    const int64_t CG = cv->cin_g;
+    const int64_t pix0 = s->row0 + i0;
+    const int64_t ohw = OH * OW;
+    int64_t n = pix0 / ohw, rem = pix0 - n * ohw, oh = rem / OW, ow = rem - oh * OW;
+    const int64_t tap0 = k0 / CG, ic0 = k0 - tap0 * CG;
+    const int64_t pixel_run = (cv->dw == 1 && CG == C) ? cv->filter_w * CG : CG;
+    const int gather_ok = cv->sw * C == 1 || pixel_run < 4;
+
+    int64_t r = 0;
+    while (r < rows) {
+        const int64_t seg = min64(rows - r, OW - ow);
+        const float *img = cv->input + n * H * W * C + cv->c_off;
+        const int64_t ih0 = oh * cv->sh - cv->pt, iw0 = ow * cv->sw - cv->pl;
+        if (gather_ok && seg >= 4) {
+            pack_conv_row_gather(cv, img, ih0, iw0, seg, tap0, ic0, kc, R, dst + r);
+        } else {
+            for (int64_t j = 0; j < seg; ++j)
+                pack_conv_pixel(cv, img, ih0, iw0 + j * cv->sw, tap0, ic0, kc, R, dst + r + j);
+        }
+        r += seg;
+        ow += seg;
+        if (ow == OW) {
             ow = 0;
-            if (++oh == cv->out_h) { oh = 0; ++n; }
+            if (++oh == OH) { oh = 0; ++n; }
         }
     }
-    for (int64_t r = rows; r < R; ++r)
-        for (int64_t k = 0; k < kc; ++k) dst[k * R + r] = 0.0f;
+    for (int64_t q = rows; q < R; ++q)
+        for (int64_t k = 0; k < kc; ++k) dst[k * R + q] = 0.0f;
 }
 
 static inline void pack_panel(const gs_operand *s, int64_t i0, int64_t rows, int64_t k0, int64_t kc,
@@ -356,6 +435,23 @@ static void scratch_sizes(int64_t M, int64_t N, int64_t K, int64_t *a_floats, in
     *b_floats = round_up(min64(N, NC), NR) * kc;
 }
 
+/* Packs rows [ic, ic+mc) x k [pc, pc+kc) of A into buf_a and multiplies them with the packed B
+ * block buf_b (columns [jc, jc+nc)) into C. */
+static void multiply_block(int64_t ic, int64_t mc, int64_t jc, int64_t nc, int64_t pc, int64_t kc,
+                           const gs_operand *A, float *C, int64_t rs_c, int64_t cs_c,
+                           float *restrict buf_a, const float *restrict buf_b)
+{
+    for (int64_t ip = 0; ip < mc; ip += MR)
+        pack_panel(A, ic + ip, min64(MR, mc - ip), pc, kc, MR, buf_a + ip * kc);
+    for (int64_t jp = 0; jp < nc; jp += NR) {
+        const int64_t nr = min64(NR, nc - jp);
+        const float *bp = buf_b + jp * kc;
+        for (int64_t ip = 0; ip < mc; ip += MR)
+            micro_kernel(kc, buf_a + ip * kc, bp, C + (ic + ip) * rs_c + (jc + jp) * cs_c, rs_c, cs_c,
+                         min64(MR, mc - ip), nr, pc > 0);
+    }
+}
+
 /* One thread: rows [i_begin, i_end) x columns [j_begin, j_end) of C. */
 static void gemm_block(int64_t i_begin, int64_t i_end, int64_t j_begin, int64_t j_end, int64_t K,
                        const gs_operand *A, const gs_operand *B, float *C, int64_t rs_c, int64_t cs_c,
@@ -367,19 +463,8 @@ static void gemm_block(int64_t i_begin, int64_t i_end, int64_t j_begin, int64_t 
             const int64_t kc = min64(KC, K - pc);
             for (int64_t jp = 0; jp < nc; jp += NR)
                 pack_panel(B, jc + jp, min64(NR, nc - jp), pc, kc, NR, buf_b + jp * kc);
-            for (int64_t ic = i_begin; ic < i_end; ic += MC) {
-                const int64_t mc = min64(MC, i_end - ic);
-                for (int64_t ip = 0; ip < mc; ip += MR)
-                    pack_panel(A, ic + ip, min64(MR, mc - ip), pc, kc, MR, buf_a + ip * kc);
-                for (int64_t jp = 0; jp < nc; jp += NR) {
-                    const int64_t nr = min64(NR, nc - jp);
-                    const float *bp = buf_b + jp * kc;
-                    for (int64_t ip = 0; ip < mc; ip += MR) {
-                        micro_kernel(kc, buf_a + ip * kc, bp, C + (ic + ip) * rs_c + (jc + jp) * cs_c,
-                                     rs_c, cs_c, min64(MR, mc - ip), nr, pc > 0);
-                    }
-                }
-            }
+            for (int64_t ic = i_begin; ic < i_end; ic += MC)
+                multiply_block(ic, min64(MC, i_end - ic), jc, nc, pc, kc, A, C, rs_c, cs_c, buf_a, buf_b);
         }
     }
 }
@@ -415,46 +500,91 @@ int32_t gs_gemm_f32(int64_t M, int64_t N, int64_t K, const gs_operand *A, const 
     if (nt > max_threads) nt = max_threads;
     if (nt < 1) nt = 1;
 
-    /* split rows when there are enough MR panels for every thread, else columns */
-    const int split_rows = (M + MR - 1) / MR >= 2 * (int64_t)nt || (M >= N);
-    int64_t a_floats, b_floats;
-    if (split_rows)
-        scratch_sizes((M + nt - 1) / nt + MR, N, K, &a_floats, &b_floats);
-    else
-        scratch_sizes(M, (N + nt - 1) / nt + NR, K, &a_floats, &b_floats);
-    const int64_t per_thread = a_floats + b_floats;
-    float *scratch = (float *)gs_alloc((int64_t)sizeof(float) * per_thread * nt);
-    if (!scratch)
-        return gs_fail(GRAPHSWAP_ERR_OUT_OF_MEMORY,
-                       "graphswap: cannot allocate %lld bytes of GEMM packing scratch",
-                       (long long)(sizeof(float) * per_thread * nt));
-
+    const int64_t kc_max = min64(K, KC);
     if (nt == 1) {
+        int64_t a_floats, b_floats;
+        scratch_sizes(M, N, K, &a_floats, &b_floats);
+        float *scratch = (float *)gs_alloc((int64_t)sizeof(float) * (a_floats + b_floats));
+        if (!scratch) goto oom;
         gemm_block(0, M, 0, N, K, A, B, C, rs_c, cs_c, scratch, scratch + a_floats);
-    } else {
+        gs_free(scratch);
+        return GRAPHSWAP_OK;
+    }
+
+    /* Several threads, scheduled dynamically (a core may be busy with TensorFlow's own pool):
+     * - enough rows: for each (jc, pc) block the threads pack B together into one shared buffer,
+     *   then take MC-row blocks of A (packed per thread) from a shared counter;
+     * - few rows (e.g. a transposed product with 6 output channels): threads take column chunks,
+     *   each packing its own A and B. */
+    if ((M + MR - 1) / MR >= 2 * (int64_t)nt) {
+        /* row blocks: at least ~4 per thread for balance, at most MC rows */
+        int64_t mc_blk = round_up((M + 4 * nt - 1) / (4 * nt), MR);
+        if (mc_blk > MC) mc_blk = MC;
+        const int64_t n_blocks = (M + mc_blk - 1) / mc_blk;
+        const int64_t a_floats = round_up(mc_blk * kc_max, 16);
+        const int64_t b_floats = round_up(min64(N, NC), NR) * kc_max;
+        float *scratch = (float *)gs_alloc((int64_t)sizeof(float) * (b_floats + a_floats * nt));
+        if (!scratch) goto oom;
+        float *buf_b = scratch;
 #pragma omp parallel num_threads(nt)
         {
 #ifdef _OPENMP
-            const int t = omp_get_thread_num(), team = omp_get_num_threads();
+            float *buf_a = scratch + b_floats + a_floats * omp_get_thread_num();
 #else
-            const int t = 0, team = 1;
+            float *buf_a = scratch + b_floats;
 #endif
-            float *buf_a = scratch + per_thread * t, *buf_b = buf_a + a_floats;
-            if (split_rows) {
-                const int64_t panels = (M + MR - 1) / MR;
-                const int64_t p0 = panels * t / team, p1 = panels * (t + 1) / team;
-                const int64_t i0 = p0 * MR, i1 = min64(p1 * MR, M);
-                if (i0 < i1) gemm_block(i0, i1, 0, N, K, A, B, C, rs_c, cs_c, buf_a, buf_b);
-            } else {
-                const int64_t panels = (N + NR - 1) / NR;
-                const int64_t p0 = panels * t / team, p1 = panels * (t + 1) / team;
-                const int64_t j0 = p0 * NR, j1 = min64(p1 * NR, N);
-                if (j0 < j1) gemm_block(0, M, j0, j1, K, A, B, C, rs_c, cs_c, buf_a, buf_b);
+            for (int64_t jc = 0; jc < N; jc += NC) {
+                const int64_t nc = min64(NC, N - jc);
+                const int64_t b_panels = (nc + NR - 1) / NR;
+                for (int64_t pc = 0; pc < K; pc += KC) {
+                    const int64_t kc = min64(KC, K - pc);
+#pragma omp for schedule(static)
+                    for (int64_t q = 0; q < b_panels; ++q)
+                        pack_panel(B, jc + q * NR, min64(NR, nc - q * NR), pc, kc, NR,
+                                   buf_b + q * NR * kc);
+                    /* implicit barrier: B is packed */
+#pragma omp for schedule(dynamic, 1)
+                    for (int64_t blk = 0; blk < n_blocks; ++blk) {
+                        const int64_t ic = blk * mc_blk;
+                        multiply_block(ic, min64(mc_blk, M - ic), jc, nc, pc, kc, A, C, rs_c, cs_c,
+                                       buf_a, buf_b);
+                    }
+                    /* implicit barrier: buf_b may be repacked */
+                }
             }
         }
+        gs_free(scratch);
+    } else {
+        int64_t nc_blk = round_up((N + 4 * nt - 1) / (4 * nt), NR);
+        if (nc_blk > NC) nc_blk = NC;
+        const int64_t n_blocks = (N + nc_blk - 1) / nc_blk;
+        int64_t a_floats, b_floats;
+        scratch_sizes(M, nc_blk, K, &a_floats, &b_floats);
+        const int64_t per_thread = a_floats + b_floats;
+        float *scratch = (float *)gs_alloc((int64_t)sizeof(float) * per_thread * nt);
+        if (!scratch) goto oom;
+#pragma omp parallel num_threads(nt)
+        {
+#ifdef _OPENMP
+            float *buf_a = scratch + per_thread * omp_get_thread_num();
+#else
+            float *buf_a = scratch;
+#endif
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t blk = 0; blk < n_blocks; ++blk) {
+                const int64_t j0 = blk * nc_blk;
+                gemm_block(0, M, j0, min64(j0 + nc_blk, N), K, A, B, C, rs_c, cs_c, buf_a,
+                           buf_a + a_floats);
+            }
+        }
+        gs_free(scratch);
     }
-    gs_free(scratch);
     return GRAPHSWAP_OK;
+
+oom:
+    return gs_fail(GRAPHSWAP_ERR_OUT_OF_MEMORY,
+                   "graphswap: cannot allocate GEMM packing scratch (M=%lld N=%lld K=%lld, %d threads)",
+                   (long long)M, (long long)N, (long long)K, nt);
 }
 
 GRAPHSWAP_EXPORT int32_t graphswap_matmul_f32(const float *a, const float *b, float *c, int64_t m,

@@ -31,7 +31,25 @@ void gs_lut_gemm_tile(const gs_lut_gemm *p, int64_t m0, int64_t m1, int64_t n0, 
 /* 65536-entry transpose: tt[(b << 8) | a] = table[(a << 8) | b]. */
 void gs_lut_transpose_table(const int32_t *table, int32_t *tt);
 
-/* Columns per vector tile of gs_lut_gemm_tile (work splits along n should be multiples of it). */
+/* Expanded b block: E[kk*256*ldE + code*ldE + j] = tt[(b[kk*ldb + n0 + j] << 8) | code] for
+ * kk < kcount, j < nbpad (nbpad a multiple of 8; columns j >= w use b code 0, results unused). */
+void gs_lut_expand(const uint8_t *b, int64_t ldb, int64_t kcount, int64_t n0, int64_t w, int64_t nbpad,
+                   const int32_t *tt, int32_t *E, int64_t ldE);
+
+/* acc[i*ldacc + j] += sum_{kk < kcount} E[(kk*256 + a[i*lda + kk])*ldE + j], i < rows, j < nbpad
+ * (int32; the caller keeps kcount within gs_lut_kblock). */
+void gs_lut_expanded_rows(const uint8_t *a, int64_t lda, int64_t rows, int64_t kcount,
+                          const int32_t *E, int64_t ldE, int64_t nbpad, int32_t *acc, int64_t ldacc);
+
+/* Columns per expanded block / vector tile (work splits along n should be multiples of it). */
 #define GS_LUT_NB 32
+/* k rows per expanded block of gs_lut_expanded_tile. */
+#define GS_LUT_KB 8
+
+/* The expanded-b product for rows [m0, m1) x columns [n0, n1) on the calling thread (see
+ * lut_gemm.c).  tt is the transposed table; E (GS_LUT_KB*256*GS_LUT_NB int32) and accp
+ * ((m1-m0)*GS_LUT_NB int32) are the caller's scratch.  Requires p->kblock >= GS_LUT_KB. */
+void gs_lut_expanded_tile(const gs_lut_gemm *p, const int32_t *tt, int64_t m0, int64_t m1, int64_t n0,
+                          int64_t n1, int32_t *E, int32_t *accp);
 
 #endif /* GRAPHSWAP_LUT_INTERNAL_H */

@@ -1,0 +1,273 @@
+"""Evaluating kernels side by side: the original model and one rewritten copy per kernel, on the same
+data, in one table - top-1 accuracy (and top-5 when there are more than 10 classes), loss,
+agreement with the original's predictions, and optionally the accuracy after fine-tuning each
+rewritten copy.  Results serialise to JSON (schema "graphswap.evaluate/1") and CSV, and plot as a
+bar chart.
+
+Metrics are computed here from the models' predictions (not with model.evaluate), so accuracy,
+top-5, loss and agreement all come from the same forward pass and can be checked by hand.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import json
+import os
+
+import numpy as np
+
+from graphswap.errors import DataError, GraphswapError
+
+EVALUATE_SCHEMA = "graphswap.evaluate/1"
+
+
+# --------------------------------------------------------------------------------------------
+# predictions and metrics
+# --------------------------------------------------------------------------------------------
+
+def predict(model, data, batch_size: int = 256) -> np.ndarray:
+    """The model's outputs on all of `data` (a graphswap.data.Data), as float32 numpy."""
+    from graphswap.data import translate_errors
+
+    outputs = []
+    with translate_errors():
+        for x, _ in data.as_dataset(batch_size):
+            outputs.append(np.asarray(model(x, training=False), dtype=np.float32))
+    if not outputs:
+        raise DataError(f"{data.source}: the data set is empty (0 examples)")
+    return np.concatenate(outputs, axis=0)
+
+
+def _loss_value(loss, labels, outputs) -> float:
+    import keras
+
+    function = keras.losses.get(loss) if isinstance(loss, (str, dict)) else loss
+    value = function(labels, outputs)
+    return float(np.mean(keras.ops.convert_to_numpy(value)))
+
+
+def classification_metrics(outputs: np.ndarray, labels: np.ndarray, label_format: str,
+                           loss=None, reference: np.ndarray | None = None,
+                           from_logits: bool = False) -> dict:
+    """accuracy, top5_accuracy (None for <= 10 classes), loss, agreement with `reference`."""
+    if label_format == "one_hot":
+        targets = labels.argmax(axis=1)
+    else:
+        targets = labels.reshape(-1).astype(np.int64)
+    classes = outputs.shape[-1]
+    if classes == 1:
+        threshold = 0.0 if from_logits else 0.5
+        predicted = (outputs[:, 0] > threshold).astype(np.int64)
+    else:
+        predicted = outputs.argmax(axis=1)
+    result = {"accuracy": float(np.mean(predicted == targets)), "top5_accuracy": None}
+    if classes > 10:
+        top5 = np.argsort(-outputs, axis=1)[:, :5]
+        result["top5_accuracy"] = float(np.mean(np.any(top5 == targets[:, None], axis=1)))
+    result["loss"] = _loss_value(loss, labels, outputs) if loss is not None else None
+    if reference is not None:
+        if classes == 1:
+            reference_predicted = (reference[:, 0] > (0.0 if from_logits else 0.5)).astype(int)
+        else:
+            reference_predicted = reference.argmax(axis=1)
+        result["agreement"] = float(np.mean(predicted == reference_predicted))
+    return result
+
+
+def _from_logits(loss) -> bool:
+    config = getattr(loss, "get_config", None)
+    if callable(config):
+        try:
+            return bool(config().get("from_logits", False))
+        except Exception:  # noqa: BLE001
+            return False
+    return False
+
+
+# --------------------------------------------------------------------------------------------
+# evaluate
+# --------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class EvaluationResult:
+    model_name: str
+    data_source: str
+    examples: int
+    classes: int
+    loss_name: str
+    rows: list            # one dict per model: original first, then one per kernel
+    finetune: dict | None = None
+    notes: list = dataclasses.field(default_factory=list)
+
+    COLUMNS = ("name", "kernel", "swapped_layers", "accuracy", "top5_accuracy", "loss",
+               "agreement", "finetuned_accuracy", "finetuned_top5_accuracy", "finetuned_loss",
+               "finetuned_agreement")
+
+    def to_dict(self) -> dict:
+        return {"schema": EVALUATE_SCHEMA, "model": self.model_name,
+                "data": {"source": self.data_source, "examples": self.examples,
+                         "classes": self.classes},
+                "loss": self.loss_name, "top5": self.classes > 10,
+                "finetune": self.finetune,
+                "rows": [{key: row.get(key) for key in self.COLUMNS} for row in self.rows],
+                "notes": self.notes}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    def to_csv(self) -> str:
+        buffer = io.StringIO()
+        writer = csv.DictWriter(buffer, fieldnames=self.COLUMNS, lineterminator="\n")
+        writer.writeheader()
+        for row in self.rows:
+            writer.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in self.COLUMNS})
+        return buffer.getvalue()
+
+    def format_table(self) -> str:
+        def pct(value):
+            return "" if value is None else f"{100 * value:.2f}%"
+
+        headers = ["model", "swapped", "accuracy"]
+        top5 = self.classes > 10
+        if top5:
+            headers.append("top-5")
+        headers += ["loss", "agreement"]
+        if self.finetune is not None:
+            headers.append(f"after {self.finetune['epochs']} epoch(s) fine-tuning")
+        rows = []
+        for row in self.rows:
+            cells = [row["name"], str(row["swapped_layers"]), pct(row["accuracy"])]
+            if top5:
+                cells.append(pct(row["top5_accuracy"]))
+            cells += ["" if row["loss"] is None else f"{row['loss']:.4f}", pct(row["agreement"])]
+            if self.finetune is not None:
+                cells.append(pct(row.get("finetuned_accuracy")) or "-")
+            rows.append(cells)
+        widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+        lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths)),
+                 "  ".join("-" * w for w in widths)]
+        lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+        lines.append(f"{self.examples} examples from {self.data_source}; {self.classes} classes; "
+                     f"loss {self.loss_name}; agreement = share of examples whose top-1 class "
+                     f"matches the original model's")
+        return "\n".join(lines)
+
+    def write(self, path, force: bool = False) -> None:
+        """Write JSON or CSV, chosen by the suffix (.json / .csv), atomically."""
+        from graphswap.modelio import atomic_output
+
+        suffix = os.path.splitext(str(path))[1].lower()
+        if suffix not in (".json", ".csv"):
+            raise GraphswapError(f"results file {path} must end in .json or .csv")
+        text = self.to_json() + "\n" if suffix == ".json" else self.to_csv()
+        with atomic_output(path, force) as tmp:
+            tmp.write_text(text, encoding="utf-8")
+
+    def plot(self, path, force: bool = False) -> None:
+        """Bar chart PNG: accuracy per model (and after fine-tuning), written atomically."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        from graphswap.modelio import atomic_output
+
+        names = [row["name"] for row in self.rows]
+        before = [100 * row["accuracy"] for row in self.rows]
+        positions = np.arange(len(names))
+        figure, axes = plt.subplots(figsize=(max(5.0, 1.4 * len(names) + 2), 4.0))
+        if self.finetune is not None:
+            after = [100 * row["finetuned_accuracy"] if row.get("finetuned_accuracy") is not None
+                     else np.nan for row in self.rows]
+            width = 0.38
+            bars = axes.bar(positions - width / 2, before, width, label="as converted")
+            bars_after = axes.bar(positions + width / 2, after, width,
+                                  label=f"after {self.finetune['epochs']} epoch(s) fine-tuning")
+            groups = [bars, bars_after]
+            axes.legend(loc="lower right")
+        else:
+            groups = [axes.bar(positions, before, 0.6)]
+        for group in groups:
+            for bar in group:
+                height = bar.get_height()
+                if np.isfinite(height):
+                    axes.annotate(f"{height:.1f}", (bar.get_x() + bar.get_width() / 2, height),
+                                  ha="center", va="bottom", fontsize=8)
+        low = min(v for v in before if np.isfinite(v))
+        axes.set_ylim(max(0.0, low - 10.0), 100.5)
+        axes.set_xticks(positions, [os.path.basename(n) for n in names], rotation=20, ha="right")
+        axes.set_ylabel("top-1 accuracy (%)")
+        axes.set_title(f"{self.model_name}: {self.examples} examples")
+        figure.tight_layout()
+        with atomic_output(path, force, suffix=".png") as tmp:
+            figure.savefig(tmp, format="png", dpi=120)
+        plt.close(figure)
+
+
+def evaluate(model, data, kernels=("exact",), *, finetune_data=None, epochs: int = 1,
+             batch_size: int = 128, learning_rate: float = 1e-4, seed: int | None = 0,
+             include=None, exclude=None, backward: str = "native", split: str | None = "test",
+             finetune_split: str | None = "train", resize: bool = False, pad: bool = False,
+             scale=None, verbose: int = 0, custom_objects=None,
+             safe_mode: bool = True) -> EvaluationResult:
+    """Evaluate `model` and one rewritten copy per kernel on `data`, side by side.
+
+    Args:
+      model: a keras.Model (never modified) or a model file.
+      data: evaluation data (anything graphswap.data.load_data accepts; .npz: x_test/y_test, else
+        x/y).
+      kernels: kernel specs, one row each (see graphswap.kernels).
+      finetune_data: when given, each rewritten copy is also fine-tuned for `epochs` epochs
+        (graphswap.finetune, same seed for every kernel) and re-evaluated.
+      include / exclude / backward: passed to rewrite_model.
+
+    Returns an EvaluationResult (rows: original first, then each kernel in order).
+    """
+    from graphswap import modelio
+    from graphswap.data import load_data
+    from graphswap.rewrite import rewrite_model
+    from graphswap.train import compile_settings, finetune
+
+    kernels = list(kernels)
+    if isinstance(model, (str, os.PathLike)):
+        model = modelio.load_model(model, custom_objects=custom_objects, safe_mode=safe_mode)
+    test = load_data(data, model, split=split, resize=resize, pad=pad, scale=scale,
+                     name="evaluation data")
+    labels = test.labels()
+    settings = compile_settings(model, test.label_format)
+    from_logits = _from_logits(settings.loss)
+    notes = list(test.notes) + [settings.note.replace("compiled with", "loss from")]
+    reference = predict(model, test, batch_size)
+    rows = [{"name": "original", "kernel": None, "swapped_layers": 0,
+             **classification_metrics(reference, labels, test.label_format, settings.loss,
+                                      reference, from_logits)}]
+    finetune_info = None
+    train = None
+    if finetune_data is not None:
+        train = load_data(finetune_data, model, split=finetune_split, resize=resize, pad=pad,
+                          scale=scale, name="fine-tuning data")
+        finetune_info = {"data": train.source, "examples": len(train), "epochs": epochs,
+                         "batch_size": batch_size, "learning_rate": learning_rate, "seed": seed}
+        notes.extend(n for n in train.notes if n not in notes)
+    for spec in kernels:
+        swapped, report = rewrite_model(model, kernel=spec, include=include, exclude=exclude,
+                                        backward=backward, return_report=True)
+        outputs = predict(swapped, test, batch_size)
+        row = {"name": spec if isinstance(spec, str) else report.swapped[0].kernel,
+               "kernel": report.swapped[0].kernel if report.swapped else str(spec),
+               "swapped_layers": len(report.swapped),
+               **classification_metrics(outputs, labels, test.label_format, settings.loss,
+                                        reference, from_logits)}
+        if train is not None:
+            result = finetune(swapped, train, epochs=epochs, batch_size=batch_size,
+                              learning_rate=learning_rate, seed=seed, verbose=verbose,
+                              restore_best=False)
+            tuned = predict(result.model, test, batch_size)
+            metrics = classification_metrics(tuned, labels, test.label_format, settings.loss,
+                                             reference, from_logits)
+            row.update({f"finetuned_{k}": v for k, v in metrics.items()})
+        rows.append(row)
+    return EvaluationResult(model.name, test.source, len(test), test.classes,
+                            settings.loss_name, rows, finetune_info, notes)
