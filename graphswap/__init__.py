@@ -12,9 +12,10 @@ from graphswap.errors import (DataError, GraphswapError, KernelExecutionError, K
 from graphswap.kernels import available_kernels, resolve_kernel
 from graphswap.layers import SwappedConv2D, SwappedDense
 from graphswap.rewrite import RewriteReport, plan, rewrite_model, transform_model
+from graphswap.kernel_trust import trust
 
 __all__ = [
-    "__version__", "rewrite_model", "transform_model", "plan", "RewriteReport",
+    "__version__", "trust", "rewrite_model", "transform_model", "plan", "RewriteReport",
     "SwappedDense", "SwappedConv2D", "resolve_kernel", "available_kernels",
     "GraphswapError", "KernelSpecError", "KernelLoadError", "KernelTrustError",
     "KernelExecutionError", "UnsupportedLayerError", "ModelLoadError", "DataError",

@@ -53,11 +53,28 @@ def handle_errors(command):
     return wrapper
 
 
+def _trust_kernels(ctx, param, paths):
+    from graphswap.errors import GraphswapError
+    from graphswap.kernel_trust import trust
+
+    for path in paths:
+        try:
+            trust(path)
+        except GraphswapError as exc:
+            raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
+    return paths
+
+
 def model_loading_options(command):
-    """--custom-objects and --unsafe, shared by the commands that load models."""
+    """--custom-objects, --unsafe and --trust-kernel, shared by the commands that load models."""
     command = click.option(
         "--custom-objects", type=click.Path(dir_okay=False),
         help="Python module whose classes/functions the model needs (custom layers).")(command)
+    command = click.option(
+        "--trust-kernel", multiple=True, type=click.Path(dir_okay=False), expose_value=False,
+        callback=_trust_kernels, metavar="PATH",
+        help="Trust this kernel library / multiplier source named by the model (repeatable); "
+             "without it, a model naming a non-built-in native kernel is refused.")(command)
     command = click.option(
         "--unsafe", is_flag=True,
         help="Allow loading Lambda layers (runs Python code stored in the model: only for files "
@@ -198,6 +215,342 @@ def kernels(ctx, as_json):
         click.echo(f"{name:<{width}}  {description}")
     click.echo("\nAlso accepted: a multiplier in C (.c, EvoApproxLib style), 'lib.so:symbol', a "
                "256x256 table (.lut, TFApprox .bin), an operation-level library (.so).")
+
+
+# ---- export (issue 6) -------------------------------------------------------------------------
+@main.command("export")
+@click.argument("model_path", metavar="MODEL", type=click.Path())
+@click.option("--format", "export_format", type=click.Choice(["onnx", "savedmodel"]),
+              default="onnx", show_default=True, help="What to write.")
+@click.option("--keep-kernels", is_flag=True,
+              help="ONNX only: keep the swapped layers' C kernels as custom nodes "
+                   "(ai.onnx.contrib GraphswapMatMul/GraphswapConv2D) that onnxruntime runs "
+                   "through onnxruntime-extensions; open with graphswap.onnx_ops.session(path).")
+@click.option("-o", "--output", type=click.Path(),
+              help="Output file (onnx) or directory (savedmodel) [default: MODEL's name + .onnx, "
+                   ".kept.onnx or _savedmodel].")
+@click.option("--opset", default=17, show_default=True, help="ONNX opset.")
+@click.option("--check-batch", default=8, show_default=True,
+              help="Size of the random batch the export is verified on (at least 1).")
+@click.option("-f", "--force", is_flag=True, help="Overwrite the output if it exists.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@model_loading_options
+@handle_errors
+def export_command(model_path, export_format, keep_kernels, output, opset, check_batch, force,
+                   as_json, custom_objects, unsafe):
+    """Export MODEL (.keras, .h5, Keras 2 SavedModel) to ONNX or an inference SavedModel.
+
+    \b
+    onnx (default): swapped layers lowered to standard MatMul/Conv with the fine-tuned
+      weights, i.e. the model with the EXACT kernel; the kernel each layer was trained
+      for is recorded in metadata_props["graphswap"] (JSON).
+    onnx --keep-kernels: swapped products become custom nodes running the same C
+      kernels in onnxruntime (needs graphswap + onnxruntime-extensions to run).
+    savedmodel: serving_default signature with named inputs/outputs; only standard
+      TensorFlow ops, so it serves without graphswap (TF Serving, a fresh Python).
+      The approximate arithmetic does NOT run in it (a tf.numpy_function body is not
+      serialized): swapped layers run as exact float32 MatMul/Conv2D.  Kernel metadata
+      is in assets/graphswap_kernels.json.  --keep-kernels is refused, and so is any
+      model that would still contain Python ops.
+
+    Every export is run on a sample batch and compared with the Keras model before it
+    is written (see docs/EXPORT.md).
+    """
+    from graphswap import export, modelio
+
+    source = Path(model_path)
+    if keep_kernels and export_format != "onnx":
+        raise click.UsageError(
+            "--keep-kernels needs --format onnx: a SavedModel cannot hold the C kernels (a "
+            "tf.numpy_function body is not serialized), so it could not serve")
+    if output is None:
+        base = source.name.rstrip("/")
+        stem = base[: -len(source.suffix)] if source.suffix else base
+        if export_format == "onnx":
+            output = source.with_name(f"{stem}.kept.onnx" if keep_kernels else f"{stem}.onnx")
+        else:
+            output = source.with_name(f"{stem}_savedmodel")
+    modelio.check_output_path(output, force, inputs=[source])
+    model = _load(source, custom_objects, unsafe)
+    result = export.export_model(model, output, format=export_format, keep_kernels=keep_kernels,
+                                 opset=opset, force=force, check_batch=check_batch)
+    if as_json:
+        click.echo(json.dumps(result.to_dict(), indent=2))
+        return
+    for layer in result.layers:
+        nodes = f" -> {', '.join(layer.onnx_nodes)}" if layer.onnx_nodes else ""
+        click.echo(f"{layer.path:<24} {layer.layer_type:<7} kernel {layer.kernel.get('spec')}"
+                   f"{nodes}")
+    click.echo(f"{len(result.layers)} swapped layer(s); inputs {result.inputs}, outputs "
+               f"{result.outputs}")
+    click.echo(f"verified against the {result.reference}: max |difference| "
+               f"{result.max_abs_difference:.3g} on a batch of {check_batch}")
+    click.echo(f"wrote {result.path} ({result.format})")
+
+
+@main.command()
+@click.argument("model_path", metavar="MODEL", type=click.Path())
+@click.argument("image_path", metavar="IMAGE", type=click.Path())
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
+              help="PNG to write: the input and its saliency heat map side by side.")
+@click.option("--class", "class_index", type=int, default=None,
+              help="Class whose score is differentiated [default: the predicted class].")
+@click.option("--method", type=click.Choice(["guided", "vanilla"]), default="guided",
+              show_default=True,
+              help="'guided': guided backprop (ReLUs pass positive gradients of active units); "
+                   "'vanilla': the plain gradient of the class score.")
+@click.option("--index", type=int, default=None,
+              help="Sample to use when IMAGE is an .npz archive.")
+@click.option("--key", default=None,
+              help="Array of the .npz to take the sample from [default: x_test, x, images or "
+                   "x_train, whichever is present].")
+@click.option("-f", "--force", is_flag=True, help="Overwrite the output if it exists.")
+@model_loading_options
+@handle_errors
+def saliency(model_path, image_path, output, class_index, method, index, key, force,
+             custom_objects, unsafe):
+    """Saliency map of MODEL for IMAGE (a PNG/JPEG, or an .npz with --index), written as a PNG.
+
+    An image file is converted to the model's channels and resized to its input size.
+    """
+    from graphswap import modelio
+    from graphswap import saliency as saliency_module
+
+    modelio.check_output_path(output, force, inputs=[model_path, image_path])
+    model = _load(model_path, custom_objects, unsafe)
+    image, label, notes = saliency_module.load_sample(model, image_path, index=index, key=key)
+    for note in notes:
+        click.echo(note)
+    result = saliency_module.saliency_map(model, image, class_index=class_index, method=method)
+    probability = float(result.probabilities[result.class_index])
+    click.echo(f"predicted class {result.predicted}"
+               + (f" (label {label})" if label is not None else "")
+               + f"; {method} saliency of class {result.class_index} (p={probability:.3f}, "
+                 f"gradient of its {result.score})")
+    saliency_module.write_saliency_png(result, output, force=force,
+                                       title=f"{Path(model_path).name}: {Path(image_path).name}"
+                                             + (f"[{index}]" if index is not None else ""))
+    click.echo(f"wrote {output}")
+
+
+# ---- finetune / evaluate / sweep (issue 4) -----------------------------------------------------
+def _data_options(command):
+    """--split, --resize/--pad and --scale, shared by finetune, evaluate and sweep."""
+    command = click.option(
+        "--scale", default=None, metavar="FACTOR",
+        help="Multiply inputs by FACTOR (e.g. 1/255) - only for models without their own "
+             "Rescaling layer.")(command)
+    command = click.option(
+        "--pad", is_flag=True,
+        help="Zero-pad (centred) smaller images to the model's input size.")(command)
+    command = click.option(
+        "--resize", is_flag=True,
+        help="Resize images of another size to the model's input size (bilinear).")(command)
+    return command
+
+
+def _echo_notes(notes, err=False):
+    for note in notes:
+        click.echo(f"  {note}", err=err)
+
+
+@main.command()
+@click.argument("model_path", metavar="MODEL", type=click.Path())
+@click.option("--data", "data_path", required=True, type=click.Path(),
+              help="Training data: .npz (x_train/y_train, else x/y) or an image directory with "
+                   "one folder per class.")
+@click.option("--val-data", type=click.Path(),
+              help="Validation data (.npz: x_test/y_test, else x/y; or an image directory).")
+@click.option("--val-split", type=float, default=None,
+              help="Hold out this fraction of --data (seeded) for validation instead.")
+@click.option("--epochs", default=3, show_default=True, help="Total number of epochs.")
+@click.option("--batch-size", default=128, show_default=True)
+@click.option("--lr", "learning_rate", default=1e-4, show_default=True, help="Adam learning rate.")
+@click.option("--strategy", type=click.Choice(["none", "mirrored", "multiworker"]),
+              default="none", show_default=True,
+              help="'mirrored': all local GPUs (or logical CPUs); 'multiworker': the cluster in "
+                   "TF_CONFIG (run the same command on every worker).")
+@click.option("--checkpoint-dir", type=click.Path(file_okay=False),
+              help="Write last/best checkpoints and state here after every epoch.")
+@click.option("--resume", is_flag=True,
+              help="Continue the run checkpointed in --checkpoint-dir (weights, optimizer, epoch).")
+@click.option("--patience", type=int, default=None,
+              help="Stop after this many epochs without improvement of the monitor.")
+@click.option("--monitor", default=None,
+              help="Metric choosing the best epoch [default: val accuracy, else val_loss].")
+@click.option("--seed", default=0, show_default=True, help="Seed for weights, shuffling, splits.")
+@_data_options
+@click.option("-o", "--output", type=click.Path(dir_okay=False),
+              help="Where to write the fine-tuned model [default: MODEL's name + .ft.keras].")
+@click.option("-f", "--force", is_flag=True,
+              help="Overwrite the output (and restart an existing checkpoint directory).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@model_loading_options
+@handle_errors
+def finetune(model_path, data_path, val_data, val_split, epochs, batch_size, learning_rate,
+             strategy, checkpoint_dir, resume, patience, monitor, seed, scale, pad, resize,
+             output, force, as_json, custom_objects, unsafe):
+    """Fine-tune MODEL (e.g. written by convert) with its kernels in the loop; save the result.
+
+    Uses the loss/metrics saved with the model (else a stated classifier default), keeps the
+    best epoch by the validation metric, and saves atomically.
+    """
+    from graphswap import modelio
+    from graphswap import train as train_module
+
+    source = Path(model_path)
+    if output is None:
+        stem = source.name[: -len(source.suffix)] if source.suffix else source.name
+        output = source.with_name(f"{stem}.ft.keras")
+    modelio.check_output_path(output, force, inputs=[source])
+    result = train_module.finetune(
+        str(source), data_path, val_data=val_data, val_split=val_split, epochs=epochs,
+        batch_size=batch_size, learning_rate=learning_rate, strategy=strategy,
+        checkpoint_dir=checkpoint_dir, resume=resume, patience=patience, monitor=monitor,
+        seed=seed, verbose=2 if as_json or not sys.stdout.isatty() else 1,
+        resize=resize, pad=pad, scale=scale, custom_objects=custom_objects,
+        safe_mode=not unsafe, force=force,
+        log=None if as_json else (lambda note: click.echo(f"  {note}")))
+    if not result.chief:  # a non-chief worker of a multi-worker run: the chief saves
+        click.echo(f"worker done (epochs {result.epochs_run}); the chief writes {output}")
+        return
+    modelio.save_model(result.model, output, force=force)
+    if as_json:
+        click.echo(json.dumps({**result.to_dict(), "output": str(output)}, indent=2))
+        return
+    click.echo(train_module.format_history(result))
+    if result.best_epoch is not None:
+        click.echo(f"best epoch {result.best_epoch} by {result.monitor} "
+                   f"({result.best_value:.4f}; marked *)")
+    click.echo(f"wrote {output}")
+
+
+@main.command("evaluate")
+@click.argument("model_path", metavar="MODEL", type=click.Path())
+@click.option("--data", "data_path", required=True, type=click.Path(),
+              help="Evaluation data: .npz (x_test/y_test, else x/y) or an image directory.")
+@click.option("-k", "--kernel", "kernel_specs", multiple=True,
+              help="Kernel to compare (repeatable) [default: exact].")
+@click.option("--finetune-data", type=click.Path(),
+              help="Also fine-tune each rewritten copy on this data (.npz: x_train/y_train) and "
+                   "report its accuracy afterwards.")
+@click.option("--epochs", default=1, show_default=True, help="Fine-tuning epochs.")
+@click.option("--batch-size", default=128, show_default=True)
+@click.option("--lr", "learning_rate", default=1e-4, show_default=True,
+              help="Fine-tuning learning rate.")
+@click.option("--seed", default=0, show_default=True)
+@click.option("--include", multiple=True, metavar="REGEX", help="As for convert.")
+@click.option("--exclude", multiple=True, metavar="REGEX", help="As for convert.")
+@_data_options
+@click.option("-o", "--output", type=click.Path(dir_okay=False),
+              help="Write the results as JSON or CSV (by the file's suffix).")
+@click.option("--plot", type=click.Path(dir_okay=False),
+              help="Write a bar chart of the accuracies (PNG).")
+@click.option("-f", "--force", is_flag=True, help="Overwrite output files.")
+@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
+@model_loading_options
+@handle_errors
+def evaluate_command(model_path, data_path, kernel_specs, finetune_data, epochs, batch_size,
+                     learning_rate, seed, include, exclude, scale, pad, resize, output, plot,
+                     force, as_json, custom_objects, unsafe):
+    """Evaluate MODEL and one rewritten copy per --kernel on the same data, side by side."""
+    from graphswap import modelio
+    from graphswap.evaluate import evaluate
+    from graphswap.errors import GraphswapError
+
+    if output is not None:
+        if Path(output).suffix.lower() not in (".json", ".csv"):
+            raise GraphswapError(f"--output {output} must end in .json or .csv")
+        modelio.check_output_path(output, force, inputs=[model_path, data_path])
+    if plot is not None:
+        if Path(plot).suffix.lower() != ".png":
+            raise GraphswapError(f"--plot {plot} must end in .png")
+        modelio.check_output_path(plot, force, inputs=[model_path, data_path])
+    model = _load(model_path, custom_objects, unsafe)
+    result = evaluate(model, data_path, list(kernel_specs) or ["exact"],
+                      finetune_data=finetune_data, epochs=epochs, batch_size=batch_size,
+                      learning_rate=learning_rate, seed=seed, include=list(include) or None,
+                      exclude=list(exclude) or None, resize=resize, pad=pad, scale=scale)
+    if output is not None:
+        result.write(output, force=force)
+    if plot is not None:
+        result.plot(plot, force=force)
+    if as_json:
+        click.echo(result.to_json())
+        return
+    _echo_notes(result.notes)
+    click.echo(result.format_table())
+    for path in (output, plot):
+        if path is not None:
+            click.echo(f"wrote {path}")
+
+
+@main.command("sweep")
+@click.argument("model_path", metavar="MODEL", type=click.Path())
+@click.option("--data", "data_path", required=True, type=click.Path(),
+              help="Evaluation data: .npz (x_test/y_test, else x/y) or an image directory.")
+@click.option("-k", "--kernel", "kernel_spec", required=True,
+              help="The (approximate) kernel to place layer by layer.")
+@click.option("--power", "power_options", multiple=True, metavar="[SPEC=]MW",
+              help="Multiplier power in mW when the kernel's source carries no PDK45_PWR "
+                   "(repeatable; a bare number applies to --kernel).")
+@click.option("--reference-power", type=float, default=None, metavar="MW",
+              help="Power of the exact multiplier [default: 0.391 mW, EvoApproxLib mul8u_1JFF; "
+                   "0.425 mW, mul8s_1KV6, for signed multipliers].")
+@click.option("--max-drop", default=1.0, show_default=True, metavar="POINTS",
+              help="Accuracy budget in percentage points for the written kernel map.")
+@click.option("--include", multiple=True, metavar="REGEX", help="As for convert.")
+@click.option("--exclude", multiple=True, metavar="REGEX", help="As for convert.")
+@click.option("--type", "layer_types", multiple=True, type=click.Choice(["Dense", "Conv2D"]),
+              help="Layer types to sweep (repeatable) [default: both].")
+@_data_options
+@click.option("-o", "--output", type=click.Path(dir_okay=False),
+              help="Where to write the kernel map for 'convert --kernel-map' "
+                   "[default: MODEL's name + .kernel_map.json].")
+@click.option("--plot", type=click.Path(dir_okay=False),
+              help="Write the Pareto plot (accuracy vs relative multiply energy) as PNG.")
+@click.option("-f", "--force", is_flag=True, help="Overwrite output files.")
+@click.option("--json", "as_json", is_flag=True, help="Print the full sweep as JSON.")
+@model_loading_options
+@handle_errors
+def sweep_command(model_path, data_path, kernel_spec, power_options, reference_power, max_drop,
+                  include, exclude, layer_types, scale, pad, resize, output, plot, force, as_json,
+                  custom_objects, unsafe):
+    """Swap one layer at a time to KERNEL: accuracy drop, MACs, energy, Pareto plot, kernel map."""
+    from graphswap import modelio
+    from graphswap.errors import GraphswapError
+    from graphswap.sweep import parse_power_options, sweep
+
+    source = Path(model_path)
+    if output is None:
+        stem = source.name[: -len(source.suffix)] if source.suffix else source.name
+        output = source.with_name(f"{stem}.kernel_map.json")
+    modelio.check_output_path(output, force, inputs=[model_path, data_path])
+    if plot is not None:
+        if Path(plot).suffix.lower() != ".png":
+            raise GraphswapError(f"--plot {plot} must end in .png")
+        modelio.check_output_path(plot, force, inputs=[model_path, data_path])
+    if not 0 <= max_drop <= 100:
+        raise GraphswapError(f"--max-drop is in percentage points (0..100), got {max_drop}")
+    power = parse_power_options(power_options)
+    model = _load(model_path, custom_objects, unsafe)
+    result = sweep(model, data_path, kernel_spec, power=power or None,
+                   reference_power=reference_power, max_accuracy_drop=max_drop / 100.0,
+                   layer_types=tuple(layer_types) or ("Dense", "Conv2D"),
+                   include=list(include) or None, exclude=list(exclude) or None,
+                   resize=resize, pad=pad, scale=scale)
+    result.write_kernel_map(output, force=force)
+    if plot is not None:
+        result.plot(plot, force=force)
+    if as_json:
+        click.echo(json.dumps({**result.to_dict(), "output": str(output), "plot": plot},
+                              indent=2))
+        return
+    _echo_notes(result.notes)
+    click.echo(result.format_table())
+    click.echo(f"wrote {output} (graphswap convert {model_path} --kernel-map {output})")
+    if plot is not None:
+        click.echo(f"wrote {plot}")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -23,7 +23,7 @@ import threading
 
 import numpy as np
 
-from graphswap import native
+from graphswap import kernel_trust, native
 from graphswap.errors import KernelSpecError
 from graphswap.geometry import ConvGeometry
 
@@ -193,7 +193,9 @@ def resolve_kernel(spec) -> Kernel:
     if isinstance(spec, Kernel):
         return spec
     expected_sha = None
-    if isinstance(spec, dict):
+    from_config = isinstance(spec, dict)
+    if from_config:
+        _verify_config_files(spec)
         expected_sha = spec.get("sha256")
         spec = spec.get("spec")
     if not isinstance(spec, str) or not spec.strip():
@@ -208,13 +210,33 @@ def resolve_kernel(spec) -> Kernel:
         if kernel is None:
             kernel = _build_kernel(spec)
             _cache[key] = kernel
+    config = kernel.to_config()
+    if not from_config and config.get("path") and config.get("sha256"):
+        # The user named this kernel: it is approved for the session, with its current content.
+        kernel_trust.trust(config["path"])
     if expected_sha is not None:
-        actual = kernel.to_config().get("sha256")
+        actual = config.get("sha256")
         if actual is not None and actual != expected_sha:
             raise KernelSpecError(
                 f"kernel {spec!r} has changed since the model was saved: recorded sha256 "
                 f"{expected_sha}, file now has {actual}; restore the original file or re-convert")
     return kernel
+
+
+DATA_SUFFIXES = (".lut", ".bin")
+
+
+def _verify_config_files(config: dict) -> None:
+    """Before a kernel named in a saved model loads: its file must be intact and, if it is native
+    code (a library, or C source we would compile and run), trusted (see graphswap.kernel_trust)."""
+    path = config.get("path")
+    if not path and config.get("sha256") is None:
+        return  # a built-in kernel: nothing external to load
+    executable = not str(path).endswith(DATA_SUFFIXES)
+    what = "kernel library" if executable else "multiplier table"
+    if str(path).endswith(".c"):
+        what = "multiplier source"
+    kernel_trust.verify_recorded_file(path, config.get("sha256"), what, executable=executable)
 
 
 def _build_kernel(spec: str) -> Kernel:

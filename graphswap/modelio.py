@@ -1,6 +1,7 @@
 """Loading models from disk with clear errors, and saving them atomically.
 
-Loading recognises Keras 3 `.keras` archives and legacy full-model HDF5 files; each way a file can
+Loading recognises Keras 3 `.keras` archives, legacy full-model HDF5 files and Keras 2 SavedModel
+directories (through graphswap.legacy and tf_keras); each way a file can
 fail to be a usable model (missing, empty, not a model, weights-only HDF5, a directory) gets one
 message that says what was wrong and what would work.  Saving writes to a temporary file beside the
 destination and renames it, so an interrupted save never leaves a half-written model, and never
@@ -96,10 +97,9 @@ def _keras_load(path: Path, custom_objects, safe_mode, compile):
     except (ModelLoadError,) as exc:
         raise exc
     except Exception as exc:  # noqa: BLE001 - translate Keras' many failure types into one message
-        from graphswap.errors import GraphswapError
-
-        if isinstance(exc, GraphswapError):
-            raise
+        cause = _graphswap_cause(exc)
+        if cause is not None:
+            raise cause from None
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         hint = ""
         if "Lambda" in str(exc) or "safe_mode" in str(exc):
@@ -112,6 +112,20 @@ def _keras_load(path: Path, custom_objects, safe_mode, compile):
             from None
 
 
+def _graphswap_cause(exc: BaseException):
+    """The GraphswapError behind an exception Keras wrapped (deserialisation re-raises as
+    TypeError), so an untrusted kernel surfaces as KernelTrustError, not a generic load failure."""
+    from graphswap.errors import GraphswapError
+
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, GraphswapError):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
 def _load_directory(path: Path, custom_objects, safe_mode, compile):
     if not (path / "saved_model.pb").is_file():
         raise ModelLoadError(
@@ -119,7 +133,8 @@ def _load_directory(path: Path, custom_objects, safe_mode, compile):
             f".h5 file, or a Keras 2 SavedModel directory")
     from graphswap import legacy
 
-    return legacy.load_keras2_saved_model(path, custom_objects=custom_objects)
+    return legacy.load_keras2_saved_model(path, custom_objects=custom_objects,
+                                          safe_mode=safe_mode, compile=compile)
 
 
 def check_output_path(path, force: bool = False, inputs=()) -> Path:

@@ -72,6 +72,7 @@ def nested_model():
 
 def compile_library(tmp_path: Path, name: str, source: str) -> Path:
     """Compile a small C library against graphswap_kernels.h into tmp_path."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
     src = tmp_path / f"{name}.c"
     src.write_text(textwrap.dedent(source))
     out = tmp_path / f"lib{name}.so"

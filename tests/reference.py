@@ -1,0 +1,209 @@
+"""Independent references for the multiplier-level work (issue 3), written from the papers and from
+the quantization rules documented in graphswap/quantized.py -- not by calling graphswap's C or
+reusing graphswap.quantized's helpers -- so the tests compare two derivations of the same spec.
+
+Built-in multipliers are modelled in plain Python integers (slow but obvious); the quantized
+pipeline in numpy with an explicit im2col loop.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+# ------------------------------------------------------------------------------------------------
+# built-in multipliers, one Python function per published design (operands as Python ints)
+# ------------------------------------------------------------------------------------------------
+
+
+def exact(a: int, b: int) -> int:
+    return a * b
+
+
+def truncated(a: int, b: int, k: int) -> int:
+    """Exact product with its k least significant bits cleared (two's complement for negatives:
+    Python's >> is an arithmetic shift, so this is floor(p / 2^k) * 2^k)."""
+    return ((a * b) >> k) << k
+
+
+def drum_unsigned(a: int, b: int, k: int) -> int:
+    """DRUM-k (Hashemi, Bahar, Reda, ICCAD 2015), Fig. 2 of the paper: an operand wider than k bits
+    is replaced by the k bits from its leading one, whose last bit is set to 1, shifted back."""
+
+    def approximate(x: int) -> tuple[int, int]:
+        if x.bit_length() <= k:
+            return x, 0
+        shift = x.bit_length() - k
+        return (x >> shift) | 1, shift
+
+    ma, sa = approximate(a)
+    mb, sb = approximate(b)
+    return (ma * mb) << (sa + sb)
+
+
+def mitchell_unsigned(a: int, b: int) -> float:
+    """Mitchell (1962): log2(x) ~= k + f with x = 2^k (1 + f); antilog of the sum, piecewise linear.
+    Computed with fractions (exact rationals) to show the result is an integer."""
+    from fractions import Fraction
+
+    if a == 0 or b == 0:
+        return 0
+    ka, kb = a.bit_length() - 1, b.bit_length() - 1
+    fa, fb = Fraction(a, 2 ** ka) - 1, Fraction(b, 2 ** kb) - 1
+    if fa + fb < 1:
+        value = Fraction(2) ** (ka + kb) * (1 + fa + fb)
+    else:
+        value = Fraction(2) ** (ka + kb + 1) * (fa + fb)
+    assert value.denominator == 1
+    return int(value)
+
+
+def sign_magnitude(design):
+    def signed(a: int, b: int, *args) -> int:
+        magnitude = design(abs(a), abs(b), *args)
+        return -magnitude if (a < 0) != (b < 0) else magnitude
+
+    return signed
+
+
+def builtin_reference(name: str) -> np.ndarray:
+    """Table of built-in `name` in graphswap's layout (index (a_code << 8) | b_code)."""
+    signed = name.startswith("mul8s_")
+    design = name[6:]
+    if design == "exact":
+        fn, args = exact, ()
+    elif design.startswith("trunc"):
+        fn, args = truncated, (int(design[5:]),)
+    elif design.startswith("drum"):
+        fn, args = (sign_magnitude(drum_unsigned) if signed else drum_unsigned), (int(design[4:]),)
+    elif design == "mitchell":
+        fn, args = (sign_magnitude(mitchell_unsigned) if signed else mitchell_unsigned), ()
+    else:
+        raise ValueError(name)
+    table = np.empty(65536, dtype=np.int64)
+    for code_a in range(256):
+        a = code_a - 256 if signed and code_a > 127 else code_a
+        for code_b in range(256):
+            b = code_b - 256 if signed and code_b > 127 else code_b
+            table[(code_a << 8) | code_b] = fn(a, b, *args)
+    return table
+
+
+# ------------------------------------------------------------------------------------------------
+# quantize -> table -> accumulate -> dequantize
+# ------------------------------------------------------------------------------------------------
+
+
+def _asym_params(t):
+    values = [float(v) for v in np.asarray(t, np.float64).ravel() if np.isfinite(v)]
+    lo, hi = min(values + [0.0]), max(values + [0.0])
+    if lo == hi:
+        return 1.0, 0
+    scale = (hi - lo) / 255.0
+    return scale, int(min(max(np.rint(-lo / scale), 0), 255))
+
+
+def _asym_codes(t, scale, zero):
+    t = np.asarray(t, np.float64)
+    codes = np.clip(np.rint(np.where(np.isfinite(t), t, 0.0) / scale) + zero, 0, 255)
+    return np.where(np.isfinite(t), codes, zero).astype(np.int64)
+
+
+def _sym_scale(t):
+    t = np.asarray(t, np.float64)
+    finite = np.abs(t[np.isfinite(t)])
+    amax = float(finite.max()) if finite.size else 0.0
+    return amax / 127.0 if amax > 0 else 1.0
+
+
+def _sym_values(t, scale):
+    """Signed quantized values -127..127 (not codes)."""
+    t = np.asarray(t, np.float64)
+    return np.clip(np.rint(np.where(np.isfinite(t), t, 0.0) / scale), -127, 127).astype(np.int64)
+
+
+def _lookup(table, qa, qb, signed):
+    """table value for operand values/codes qa (first), qb (second), broadcast."""
+    if signed:
+        qa, qb = qa % 256, qb % 256  # two's-complement byte
+    return np.asarray(table, np.int64)[(qa << 8) | qb]
+
+
+def quantized_matmul(a, b, table, signed):
+    a = np.asarray(a, np.float32)
+    b = np.asarray(b, np.float32)
+    m, k = a.shape
+    n = b.shape[1]
+    out = np.zeros((m, n), np.float64)
+    if signed:
+        sa = _sym_scale(a)
+        va = _sym_values(a, sa)
+        for j in range(n):
+            sb = _sym_scale(b[:, j])
+            vb = _sym_values(b[:, j], sb)
+            total = _lookup(table, va, vb[None, :], True).sum(axis=1)
+            out[:, j] = (sa * sb) * total.astype(np.float64)
+    else:
+        sa, za = _asym_params(a)
+        sb, zb = _asym_params(b)
+        qa, qb = _asym_codes(a, sa, za), _asym_codes(b, sb, zb)
+        for i in range(m):
+            products = _lookup(table, qa[i][:, None], qb, False)  # (k, n)
+            exact_total = (products.sum(axis=0) - zb * qa[i].sum() - za * qb.sum(axis=0) + k * za * zb)
+            out[i] = (sa * sb) * exact_total.astype(np.float64)
+    out = out.astype(np.float32)
+    out[~np.isfinite(a).all(axis=1), :] = np.nan
+    out[:, ~np.isfinite(b).all(axis=0)] = np.nan
+    return out
+
+
+def quantized_conv2d(x, w, table, signed, strides, dilations, pads, groups):
+    """pads = (top, bottom, left, right); NHWC x, HWIO w."""
+    x = np.asarray(x, np.float32)
+    w = np.asarray(w, np.float32)
+    n, h, wd, cin = x.shape
+    fh, fw, cin_g, cout = w.shape
+    cout_g = cout // groups
+    sh, sw = strides
+    dh, dw = dilations
+    pt, pb, pl, pr = pads
+    oh = (h + pt + pb - dh * (fh - 1) - 1) // sh + 1
+    ow = (wd + pl + pr - dw * (fw - 1) - 1) // sw + 1
+    if signed:
+        sx = _sym_scale(x)
+        qx = _sym_values(x, sx)
+        pad_value = 0
+        sws = [_sym_scale(w[..., o]) for o in range(cout)]
+        qw = np.stack([_sym_values(w[..., o], sws[o]) for o in range(cout)], axis=-1)
+    else:
+        sx, zx = _asym_params(x)
+        swt, zw = _asym_params(w)
+        qx, qw = _asym_codes(x, sx, zx), _asym_codes(w, swt, zw)
+        pad_value = zx
+    padded = np.full((n, h + pt + pb, wd + pl + pr, cin), pad_value, np.int64)
+    padded[:, pt:pt + h, pl:pl + wd, :] = qx
+    bad = np.zeros((n, h + pt + pb, wd + pl + pr, cin), bool)
+    bad[:, pt:pt + h, pl:pl + wd, :] = ~np.isfinite(x)
+    out = np.zeros((n, oh, ow, cout), np.float64)
+    nan_mask = np.zeros((n, oh, ow, cout), bool)
+    for y in range(oh):
+        for xx in range(ow):
+            rows = [y * sh + i * dh for i in range(fh)]
+            cols = [xx * sw + j * dw for j in range(fw)]
+            window = padded[:, rows][:, :, cols]        # (n, fh, fw, cin)
+            window_bad = bad[:, rows][:, :, cols]
+            for o in range(cout):
+                grp = o // cout_g
+                patch = window[..., grp * cin_g:(grp + 1) * cin_g]  # (n, fh, fw, cin_g)
+                filt = qw[..., o]                                    # (fh, fw, cin_g)
+                total = _lookup(table, patch, filt[None], signed).sum(axis=(1, 2, 3))
+                if signed:
+                    out[:, y, xx, o] = (sx * sws[o]) * total.astype(np.float64)
+                else:
+                    taps = fh * fw * cin_g
+                    total = total - zw * patch.sum(axis=(1, 2, 3)) - zx * filt.sum() + taps * zx * zw
+                    out[:, y, xx, o] = (sx * swt) * total.astype(np.float64)
+                nan_mask[:, y, xx, o] = window_bad[..., grp * cin_g:(grp + 1) * cin_g].any(axis=(1, 2, 3))
+    out = out.astype(np.float32)
+    out[nan_mask] = np.nan
+    out[..., ~np.isfinite(w).all(axis=(0, 1, 2))] = np.nan
+    return out

@@ -1,0 +1,382 @@
+"""Multiplier specs (issue 3): built-in tables vs the papers, EvoApproxLib-style C files of both
+signature generations, shared-library symbols, table files, metrics, checks, error messages."""
+
+from __future__ import annotations
+
+import struct
+import subprocess
+
+import numpy as np
+import pytest
+
+from graphswap import kernels, multipliers
+from graphswap.errors import KernelSpecError
+from graphswap.quantized import LutKernel
+
+import reference
+
+
+def signed_values():
+    codes = np.arange(256)
+    return np.where(codes > 127, codes - 256, codes)
+
+
+def table_2d(m):
+    return m.table.reshape(256, 256).astype(np.int64)
+
+
+# ---------------------------------------------------------------------------- built-ins
+
+ALL_BUILTINS = sorted(multipliers.builtin_multipliers())
+
+
+def test_builtin_list_is_complete():
+    expected = {f"mul8{s}_{d}" for s in "us" for d in
+                ["exact", "mitchell"] + [f"trunc{k}" for k in range(1, 9)] + [f"drum{k}" for k in range(3, 7)]}
+    assert set(ALL_BUILTINS) == expected
+    assert all(isinstance(v, str) and v for v in multipliers.builtin_multipliers().values())
+    assert set(ALL_BUILTINS) <= set(kernels.available_kernels())
+
+
+@pytest.mark.parametrize("name", ALL_BUILTINS)
+def test_builtin_table_matches_published_design(name):
+    m = multipliers.resolve_multiplier(name)
+    assert m.spec == name and m.signed == name.startswith("mul8s")
+    assert m.table.dtype == np.int32 and m.table.shape == (65536,)
+    np.testing.assert_array_equal(m.table.astype(np.int64), reference.builtin_reference(name))
+
+
+def test_builtin_spot_values():
+    # hand-computed: DRUM-3: 255 -> (111b|1)<<5 = 224; 224*224 = 50176
+    assert table_2d(multipliers.resolve_multiplier("mul8u_drum3"))[255, 255] == 50176
+    # Mitchell: 3*3: k=1, f=0.5 each, f sum = 1 -> 2^(1+1+1) * 1 = 8
+    assert table_2d(multipliers.resolve_multiplier("mul8u_mitchell"))[3, 3] == 8
+    # signed trunc2: -3 * 1 = -3 -> floor to multiple of 4 = -4
+    t = table_2d(multipliers.resolve_multiplier("mul8s_trunc2"))
+    assert t[256 - 3, 1] == -4 and t[3, 1] == 0
+    # signed Mitchell is sign-magnitude: f(-3, 3) = -f(3, 3)
+    t = table_2d(multipliers.resolve_multiplier("mul8s_mitchell"))
+    assert t[256 - 3, 3] == -8 and t[256 - 128, 256 - 128] == 16384
+
+
+@pytest.mark.parametrize("spec,fragment", [
+    ("mul8u_drum9", "3 <= k <= 6"), ("mul8s_trunc0", "1 <= k <= 8"), ("mul8u_bogus", "unknown built-in"),
+])
+def test_bad_builtin_names(spec, fragment):
+    with pytest.raises(KernelSpecError, match=fragment):
+        multipliers.resolve_multiplier(spec)
+
+
+@pytest.mark.parametrize("spec", ["exact", "bf16", "fp32_m7", "libop.so", "something"])
+def test_not_a_multiplier_spec(spec):
+    assert multipliers.resolve_multiplier(spec) is None
+
+
+def test_resolve_kernel_gives_lut_kernel():
+    kernel = kernels.resolve_kernel("mul8s_drum4")
+    assert isinstance(kernel, LutKernel)
+    assert kernel.to_config() == {"spec": "mul8s_drum4"}
+    assert kernel.hardware_metrics == {}
+
+
+# ---------------------------------------------------------------------------- C files
+
+LEGACY = """/***
+* EvoApproxLib-style test circuit (legacy signature generation).
+***/
+// MAE% = {mae_pct} %
+// MAE = {mae}
+// WCE% = {wce_pct} %
+// EP% = {ep_pct} %
+// MRE% = 1.00 %
+// PDK45_PWR = 0.123 mW
+// PDK45_AREA = 45.6 um2
+// PDK45_DELAY = 0.78 ns
+#include <stdint.h>
+#include <stdlib.h>
+
+uint64_t mul8u_LEG(const uint64_t B,const uint64_t A)
+{{
+   uint64_t O;   int avg=0;
+   O = A * (B & 0xF0);   /* asymmetric: only B loses its low nibble */
+   return O & 0xFFFF;
+}}
+"""
+
+NEWER_UNSIGNED = """#include <stdint.h>
+uint16_t mul8u_NEW(uint8_t A, uint8_t B)
+{
+  return (uint16_t)(A * (B & 0xF0));
+}
+"""
+
+NEWER_SIGNED = """#include <stdint.h>
+int16_t mul8s_NEW(int8_t A, int8_t B)
+{
+  return (int16_t)(A * (B & ~3));  /* B floored to a multiple of 4 */
+}
+"""
+
+MISDECLARED_SIGNED = """#include <stdint.h>
+/* a signed circuit declared with unsigned types, as some upstream files are */
+uint16_t mul8s_BUG(uint8_t A, uint8_t B)
+{
+  int16_t p = (int16_t)((int8_t)A * (int8_t)(B & 0xFC));
+  return (uint16_t)p;
+}
+"""
+
+
+def expected_asym_unsigned():
+    a = np.arange(256)[:, None]
+    b = np.arange(256)[None, :]
+    return a * (b & 0xF0)
+
+
+def expected_asym_signed():
+    v = signed_values()
+    return v[:, None] * (v[None, :] & ~3)
+
+
+def legacy_source(header_ok=True):
+    err = np.abs(expected_asym_unsigned() - np.arange(256)[:, None] * np.arange(256)[None, :])
+    mae = err.mean()
+    values = dict(mae_pct=f"{mae / 65536 * 100:.2f}", mae=f"{mae:.0f}",
+                  wce_pct=f"{err.max() / 65536 * 100:.2f}", ep_pct=f"{np.mean(err != 0) * 100:.2f}")
+    if not header_ok:
+        values["mae_pct"] = "9.99"
+    return LEGACY.format(**values)
+
+
+def test_legacy_generation_operand_order_b_a(tmp_path):
+    path = tmp_path / "mul8u_LEG.c"
+    path.write_text(legacy_source())
+    m = multipliers.resolve_multiplier(str(path))
+    assert not m.signed and m.name == "mul8u_LEG" and m.kind == "c"
+    # first operand goes to parameter A although A is declared second
+    np.testing.assert_array_equal(table_2d(m), expected_asym_unsigned())
+    assert any("B = second, A = first" in note for note in m.notes)
+    assert m.header_metrics["PDK45_PWR"] == pytest.approx(0.123)
+    config = m.to_config()
+    assert config["path"] == str(path.resolve()) and len(config["sha256"]) == 64
+    assert LutKernel(m).hardware_metrics == {"PDK45_PWR": 0.123, "PDK45_AREA": 45.6, "PDK45_DELAY": 0.78}
+
+
+def test_newer_generation_unsigned_and_signed(tmp_path):
+    (tmp_path / "u.c").write_text(NEWER_UNSIGNED)
+    (tmp_path / "s.c").write_text(NEWER_SIGNED)
+    mu = multipliers.resolve_multiplier(str(tmp_path / "u.c"))
+    ms = multipliers.resolve_multiplier(str(tmp_path / "s.c"))
+    assert not mu.signed and ms.signed
+    np.testing.assert_array_equal(table_2d(mu), expected_asym_unsigned())
+    v = signed_values()
+    np.testing.assert_array_equal(table_2d(ms), expected_asym_signed())
+    # lut(): rows = first operand, signed rows/cols ordered -128..127
+    lut = multipliers.lut(str(tmp_path / "s.c"))
+    order = np.argsort(v)
+    np.testing.assert_array_equal(lut, expected_asym_signed()[np.ix_(order, order)])
+    assert lut[0, 128] == 0 and lut[0, 129] == 0 and lut[0, 132] == -128 * 4
+
+
+def test_misdeclared_signed_file_is_detected(tmp_path):
+    path = tmp_path / "mul8s_BUG.c"
+    path.write_text(MISDECLARED_SIGNED)
+    m = multipliers.resolve_multiplier(str(path))
+    assert m.signed
+    assert any("declared with unsigned" in note for note in m.notes)
+    np.testing.assert_array_equal(table_2d(m), expected_asym_signed())
+    assert table_2d(m)[255, 4] == -4  # (-1) * 4, not 255 * 4 and not 65532
+    report = multipliers.check(str(path))
+    assert next(c for c in report["checks"] if c["check"] == "signedness plausibility")["passed"]
+
+
+def test_c_function_selection(tmp_path):
+    path = tmp_path / "two.c"
+    path.write_text(NEWER_UNSIGNED + NEWER_SIGNED.replace("#include <stdint.h>", ""))
+    with pytest.raises(KernelSpecError, match="several candidate multipliers.*two.c:FUNCTION"):
+        multipliers.resolve_multiplier(str(path))
+    m = multipliers.resolve_multiplier(f"{path}:mul8s_NEW")
+    assert m.signed and m.spec.endswith(":mul8s_NEW")
+    with pytest.raises(KernelSpecError, match="no two-operand function named 'nope'"):
+        multipliers.resolve_multiplier(f"{path}:nope")
+
+
+def test_c_that_does_not_compile_shows_compiler_message(tmp_path):
+    path = tmp_path / "broken.c"
+    path.write_text("#include <stdint.h>\nuint16_t mul8u_X(uint8_t A, uint8_t B)\n{\n  return A * undefined_thing;\n}\n")
+    with pytest.raises(KernelSpecError) as info:
+        multipliers.resolve_multiplier(str(path))
+    message = str(info.value)
+    assert "cannot compile multiplier" in message
+    assert "undefined_thing" in message and "error" in message  # the compiler's own diagnostic
+
+
+def test_c_syntax_garbage_shows_compiler_message(tmp_path):
+    path = tmp_path / "garbage.c"
+    path.write_text("this is not C at all ((\n")
+    with pytest.raises(KernelSpecError, match="(?s)cannot compile multiplier.*error"):
+        multipliers.resolve_multiplier(str(path))
+
+
+@pytest.mark.parametrize("source,fragment", [
+    ("float mul8u_F(float a, float b) { return a * b; }", "unsupported signature"),
+    ("#include <stdint.h>\nuint16_t mul8u_P(uint8_t *a, uint8_t b) { return *a * b; }", "unsupported signature"),
+    ("#include <stdint.h>\nint16_t mul8u_S(int8_t A, int8_t B) { return A * B; }", "named as an unsigned"),
+    ("int mymul(int a, int b) { return a * b; }", "cannot tell whether"),
+])
+def test_unsupported_signatures(tmp_path, source, fragment):
+    path = tmp_path / "f.c"
+    path.write_text(source)
+    with pytest.raises(KernelSpecError, match=fragment):
+        multipliers.resolve_multiplier(str(path))
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(KernelSpecError, match="not found"):
+        multipliers.resolve_multiplier(str(tmp_path / "nope.c"))
+
+
+# ---------------------------------------------------------------------------- shared libraries
+
+SO_SOURCE = r"""
+#include <stdint.h>
+#define X __attribute__((visibility("default")))
+X uint16_t mul8u_so(uint8_t a, uint8_t b) { return (uint16_t)(a * (b & 0xF0)); }
+X int16_t mul8s_so(int8_t a, int8_t b) { return (int16_t)(a * (b & ~3)); }
+X uint16_t mul8s_sobug(uint8_t a, uint8_t b) { return (uint16_t)(int16_t)((int8_t)a * (int8_t)(b & 0xFC)); }
+X uint64_t mul8u_legacy(const uint64_t B, const uint64_t A) { return A * (B & 0xF0); }
+X uint16_t plain(uint8_t a, uint8_t b) { return (uint16_t)(a * (b & 0xF0)); }
+"""
+
+
+@pytest.fixture(scope="module")
+def user_library(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("so")
+    source = directory / "mul.c"
+    source.write_text(SO_SOURCE)
+    library = directory / "libmul.so"
+    subprocess.run(["cc", "-O2", "-shared", "-fPIC", str(source), "-o", str(library)], check=True)
+    return library
+
+
+def test_so_symbols(user_library):
+    lib = str(user_library)
+    np.testing.assert_array_equal(table_2d(multipliers.resolve_multiplier(f"{lib}:mul8u_so")),
+                                  expected_asym_unsigned())
+    ms = multipliers.resolve_multiplier(f"{lib}:mul8s_so")
+    assert ms.signed
+    np.testing.assert_array_equal(table_2d(ms), expected_asym_signed())
+    bug = multipliers.resolve_multiplier(f"{lib}:mul8s_sobug:s8u")
+    assert bug.signed
+    np.testing.assert_array_equal(table_2d(bug), expected_asym_signed())
+    legacy = multipliers.resolve_multiplier(f"{lib}:mul8u_legacy:u64")
+    np.testing.assert_array_equal(table_2d(legacy), expected_asym_unsigned())  # default order ba
+    swapped = multipliers.resolve_multiplier(f"{lib}:mul8u_so:ba")
+    np.testing.assert_array_equal(table_2d(swapped), expected_asym_unsigned().T)
+    plain = multipliers.resolve_multiplier(f"{lib}:plain:u8")
+    np.testing.assert_array_equal(table_2d(plain), expected_asym_unsigned())
+    assert plain.to_config()["sha256"] and plain.spec.endswith("libmul.so:plain:u8")
+
+
+def test_so_errors(user_library):
+    lib = str(user_library)
+    with pytest.raises(KernelSpecError, match="symbol 'mul8u_missing' not found in .*nm -D"):
+        multipliers.resolve_multiplier(f"{lib}:mul8u_missing")
+    with pytest.raises(KernelSpecError, match="cannot tell the C signature of 'plain'"):
+        multipliers.resolve_multiplier(f"{lib}:plain")
+    with pytest.raises(KernelSpecError, match="unknown option"):
+        multipliers.resolve_multiplier(f"{lib}:mul8u_so:float")
+
+
+# ---------------------------------------------------------------------------- table files
+
+def test_lut_file_roundtrip_code_and_value_order(tmp_path):
+    table = (expected_asym_signed().reshape(-1)).astype(np.int32)
+    multipliers.write_lut(tmp_path / "c.lut", table, signed=True)
+    multipliers.write_lut(tmp_path / "v.lut", table, signed=True, value_order=True)
+    for name in ("c.lut", "v.lut"):
+        m = multipliers.resolve_multiplier(str(tmp_path / name))
+        assert m.signed
+        np.testing.assert_array_equal(m.table, table)
+    raw = (tmp_path / "v.lut").read_bytes()
+    assert len(raw) == 16 + 4 * 65536 and raw[:8] == b"GSWAPLUT"
+    # value order on disk: first entry is f(-128, -128)
+    assert struct.unpack_from("<i", raw, 16)[0] == -128 * -128
+
+
+def test_lut_file_errors(tmp_path):
+    (tmp_path / "short.lut").write_bytes(b"GSWAPLUT" + bytes(100))
+    with pytest.raises(KernelSpecError, match="wrong size.*262160"):
+        multipliers.resolve_multiplier(str(tmp_path / "short.lut"))
+    (tmp_path / "magic.lut").write_bytes(b"NOTALUT!" + bytes(8 + 4 * 65536))
+    with pytest.raises(KernelSpecError, match="not a graphswap .lut file"):
+        multipliers.resolve_multiplier(str(tmp_path / "magic.lut"))
+
+
+def test_tfapprox_bin(tmp_path):
+    expected = expected_asym_unsigned()
+    (tmp_path / "m.bin").write_bytes(expected.astype("<u2").tobytes())
+    m = multipliers.resolve_multiplier(str(tmp_path / "m.bin"))
+    assert not m.signed
+    np.testing.assert_array_equal(table_2d(m), expected)
+    (tmp_path / "bad.bin").write_bytes(bytes(1000))
+    with pytest.raises(KernelSpecError, match="wrong size for a TFApprox"):
+        multipliers.resolve_multiplier(str(tmp_path / "bad.bin"))
+
+
+# ---------------------------------------------------------------------------- metrics and checks
+
+def test_metrics_trunc8_by_hand():
+    a = np.arange(256)[:, None] * np.arange(256)[None, :]
+    err = (a >> 8 << 8) - a
+    got = multipliers.metrics("mul8u_trunc8")
+    assert got["MAE"] == pytest.approx(np.abs(err).mean())
+    assert got["MAE%"] == pytest.approx(np.abs(err).mean() / 65536 * 100)
+    assert got["WCE"] == 255 and got["WCE%"] == pytest.approx(255 / 65536 * 100)
+    assert got["EP%"] == pytest.approx(np.mean(err != 0) * 100)
+    assert got["bias"] == pytest.approx(err.mean())
+    assert got["MSE"] == pytest.approx((err.astype(float) ** 2).mean())
+    exact = multipliers.metrics("mul8s_exact")
+    assert all(v == 0 for v in exact.values())
+
+
+def test_check_agrees_with_evoapprox_header(tmp_path):
+    path = tmp_path / "mul8u_LEG.c"
+    path.write_text(legacy_source())
+    result = multipliers.check(str(path))
+    agreed = {e["metric"]: e["agrees"] for e in result["header_comparison"]}
+    assert agreed["MAE%"] and agreed["WCE%"] and agreed["EP%"] and agreed["MAE"]
+    assert result["passed"]
+    names = {c["check"]: c for c in result["checks"]}
+    assert "operand order matters" in names["operand-order symmetry"]["detail"]
+    text = multipliers.format_check(result)
+    assert "MAE%" in text and "agrees" in text and "PDK45_PWR" in text
+
+
+def test_check_flags_wrong_header_and_nonzero_at_zero(tmp_path):
+    path = tmp_path / "mul8u_LEG.c"
+    path.write_text(legacy_source(header_ok=False))
+    result = multipliers.check(str(path))
+    assert not result["passed"]
+    assert "DIFFERS" in multipliers.format_check(result)
+    table = np.arange(65536, dtype=np.int32) % 7 + 1  # never zero
+    multipliers.write_lut(tmp_path / "nz.lut", table, signed=False)
+    result = multipliers.check(str(tmp_path / "nz.lut"))
+    names = {c["check"]: c for c in result["checks"]}
+    assert names["f(a, 0) = 0"]["passed"] is False and names["f(0, b) = 0"]["passed"] is False
+
+
+def test_check_flags_implausible_signedness(tmp_path):
+    # a signed multiplier's table stored as an unsigned .lut (values as 16-bit patterns)
+    signed_table = table_2d(multipliers.resolve_multiplier("mul8s_exact")).reshape(-1) & 0xFFFF
+    multipliers.write_lut(tmp_path / "wrong.lut", signed_table.astype(np.int32), signed=False)
+    result = multipliers.check(str(tmp_path / "wrong.lut"))
+    names = {c["check"]: c for c in result["checks"]}
+    assert names["signedness plausibility"]["passed"] is False
+    assert "looks signed" in names["signedness plausibility"]["detail"]
+
+
+def test_plot_error_heatmap(tmp_path):
+    out = multipliers.plot_error_heatmap("mul8s_drum3", tmp_path / "heat.png")
+    data = (tmp_path / "heat.png").read_bytes()
+    assert out.endswith("heat.png") and data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
