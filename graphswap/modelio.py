@@ -83,6 +83,10 @@ def load_model(path, custom_objects=None, safe_mode: bool = True, compile: bool 
         if path.suffix != ".keras":
             raise ModelLoadError(f"{path} looks like a Keras archive; rename it to end in .keras")
         return _keras_load(path, custom_objects, safe_mode, compile)
+    if path.suffix == ".keras":
+        raise ModelLoadError(
+            f"{path} is not a valid Keras archive: the file is corrupt or truncated (a .keras file "
+            f"is a zip archive written by model.save); re-save or re-copy the model")
     raise ModelLoadError(
         f"{path} is not a Keras model: expected a .keras archive (zip) or a full-model HDF5 (.h5) "
         f"file, or a Keras 2 SavedModel directory")
@@ -162,8 +166,13 @@ def atomic_output(path, force: bool = False, suffix: str | None = None):
     """Yield a temporary path beside `path`; on success rename it over `path`, else remove it."""
     path = check_output_path(path, force)
     suffix = suffix if suffix is not None else "".join(path.suffixes[-1:])
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=f".tmp{suffix}",
-                                    dir=path.resolve().parent)
+    try:
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=f".tmp{suffix}",
+                                        dir=path.resolve().parent)
+    except OSError as exc:
+        raise OutputPathError(
+            f"cannot write in {path.resolve().parent}: {exc.strerror or exc}; choose a writable "
+            f"-o/--output directory") from None
     os.close(fd)
     os.unlink(tmp_name)  # writers create it themselves (Keras refuses some existing targets)
     try:

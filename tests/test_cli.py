@@ -84,7 +84,7 @@ def _write(path, data):
 @pytest.mark.parametrize("setup,message", [
     (lambda d: d / "missing.keras", "model file not found"),
     (lambda d: _write(d / "empty.keras", b""), "is empty"),
-    (lambda d: _write(d / "random.keras", os.urandom(4096)), "is not a Keras model"),
+    (lambda d: _write(d / "random.keras", os.urandom(4096)), "is not a valid Keras archive: the file is corrupt or truncated"),
     (lambda d: (d / "notdir").mkdir() or d / "notdir", "not a SavedModel"),
 ])
 def test_convert_bad_model_files(runner, tmp_path, setup, message):

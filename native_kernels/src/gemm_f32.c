@@ -17,9 +17,12 @@
  * 16-wide row.  gs_gemm_f32 then computes C^T = B^T A^T instead (swapping the operands and C's
  * strides), whichever pads less.
  *
- * Threads: C is split into one contiguous block per thread (rows, or columns when there are few
- * rows); each thread packs its own panels into its own slice of one per-call scratch allocation.
- * Small products run on the calling thread only.
+ * Threads (OpenMP, at most gs_num_threads()): with enough rows, the team packs each B block together
+ * into a shared buffer and then takes row blocks of A dynamically (each thread packs its own A);
+ * with few rows (transposed products), threads take column chunks dynamically.  Dynamic scheduling
+ * keeps a core that TensorFlow's pool (or anything else) is using from holding the others up.
+ * Products under ~2 x GS_GEMM_MIN_FLOPS_PER_THREAD run on the calling thread only (waking a
+ * sleeping OpenMP thread costs ~10-40 us here).  Scratch is allocated per call: re-entrant.
  */
 #include <string.h>
 
@@ -262,6 +265,39 @@ static inline void pack_conv_pixel(const gs_conv_src *cv, const float *img, int6
     }
 }
 
+#ifdef GS_HAVE_AVX2
+/* d[t*6 + r] = src[r][t] for t < len, r < 6 (an A panel from six contiguous runs), 8 x 8 transposes
+ * with two zero rows; stores are exactly 6 floats wide (4 + 2), never past the panel row. */
+static inline void transpose6(float *restrict d, const float *const src[6], int64_t len)
+{
+    int64_t t = 0;
+    const __m256 z = _mm256_setzero_ps();
+    for (; t + 8 <= len; t += 8) {
+        __m256 x0 = _mm256_loadu_ps(src[0] + t), x1 = _mm256_loadu_ps(src[1] + t);
+        __m256 x2 = _mm256_loadu_ps(src[2] + t), x3 = _mm256_loadu_ps(src[3] + t);
+        __m256 x4 = _mm256_loadu_ps(src[4] + t), x5 = _mm256_loadu_ps(src[5] + t);
+        __m256 t0 = _mm256_unpacklo_ps(x0, x1), t1 = _mm256_unpackhi_ps(x0, x1);
+        __m256 t2 = _mm256_unpacklo_ps(x2, x3), t3 = _mm256_unpackhi_ps(x2, x3);
+        __m256 t4 = _mm256_unpacklo_ps(x4, x5), t5 = _mm256_unpackhi_ps(x4, x5);
+        __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+        __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+        __m256 u4 = _mm256_shuffle_ps(t4, z, 0x44), u5 = _mm256_shuffle_ps(t4, z, 0xEE);
+        __m256 u6 = _mm256_shuffle_ps(t5, z, 0x44), u7 = _mm256_shuffle_ps(t5, z, 0xEE);
+        /* row q of the transpose: low 4 lanes from u(q%4) lane-half, lanes 4,5 from u(4+q%4) */
+        const __m256 lo[4] = {u0, u1, u2, u3}, hi[4] = {u4, u5, u6, u7};
+        float *dd = d + t * 6;
+        for (int q = 0; q < 4; ++q) {
+            _mm_storeu_ps(dd + q * 6, _mm256_castps256_ps128(lo[q]));
+            _mm_storel_pi((__m64 *)(dd + q * 6 + 4), _mm256_castps256_ps128(hi[q]));
+            _mm_storeu_ps(dd + (q + 4) * 6, _mm256_extractf128_ps(lo[q], 1));
+            _mm_storel_pi((__m64 *)(dd + (q + 4) * 6 + 4), _mm256_extractf128_ps(hi[q], 1));
+        }
+    }
+    for (; t < len; ++t)
+        for (int r = 0; r < 6; ++r) d[t * 6 + r] = src[r][t];
+}
+#endif
+
 static inline void pack_conv(const gs_operand *s, int64_t i0, int64_t rows, int64_t k0, int64_t kc,
                              const int R, float *restrict dst)
 {
@@ -275,6 +311,45 @@ static inline void pack_conv(const gs_operand *s, int64_t i0, int64_t rows, int6
     const int64_t pixel_run = (cv->dw == 1 && CG == C) ? cv->filter_w * CG : CG;
     const int gather_ok = cv->sw * C == 1 || pixel_run < 4;
 
+#ifdef GS_HAVE_AVX2
+    if (R == 6 && rows == 6) {
+        /* A panel of 6 pixels that all see only the image interior: vector transposes of their
+         * contiguous runs (pixels may lie in different output rows or images) */
+        const float *img[6];
+        int64_t ihb[6], iwb[6];
+        const int64_t FW = cv->filter_w, dh = cv->dh, dw = cv->dw;
+        const int64_t FH_last = (tap0 + (ic0 + kc - 1) / CG) / FW;
+        int interior = 1;
+        int64_t pn = n, poh = oh, pow_ = ow;
+        for (int q = 0; q < 6; ++q) {
+            img[q] = cv->input + pn * H * W * C + cv->c_off;
+            ihb[q] = poh * cv->sh - cv->pt;
+            iwb[q] = pow_ * cv->sw - cv->pl;
+            interior &= ihb[q] >= 0 && ihb[q] + FH_last * dh < H && iwb[q] >= 0 &&
+                        iwb[q] + (FW - 1) * dw < W;
+            if (++pow_ == OW) {
+                pow_ = 0;
+                if (++poh == OH) { poh = 0; ++pn; }
+            }
+        }
+        if (interior) {
+            int64_t fh = tap0 / FW, fw = tap0 - fh * FW, ic = ic0, kk = 0;
+            while (kk < kc) {
+                const int64_t run = min64((pixel_run == CG ? CG : (FW - fw) * CG) - ic, kc - kk);
+                const float *src[6];
+                for (int q = 0; q < 6; ++q)
+                    src[q] = img[q] + ((ihb[q] + fh * dh) * W + iwb[q] + fw * dw) * C + ic;
+                transpose6(dst + kk * 6, src, run);
+                kk += run;
+                ic += run;
+                fw += ic / CG;
+                ic %= CG;
+                if (fw >= FW) { fw -= FW; ++fh; }
+            }
+            return;
+        }
+    }
+#endif
     int64_t r = 0;
     while (r < rows) {
         const int64_t seg = min64(rows - r, OW - ow);
@@ -313,6 +388,17 @@ static inline void pack_panel(const gs_operand *s, int64_t i0, int64_t rows, int
 static inline void store_tile_generic(const float *restrict t, float *restrict c, int64_t rs_c,
                                       int64_t cs_c, int64_t mr, int64_t nr, int accumulate)
 {
+    if (rs_c == 1) {
+        /* transposed product: C rows are the tile's columns; write them contiguously */
+        for (int64_t j = 0; j < nr; ++j) {
+            float *cj = c + j * cs_c;
+            if (accumulate)
+                for (int64_t r = 0; r < mr; ++r) cj[r] += t[r * NR + j];
+            else
+                for (int64_t r = 0; r < mr; ++r) cj[r] = t[r * NR + j];
+        }
+        return;
+    }
     if (accumulate) {
         for (int64_t r = 0; r < mr; ++r)
             for (int64_t j = 0; j < nr; ++j) c[r * rs_c + j * cs_c] += t[r * NR + j];

@@ -1,0 +1,56 @@
+"""Timing helpers shared by the benchmark scripts (not part of the package)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def use_repository_package() -> None:
+    """Import graphswap from this checkout when it is not installed (benchmarks run either way)."""
+    try:
+        import graphswap  # noqa: F401
+    except ImportError:
+        sys.path.insert(0, str(REPO))
+
+
+def median_times(fns, reps: int = 50, budget: float = 3.0, rounds: int = 3) -> list[float]:
+    """Seconds per call of each fn, measured side by side in one process.
+
+    Each fn runs as a block (warm-up, then a median over repeated calls), the fns alternate block
+    by block for `rounds` rounds, and the best block per fn is kept.  Blocks rather than single
+    alternating calls, because TensorFlow's pool keeps spinning briefly after each op and an
+    alternating loop would mostly measure the two pools disturbing each other; several rounds,
+    best kept, because on a shared machine the load changes during a run.
+    """
+    best = [float("inf")] * len(fns)
+    per_round = budget / rounds / len(fns)
+    for _ in range(rounds):
+        for i, fn in enumerate(fns):
+            for _ in range(3):
+                fn()
+            start = time.perf_counter()
+            fn()
+            estimate = time.perf_counter() - start
+            count = max(5, min(reps, int(per_round / max(estimate, 1e-7))))
+            samples = []
+            for _ in range(count):
+                start = time.perf_counter()
+                fn()
+                samples.append(time.perf_counter() - start)
+            best[i] = min(best[i], float(np.median(samples)))
+    return best
+
+
+def machine_line() -> str:
+    import tensorflow as tf
+
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    return (f"tensorflow {tf.__version__}, numpy {np.__version__}, cores: {os.cpu_count()}, "
+            f"load average at start: {load:.2f}")

@@ -1,0 +1,179 @@
+"""Reliability: bad inputs end in one clear error, nothing half-written; NaN/Inf propagate; kernel
+errors stop training with the kernel's message; concurrent kernel calls equal sequential ones;
+property-based comparison of swapped layers with TensorFlow."""
+
+import ctypes
+import errno
+import shutil
+import threading
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import graphswap
+from conftest import SAMPLE_MODEL, compile_library
+from graphswap import SwappedConv2D, SwappedDense, modelio, native
+from graphswap.cli import main
+from graphswap.errors import ModelLoadError, OutputPathError
+from graphswap.kernels import resolve_kernel
+from test_native import MATMUL_ONLY_LIBRARY
+
+
+def test_truncated_keras_file(tmp_path):
+    data = SAMPLE_MODEL.read_bytes()
+    path = tmp_path / "truncated.keras"
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ModelLoadError, match="corrupt or truncated"):
+        modelio.load_model(path)
+    result = CliRunner().invoke(main, ["convert", str(path)])
+    assert result.exit_code == 1 and "corrupt or truncated" in result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["truncated.keras"]
+
+
+def test_unwritable_output_directory(tmp_path):
+    # /proc refuses new files even for root, unlike a chmod-ed directory
+    result = CliRunner().invoke(main, ["convert", str(SAMPLE_MODEL), "-o",
+                                       "/proc/graphswap-test.keras"])
+    assert result.exit_code == 1
+    assert "cannot write in /proc" in result.output or "not writable" in result.output
+
+
+def test_disk_full_during_save_leaves_nothing_behind(tmp_path, monkeypatch):
+    model = keras.models.load_model(SAMPLE_MODEL)
+    target = tmp_path / "out.keras"
+    target.write_bytes(b"previous version")
+
+    def failing_save(self, filepath, *args, **kwargs):
+        with open(filepath, "wb") as handle:  # a partial write, then the disk fills up
+            handle.write(b"PK\x03\x04partial")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(keras.Model, "save", failing_save)
+    with pytest.raises(OutputPathError, match="No space left on device"):
+        modelio.save_model(model, target, force=True)
+    assert target.read_bytes() == b"previous version"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.keras"]
+
+
+def test_nan_and_inf_propagate_as_in_tensorflow():
+    model = keras.models.load_model(SAMPLE_MODEL)
+    swapped = graphswap.rewrite_model(model)
+    x = np.random.default_rng(0).uniform(0, 255, (4, 32, 32, 1)).astype(np.float32)
+    x[0, 10, 10, 0] = np.nan
+    x[1, 3, 3, 0] = np.inf
+    x[2, 5, 5, 0] = -np.inf
+    ref = model(x).numpy()
+    out = swapped(x).numpy()
+    np.testing.assert_array_equal(np.isnan(out), np.isnan(ref))
+    np.testing.assert_allclose(out[3], ref[3], rtol=1e-5, atol=1e-6)
+
+
+def test_sizes_overflowing_int64_are_refused_not_crashing():
+    lib = native.shipped_library()
+    buffer = (ctypes.c_float * 4)()
+    pointer = ctypes.cast(buffer, ctypes.POINTER(ctypes.c_float))
+    code = lib._matmul(pointer, pointer, pointer, 1 << 62, 8, 1 << 62)
+    assert code in (-1, -3)  # invalid argument or overflow, never a write through the buffers
+    assert "overflow" in lib._last_error().decode().lower() or code == -1
+
+
+FAIL_AFTER_LIBRARY = MATMUL_ONLY_LIBRARY.replace(
+    "GRAPHSWAP_EXPORT int32_t graphswap_abi_version(void)",
+    """static int calls = 0;
+    GRAPHSWAP_EXPORT const char *graphswap_last_error(void) { return "ECC fault in the array"; }
+    GRAPHSWAP_EXPORT int32_t graphswap_abi_version(void)""").replace(
+    "int64_t m, int64_t k, int64_t n) {",
+    "int64_t m, int64_t k, int64_t n) {\n        if (++calls > 6) return GRAPHSWAP_ERR_INTERNAL;", 1)
+
+
+def test_kernel_error_mid_training_stops_fit_with_its_message(tmp_path):
+    library = compile_library(tmp_path, "failafter", FAIL_AFTER_LIBRARY)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    swapped = graphswap.rewrite_model(model, kernel=str(library))
+    swapped.compile("sgd", "mse")
+    x = np.ones((64, 4), np.float32)
+    with pytest.raises(Exception, match="ECC fault in the array") as info:
+        swapped.fit(x, np.zeros((64, 2), np.float32), batch_size=4, epochs=1, verbose=0)
+    assert "graphswap_matmul_f32" in str(info.value)
+
+
+def test_concurrent_calls_equal_sequential_ones(tmp_path):
+    user = resolve_kernel(str(compile_library(tmp_path, "concurrent", MATMUL_ONLY_LIBRARY)))
+    exact = resolve_kernel("exact")
+    rng = np.random.default_rng(1)
+    jobs = [(rng.standard_normal((int(m), 70)).astype(np.float32),
+             rng.standard_normal((70, 33)).astype(np.float32)) for m in rng.integers(1, 200, 24)]
+    conv_x = rng.standard_normal((3, 12, 12, 4)).astype(np.float32)
+    conv_w = rng.standard_normal((3, 3, 4, 8)).astype(np.float32)
+    geometry = graphswap.geometry.conv_geometry(conv_x.shape, conv_w.shape, padding="same")
+    for kernel in (exact, user):
+        sequential = [kernel.matmul(a, b) for a, b in jobs]
+        conv_sequential = kernel.conv2d(conv_x, conv_w, geometry)
+        results = [None] * len(jobs)
+        conv_results = [None] * len(jobs)
+
+        def work(index):
+            a, b = jobs[index]
+            results[index] = kernel.matmul(a, b)
+            conv_results[index] = kernel.conv2d(conv_x, conv_w, geometry)
+
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(len(jobs))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        for got, expected in zip(results, sequential):
+            np.testing.assert_array_equal(got, expected)
+        for got in conv_results:
+            np.testing.assert_array_equal(got, conv_sequential)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(batch=st.integers(0, 4), height=st.integers(1, 12), width=st.integers(1, 12),
+       in_channels=st.integers(1, 5), filters=st.integers(1, 6), kh=st.integers(1, 4),
+       kw=st.integers(1, 4), stride=st.integers(1, 3), dilation=st.integers(1, 3),
+       padding=st.sampled_from(["valid", "same"]), seed=st.integers(0, 2**31 - 1))
+def test_fuzz_swapped_conv2d_against_tensorflow(batch, height, width, in_channels, filters, kh, kw,
+                                               stride, dilation, padding, seed):
+    if stride > 1 and dilation > 1:
+        dilation = 1  # Keras refuses the combination
+    if padding == "valid" and (height < (kh - 1) * dilation + 1 or width < (kw - 1) * dilation + 1):
+        padding = "same"
+    rng = np.random.default_rng(seed)
+    stock = keras.layers.Conv2D(filters, (kh, kw), strides=stride, dilation_rate=dilation,
+                                padding=padding)
+    stock.build((None, height, width, in_channels))
+    swapped = SwappedConv2D(filters, (kh, kw), strides=stride, dilation_rate=dilation,
+                            padding=padding)
+    swapped.build((None, height, width, in_channels))
+    weights = [rng.standard_normal(w.shape).astype(np.float32) for w in stock.get_weights()]
+    stock.set_weights(weights)
+    swapped.set_weights(weights)
+    x = rng.standard_normal((batch, height, width, in_channels)).astype(np.float32)
+    expected = stock(x).numpy()
+    got = swapped(x).numpy()
+    assert got.shape == expected.shape
+    scale = kh * kw * in_channels * np.abs(weights[0]).max() * max(np.abs(x).max(initial=0), 1)
+    np.testing.assert_allclose(got, expected, atol=2e-6 * scale, rtol=0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(batch=st.integers(0, 9), features=st.integers(1, 300), units=st.integers(1, 70),
+       seed=st.integers(0, 2**31 - 1))
+def test_fuzz_swapped_dense_against_tensorflow(batch, features, units, seed):
+    rng = np.random.default_rng(seed)
+    stock = keras.layers.Dense(units)
+    stock.build((None, features))
+    swapped = SwappedDense(units)
+    swapped.build((None, features))
+    weights = [rng.standard_normal(w.shape).astype(np.float32) for w in stock.get_weights()]
+    stock.set_weights(weights)
+    swapped.set_weights(weights)
+    x = rng.standard_normal((batch, features)).astype(np.float32)
+    scale = features * np.abs(weights[0]).max() * max(np.abs(x).max(initial=0), 1)
+    np.testing.assert_allclose(swapped(x).numpy(), stock(x).numpy(), atol=2e-6 * scale, rtol=0)
