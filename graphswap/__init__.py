@@ -6,7 +6,7 @@ TensorFlow's gradients, fine-tune, save, export.
 """
 
 from graphswap._version import __version__
-from graphswap.errors import (DataError, GraphswapError, KernelExecutionError, KernelLoadError,
+from graphswap.errors import (DataError, ExportError, GraphswapError, KernelExecutionError, KernelLoadError,
                               KernelSpecError, KernelTrustError, ModelLoadError, OutputPathError,
                               UnsupportedLayerError)
 from graphswap.kernels import available_kernels, resolve_kernel
@@ -17,7 +17,7 @@ from graphswap.kernel_trust import trust
 __all__ = [
     "__version__", "trust", "rewrite_model", "transform_model", "plan", "RewriteReport",
     "SwappedDense", "SwappedConv2D", "resolve_kernel", "available_kernels",
-    "GraphswapError", "KernelSpecError", "KernelLoadError", "KernelTrustError",
+    "GraphswapError", "ExportError", "KernelSpecError", "KernelLoadError", "KernelTrustError",
     "KernelExecutionError", "UnsupportedLayerError", "ModelLoadError", "DataError",
     "OutputPathError",
 ]

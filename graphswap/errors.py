@@ -36,3 +36,7 @@ class DataError(GraphswapError, ValueError):
 
 class OutputPathError(GraphswapError):
     """An output path exists (and --force was not given), or its directory is missing/read-only."""
+
+
+class ExportError(GraphswapError):
+    """A model cannot be exported in the requested form, or the export failed its verification."""

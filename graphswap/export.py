@@ -27,16 +27,19 @@ asset `assets/graphswap_kernels.json`.  Read them back with `read_metadata(path)
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import logging
 import re
 import tempfile
+import warnings
 from pathlib import Path
 
 import numpy as np
 
 from graphswap._version import __version__
-from graphswap.errors import GraphswapError, OutputPathError
+from graphswap.errors import ExportError, GraphswapError, ModelLoadError
 
 FORMATS = ("onnx", "savedmodel")
 METADATA_KEY = "graphswap"
@@ -46,10 +49,6 @@ DEFAULT_OPSET = 17
 _MARKER = "graphswap_export_{index}"
 _MARKER_RE = re.compile(r"graphswap_export_(\d+)(?![0-9])")
 _PYTHON_OPS = ("PyFunc", "PyFuncStateless", "EagerPyFunc")
-
-
-class ExportError(GraphswapError):
-    """A model cannot be exported in the requested form, or the export failed its verification."""
 
 
 @dataclasses.dataclass
@@ -192,8 +191,7 @@ def _kept_classes():
 
 def swapped_layers(model) -> list[SwappedLayer]:
     """The swapped layers of `model` (nested models included), in traversal order."""
-    from graphswap.layers import SwappedConv2D
-    from graphswap.layers import SwappedDense
+    from graphswap.layers import SwappedConv2D, SwappedDense
     from graphswap.rewrite import iter_layers
 
     records = []
@@ -221,9 +219,6 @@ def lower_model(model, marked: bool = False):
     "graphswap_export_<index>" (used to find them in the ONNX graph).
     """
     import keras
-
-    from graphswap.layers import SwappedConv2D, SwappedDense
-    from graphswap.rewrite import transform_model
 
     dense_cls, conv_cls = _lowered_classes() if marked else (keras.layers.Dense,
                                                              keras.layers.Conv2D)
@@ -321,9 +316,13 @@ def _feeds(batch, names) -> dict:
     return {name: np.asarray(b) for name, b in zip(names, batches)}
 
 
-def _as_list(outputs) -> list:
+def _run_keras(model, batch) -> list:
+    """Outputs of a Keras model on `batch`, flattened, as numpy arrays."""
     import keras
 
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Keras' input-structure notice for array/list inputs
+        outputs = model(batch, training=False)
     return [np.asarray(o) for o in keras.tree.flatten(outputs)]
 
 
@@ -422,9 +421,10 @@ def _convert_onnx(fn, specs, opset, handler, keep_kernels):
 
     extra = [onnx.helper.make_opsetid(onnx_ops.DOMAIN, 1)] if keep_kernels else None
     try:
-        model_proto, _ = tf2onnx.convert.from_function(
-            fn, input_signature=specs, opset=opset,
-            custom_op_handlers={op: (handler, []) for op in _PYTHON_OPS}, extra_opset=extra)
+        with _quiet_tf2onnx():
+            model_proto, _ = tf2onnx.convert.from_function(
+                fn, input_signature=specs, opset=opset,
+                custom_op_handlers={op: (handler, []) for op in _PYTHON_OPS}, extra_opset=extra)
     except GraphswapError:
         raise
     except Exception as exc:  # noqa: BLE001 - tf2onnx raises many types; report in one line
@@ -432,6 +432,18 @@ def _convert_onnx(fn, specs, opset, handler, keep_kernels):
         raise ExportError(f"tf2onnx could not convert the model: {type(exc).__name__}: {first}") \
             from None
     return model_proto
+
+
+@contextlib.contextmanager
+def _quiet_tf2onnx():
+    """tf2onnx logs every PyFunc shape it cannot infer; problems are reported by us instead."""
+    logger = logging.getLogger("tf2onnx")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def _unsupported_nodes(model_proto) -> list[str]:
@@ -535,11 +547,11 @@ def export_onnx(model, path, keep_kernels: bool = False, opset: int = DEFAULT_OP
 
     batch = checks.sample_inputs(model, check_batch)
     if keep_kernels:
-        reference = _as_list(model(batch, training=False))
+        reference = _run_keras(model, batch)
         reference_name = "swapped Keras model (same kernels)"
         relative = 1e-3
     else:
-        reference = _as_list(traced(batch, training=False))
+        reference = _run_keras(traced, batch)
         reference_name = "Keras model with the swapped layers lowered (exact kernel)"
         relative = 1e-4
     with modelio.atomic_output(path, force) as tmp:
@@ -613,7 +625,7 @@ def export_saved_model(model, path, force: bool = False, check_batch: int = 8) -
     module.serve = fn
     doc = metadata_document(records, "savedmodel", model.name, input_names, output_names)
     batch = checks.sample_inputs(model, check_batch)
-    reference = _as_list(lowered(batch, training=False))
+    reference = _run_keras(lowered, batch)
     with tempfile.TemporaryDirectory(prefix="graphswap-export-") as scratch:
         asset_file = Path(scratch) / ASSET_NAME
         asset_file.write_text(json.dumps(doc, indent=2, sort_keys=True), encoding="utf-8")
@@ -664,15 +676,15 @@ def read_metadata(path) -> dict:
     if path.is_dir():
         asset = path / "assets" / ASSET_NAME
         if not asset.is_file():
-            raise GraphswapError(f"{path} has no graphswap metadata ({asset} is missing)")
+            raise ModelLoadError(f"{path} has no graphswap metadata ({asset} is missing)")
         return json.loads(asset.read_text(encoding="utf-8"))
     if not path.is_file():
-        raise OutputPathError(f"{path} not found")
+        raise ModelLoadError(f"exported model not found: {path}")
     import onnx
 
     model_proto = onnx.load(str(path), load_external_data=False)
     for entry in model_proto.metadata_props:
         if entry.key == METADATA_KEY:
             return json.loads(entry.value)
-    raise GraphswapError(f"{path} has no graphswap metadata (metadata_props key "
+    raise ModelLoadError(f"{path} has no graphswap metadata (metadata_props key "
                          f"{METADATA_KEY!r} is missing)")

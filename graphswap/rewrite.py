@@ -11,6 +11,7 @@ input model is never modified.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fnmatch
 import json
@@ -161,7 +162,10 @@ def transform_model(model, replace: Callable, name_suffix: str = ""):
         pairs.append((layer, new_layer))
         return new_layer
 
-    new_model = keras.models.clone_model(model, clone_function=clone_function, recursive=True)
+    # The model is already in memory (whoever loaded it decided whether to trust its Lambda
+    # layers); cloning it must not trip Keras' safe mode a second time.
+    with _unsafe_clone_scope():
+        new_model = keras.models.clone_model(model, clone_function=clone_function, recursive=True)
     for original, clone in pairs:
         weights = original.get_weights()
         if weights:
@@ -171,6 +175,14 @@ def transform_model(model, replace: Callable, name_suffix: str = ""):
             clone.set_weights(weights)
     _copy_compile_config(model, new_model)
     return new_model, {id(original): clone for original, clone in pairs}
+
+
+def _unsafe_clone_scope():
+    try:
+        from keras.src.saving.serialization_lib import SafeModeScope
+    except ImportError:  # pragma: no cover - Keras moved it; cloning Lambdas then needs the flag
+        return contextlib.nullcontext()
+    return SafeModeScope(False)
 
 
 def _copy_compile_config(model, new_model) -> None:

@@ -27,6 +27,7 @@ from graphswap.layers import SwappedConv2D, SwappedDense
 from graphswap.rewrite import transform_model
 
 from conftest import SAMPLE_MODEL
+from test_legacy import tf_keras_lenet
 
 LUT_KERNELS = ("mul8u_drum4", "mul8s_trunc4")
 SWAPPED_NAMES = ["conv1", "conv2", "fc1", "fc2", "predictions"]
@@ -433,7 +434,14 @@ def _bad_custom_objects(tmp_path):
     outputs = keras.layers.Dense(2)(namespace["Offset"](0.5)(inputs))
     path = tmp_path / "custom.keras"
     keras.Model(inputs, outputs).save(path)
+    forget_usercode()  # a fresh process would not know the class
     return path, ["--custom-objects", module_path], "--custom-objects"
+
+
+def forget_usercode():
+    registry = keras.saving.get_custom_objects()
+    for key in [k for k in registry if k.startswith("usercode>")]:
+        del registry[key]
 
 
 BAD_INPUTS = {"weights_only_h5": _bad_weights_only,
@@ -443,9 +451,15 @@ BAD_INPUTS = {"weights_only_h5": _bad_weights_only,
               "missing_custom_objects": _bad_custom_objects}
 
 
+@pytest.fixture()
+def clean_registry():
+    yield
+    forget_usercode()
+
+
 @pytest.mark.parametrize("command", ["export", "convert"])
 @pytest.mark.parametrize("case", sorted(BAD_INPUTS))
-def test_bad_inputs_fail_clearly_and_write_nothing(case, command, tmp_path):
+def test_bad_inputs_fail_clearly_and_write_nothing(case, command, tmp_path, clean_registry):
     inputs_dir = tmp_path / "inputs"
     inputs_dir.mkdir()
     source, remedy, fragment = BAD_INPUTS[case](inputs_dir)
@@ -460,7 +474,8 @@ def test_bad_inputs_fail_clearly_and_write_nothing(case, command, tmp_path):
     assert listing(out_dir) == []
     with pytest.raises(ModelLoadError):
         modelio.load_model(source)
-    if remedy:  # and what the message recommends does work
+    # and what the message recommends does work
+    if remedy:
         fixed = invoke(command, source, "-o", target, *extra, *remedy)
         assert fixed.exit_code == 0, fixed.output
         assert listing(out_dir) == [target.name]
@@ -471,16 +486,10 @@ def test_bad_inputs_fail_clearly_and_write_nothing(case, command, tmp_path):
 # ---------------------------------------------------------------------------------------------
 
 def test_h5_convert_finetune_export_onnx_round_trip(tmp_path, test_batch):
-    import tf_keras
-
     x, y = test_batch
     # 1. a legacy full-model HDF5 written by Keras 2 (tf_keras), with LeNet-5's trained weights
     lenet = keras.models.load_model(SAMPLE_MODEL)
-    legacy = tf_keras.Sequential([tf_keras.Input((32, 32, 1), name="pixels")] + [
-        getattr(tf_keras.layers, type(layer).__name__).from_config(layer.get_config())
-        for layer in lenet.layers], name="lenet5_k2")
-    for source_layer, target_layer in zip(lenet.layers, legacy.layers):
-        target_layer.set_weights(source_layer.get_weights())
+    legacy = tf_keras_lenet(lenet)
     reference = legacy(x, training=False).numpy()
     np.testing.assert_allclose(reference, run(lenet, x), atol=1e-5)
     h5_path = tmp_path / "lenet5.h5"
