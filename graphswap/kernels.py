@@ -267,3 +267,17 @@ def _build_kernel(spec: str) -> Kernel:
         f"unknown kernel {spec!r}; use 'exact', 'bf16', 'fp32_m{{m}}', a built-in multiplier "
         f"(list them with 'graphswap kernels'), a multiplier file (.c, .lut, .bin), "
         f"'lib.so:symbol' for a scalar multiplier, or an operation-level library (.so)")
+
+
+def lut(spec):
+    """The 256x256 table of a multiplier spec (rows = first operand; see graphswap.multipliers)."""
+    from graphswap import multipliers
+
+    return multipliers.lut(spec)
+
+
+def metrics(spec) -> dict:
+    """Error metrics of a multiplier spec computed from its table (MAE, MAE%, WCE%, EP%, ...)."""
+    from graphswap import multipliers
+
+    return multipliers.metrics(spec)

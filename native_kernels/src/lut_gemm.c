@@ -43,21 +43,16 @@
 
 int64_t gs_lut_kblock(const int32_t *table)
 {
-    int64_t maxabs = 0;
-    for (int i = 0; i < 65536; ++i) {
-        int64_t v = table[i];
-        if (v < 0) v = -v;
-        if (v > maxabs) maxabs = v;
+    /* int32 min/max (vectorisable), then the magnitude in int64 (|INT32_MIN| does not fit int32) */
+    int32_t lo = table[0], hi = table[0];
+    for (int i = 1; i < 65536; ++i) {
+        lo = table[i] < lo ? table[i] : lo;
+        hi = table[i] > hi ? table[i] : hi;
     }
+    int64_t maxabs = -(int64_t)lo > (int64_t)hi ? -(int64_t)lo : (int64_t)hi;
     if (maxabs == 0) return INT64_MAX;
     int64_t kb = (int64_t)INT32_MAX / maxabs;
     return kb > 0 ? kb : 1;
-}
-
-void gs_lut_transpose_table(const int32_t *table, int32_t *tt)
-{
-    for (int a = 0; a < 256; ++a)
-        for (int b = 0; b < 256; ++b) tt[(b << 8) | a] = table[(a << 8) | b];
 }
 
 /* acc32[0..w) += row[bk[0..w)] */
@@ -139,6 +134,23 @@ static inline void transpose8(__m256i r[8])
     r[7] = _mm256_permute2x128_si256(u3, u7, 0x31);
 }
 #endif
+
+void gs_lut_transpose_table(const int32_t *table, int32_t *tt)
+{
+    for (int a0 = 0; a0 < 256; a0 += 8) {
+        for (int b0 = 0; b0 < 256; b0 += 8) {
+#ifdef GS_LUT_AVX2
+            __m256i v[8];
+            for (int q = 0; q < 8; ++q) v[q] = _mm256_loadu_si256((const __m256i *)(table + ((a0 + q) << 8) + b0));
+            transpose8(v);
+            for (int q = 0; q < 8; ++q) _mm256_storeu_si256((__m256i *)(tt + ((b0 + q) << 8) + a0), v[q]);
+#else
+            for (int a = a0; a < a0 + 8; ++a)
+                for (int b = b0; b < b0 + 8; ++b) tt[(b << 8) | a] = table[(a << 8) | b];
+#endif
+        }
+    }
+}
 
 void gs_lut_expand(const uint8_t *b, int64_t ldb, int64_t kcount, int64_t n0, int64_t w, int64_t nbpad,
                    const int32_t *tt, int32_t *E, int64_t ldE)

@@ -1,0 +1,142 @@
+#!/usr/bin/env python
+"""Approximate (table-driven) kernels next to float32, measured in one run.
+
+    python benchmarks/bench_approx.py [--multiplier mul8u_drum4] [--rounds 3]
+
+Part 1 -- GEMM throughput in multiply-accumulates per second at the LeNet-5 Dense shapes (batch 256)
+and 512-square, for
+    lut      graphswap_lut_matmul on uint8 codes (the table-driven kernel alone),
+    lut+q    LutKernel.matmul: float -> quantize -> lut -> exact corrections -> float,
+    f32      graphswap_matmul_f32 (graphswap's exact float kernel),
+    tf       tf.linalg.matmul, eager, on tf.Tensors,
+with the ratios lut/tf and lut/f32.  TARGET: lut/tf >= 0.15 at 512-square.
+
+Part 2 -- LeNet-5 (sample_models/lenet5.keras) inference over 10,000 images (the 360 test images
+of sample_models/digits.npz repeated) with every Dense/Conv2D layer swapped to the multiplier by
+graphswap.rewrite_model, against the original float model, both through model.predict with the
+same batch size.  TARGET: lut/float <= 3.
+
+Times are medians over repetitions after warm-up, the best of several rounds, ours and TF's back to
+back in the same process (the machine may be shared; ratios from one run are what to compare).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import numpy as np  # noqa: E402
+
+GEMM_SHAPES = [("LeNet dense1", 256, 400, 120), ("LeNet dense2", 256, 120, 84),
+               ("LeNet dense3", 256, 84, 10), ("512-square", 512, 512, 512)]
+
+
+def median_time(fn, min_seconds=0.3, max_reps=200):
+    fn()  # warm-up
+    times = []
+    start = time.perf_counter()
+    while len(times) < max_reps and (time.perf_counter() - start < min_seconds or len(times) < 5):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def best_of(rounds, fn):
+    return min(median_time(fn) for _ in range(rounds))
+
+
+def gemm_part(multiplier_spec, rounds):
+    import tensorflow as tf
+
+    from graphswap import native
+    from graphswap.multipliers import resolve_multiplier
+    from graphswap.quantized import LutKernel
+
+    library = native.shipped_library()
+    multiplier = resolve_multiplier(multiplier_spec)
+    kernel = LutKernel(multiplier)
+    rng = np.random.default_rng(0)
+    print(f"Part 1: GEMM multiply-accumulates per second (G = 1e9), multiplier {multiplier.spec}")
+    header = (f"{'shape':<14} {'m x k x n':>15} {'lut':>8} {'lut+q':>8} {'f32':>8} {'tf':>8} "
+              f"{'lut/tf':>7} {'lut/f32':>8}")
+    print(header)
+    print("-" * len(header))
+    results = {}
+    for label, m, k, n in GEMM_SHAPES:
+        a = rng.random((m, k), dtype=np.float32)
+        b = rng.normal(0, 0.1, (k, n)).astype(np.float32)
+        qa = rng.integers(0, 256, (m, k), dtype=np.uint8)
+        qb = rng.integers(0, 256, (k, n), dtype=np.uint8)
+        ta, tb = tf.constant(a), tf.constant(b)
+        macs = m * k * n
+        rate = {}
+        for _ in range(rounds):
+            for name, fn in (("lut", lambda: library.lut_matmul(qa, qb, multiplier.table)),
+                             ("lut+q", lambda: kernel.matmul(a, b)),
+                             ("f32", lambda: library.matmul_f32(a, b)),
+                             ("tf", lambda: tf.linalg.matmul(ta, tb))):
+                rate[name] = max(rate.get(name, 0.0), macs / median_time(fn))
+        results[label] = rate
+        print(f"{label:<14} {f'{m}x{k}x{n}':>15} " + " ".join(
+            f"{rate[x] / 1e9:>7.2f}G" for x in ("lut", "lut+q", "f32", "tf"))
+            + f" {rate['lut'] / rate['tf']:>7.3f} {rate['lut'] / rate['f32']:>8.3f}")
+    ratio = results["512-square"]["lut"] / results["512-square"]["tf"]
+    print(f"TARGET lut/tf at 512-square >= 0.15: {ratio:.3f} -> {'MET' if ratio >= 0.15 else 'NOT MET'}")
+    return ratio
+
+
+def lenet_part(multiplier_spec, rounds, images=10_000, batch_size=256):
+    import keras
+
+    import graphswap
+
+    model_path = REPO / "sample_models" / "lenet5.keras"
+    data = np.load(REPO / "sample_models" / "digits.npz")
+    x = np.resize(data["x_test"], (images,) + data["x_test"].shape[1:])
+    model = keras.models.load_model(model_path)
+    swapped = graphswap.rewrite_model(model, kernel=multiplier_spec)
+    print()
+    print(f"Part 2: LeNet-5 inference over {images} images, batch {batch_size}, multiplier {multiplier_spec}")
+
+    def run(net):
+        return lambda: net.predict(x, batch_size=batch_size, verbose=0)
+
+    float_time = lut_time = float("inf")
+    for _ in range(rounds):
+        float_time = min(float_time, median_time(run(model), min_seconds=0, max_reps=3))
+        lut_time = min(lut_time, median_time(run(swapped), min_seconds=0, max_reps=3))
+    labels = data["y_test"]
+    n = len(labels)
+    acc_float = float(np.mean(model.predict(x[:n], verbose=0).argmax(1) == labels))
+    acc_lut = float(np.mean(swapped.predict(x[:n], verbose=0).argmax(1) == labels))
+    print(f"float model      {float_time * 1e3:9.1f} ms   ({images / float_time:,.0f} images/s)  "
+          f"test accuracy {acc_float:.3f}")
+    print(f"{multiplier_spec:<16} {lut_time * 1e3:9.1f} ms   ({images / lut_time:,.0f} images/s)  "
+          f"test accuracy {acc_lut:.3f}")
+    ratio = lut_time / float_time
+    print(f"TARGET lut/float <= 3: {ratio:.2f} -> {'MET' if ratio <= 3 else 'NOT MET'}")
+    return ratio
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--multiplier", default="mul8u_drum4")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--skip-lenet", action="store_true")
+    args = parser.parse_args(argv)
+    gemm_part(args.multiplier, args.rounds)
+    if not args.skip_lenet:
+        lenet_part(args.multiplier, args.rounds)
+
+
+if __name__ == "__main__":
+    main()
