@@ -3,21 +3,36 @@ TensorFlow's gradients, fine-tune, save, export.
 
     import graphswap
     swapped = graphswap.rewrite_model(model, kernel="mul8u_drum4")
+
+Importing graphswap registers SwappedDense / SwappedConv2D with Keras, so
+keras.models.load_model() reads rewritten models after a plain `import graphswap`.
 """
 
-from graphswap._version import __version__
-from graphswap.errors import (DataError, ExportError, GraphswapError, KernelExecutionError, KernelLoadError,
-                              KernelSpecError, KernelTrustError, ModelLoadError, OutputPathError,
-                              UnsupportedLayerError)
-from graphswap.kernels import available_kernels, resolve_kernel
-from graphswap.layers import SwappedConv2D, SwappedDense
-from graphswap.rewrite import RewriteReport, plan, rewrite_model, transform_model
-from graphswap.kernel_trust import trust
+from graphswap._quiet_import import import_tensorflow_quietly as _import_tensorflow_quietly
+
+_import_tensorflow_quietly()
+
+# The imports below load TensorFlow, so they follow the quiet import.
+from graphswap._version import __version__  # noqa: E402
+from graphswap.errors import (  # noqa: E402
+    CustomGradientError, DataError, ExportError, GraphswapError, KernelExecutionError,
+    KernelLoadError, KernelSpecError, KernelTrustError, ModelLoadError, OutputPathError,
+    RuleMatchError, UnknownRuleError, UnsupportedLayerError)
+from graphswap.gradients import (  # noqa: E402 - importing also registers the layers
+    GradientClip, GradientOverride, GradientReversal, GradientScale, GuidedReLU)
+from graphswap.kernel_trust import trust  # noqa: E402
+from graphswap.kernels import available_kernels, resolve_kernel  # noqa: E402
+from graphswap.layers import SwappedConv2D, SwappedDense  # noqa: E402
+from graphswap.overrides import OverrideReport, OverrideWarning, override  # noqa: E402
+from graphswap.rewrite import RewriteReport, plan, rewrite_model, transform_model  # noqa: E402
+from graphswap.saliency import saliency_map, write_saliency_png  # noqa: E402
 
 __all__ = [
     "__version__", "trust", "rewrite_model", "transform_model", "plan", "RewriteReport",
     "SwappedDense", "SwappedConv2D", "resolve_kernel", "available_kernels",
     "GraphswapError", "ExportError", "KernelSpecError", "KernelLoadError", "KernelTrustError",
     "KernelExecutionError", "UnsupportedLayerError", "ModelLoadError", "DataError",
-    "OutputPathError",
+    "OutputPathError", "UnknownRuleError", "RuleMatchError", "CustomGradientError",
+    "GradientScale", "GradientClip", "GradientReversal", "GuidedReLU", "GradientOverride",
+    "override", "OverrideReport", "OverrideWarning", "saliency_map", "write_saliency_png",
 ]

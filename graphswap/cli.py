@@ -15,10 +15,7 @@ from pathlib import Path
 
 import click
 
-# TensorFlow's C++ start-up chatter would bury the report; users can still raise it.
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
-from graphswap._version import __version__  # noqa: E402  (after the environment tweak)
+from graphswap._version import __version__
 
 EXIT_ERROR = 1
 
@@ -430,7 +427,8 @@ def finetune(model_path, data_path, val_data, val_split, epochs, batch_size, lea
 @click.option("--data", "data_path", required=True, type=click.Path(),
               help="Evaluation data: .npz (x_test/y_test, else x/y) or an image directory.")
 @click.option("-k", "--kernel", "kernel_specs", multiple=True,
-              help="Kernel to compare (repeatable) [default: exact].")
+              help="Kernel to compare (repeatable) [default: exact, or none for a model that "
+                   "already has swapped layers].")
 @click.option("--finetune-data", type=click.Path(),
               help="Also fine-tune each rewritten copy on this data (.npz: x_train/y_train) and "
                    "report its accuracy afterwards.")
@@ -466,8 +464,12 @@ def evaluate_command(model_path, data_path, kernel_specs, finetune_data, epochs,
         if Path(plot).suffix.lower() != ".png":
             raise GraphswapError(f"--plot {plot} must end in .png")
         modelio.check_output_path(plot, force, inputs=[model_path, data_path])
+    from graphswap.train import swapped_layers
+
     model = _load(model_path, custom_objects, unsafe)
-    result = evaluate(model, data_path, list(kernel_specs) or ["exact"],
+    # a converted model is evaluated as it is unless kernels are asked for
+    default_kernels = [] if swapped_layers(model) else ["exact"]
+    result = evaluate(model, data_path, list(kernel_specs) or default_kernels,
                       finetune_data=finetune_data, epochs=epochs, batch_size=batch_size,
                       learning_rate=learning_rate, seed=seed, include=list(include) or None,
                       exclude=list(exclude) or None, resize=resize, pad=pad, scale=scale)
@@ -503,6 +505,8 @@ def evaluate_command(model_path, data_path, kernel_specs, finetune_data, epochs,
 @click.option("--exclude", multiple=True, metavar="REGEX", help="As for convert.")
 @click.option("--type", "layer_types", multiple=True, type=click.Choice(["Dense", "Conv2D"]),
               help="Layer types to sweep (repeatable) [default: both].")
+@click.option("--batch-size", default=128, show_default=True,
+              help="Evaluation batch size (as evaluate's, so the numbers compare).")
 @_data_options
 @click.option("-o", "--output", type=click.Path(dir_okay=False),
               help="Where to write the kernel map for 'convert --kernel-map' "
@@ -514,8 +518,8 @@ def evaluate_command(model_path, data_path, kernel_specs, finetune_data, epochs,
 @model_loading_options
 @handle_errors
 def sweep_command(model_path, data_path, kernel_spec, power_options, reference_power, max_drop,
-                  include, exclude, layer_types, scale, pad, resize, output, plot, force, as_json,
-                  custom_objects, unsafe):
+                  include, exclude, layer_types, batch_size, scale, pad, resize, output, plot,
+                  force, as_json, custom_objects, unsafe):
     """Swap one layer at a time to KERNEL: accuracy drop, MACs, energy, Pareto plot, kernel map."""
     from graphswap import modelio
     from graphswap.errors import GraphswapError
@@ -538,7 +542,7 @@ def sweep_command(model_path, data_path, kernel_spec, power_options, reference_p
                    reference_power=reference_power, max_accuracy_drop=max_drop / 100.0,
                    layer_types=tuple(layer_types) or ("Dense", "Conv2D"),
                    include=list(include) or None, exclude=list(exclude) or None,
-                   resize=resize, pad=pad, scale=scale)
+                   batch_size=batch_size, resize=resize, pad=pad, scale=scale)
     result.write_kernel_map(output, force=force)
     if plot is not None:
         result.plot(plot, force=force)
@@ -551,6 +555,35 @@ def sweep_command(model_path, data_path, kernel_spec, power_options, reference_p
     click.echo(f"wrote {output} (graphswap convert {model_path} --kernel-map {output})")
     if plot is not None:
         click.echo(f"wrote {plot}")
+
+
+@kernels.command("check")
+@click.argument("spec")
+@click.option("--plot", type=click.Path(dir_okay=False),
+              help="Write an error heat map (approx - exact over all operand pairs) as PNG.")
+@click.option("--timeout", default=120.0, show_default=True,
+              help="Seconds before a hanging kernel is killed and reported.")
+@click.option("-f", "--force", is_flag=True, help="Overwrite the --plot file if it exists.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@handle_errors
+def kernels_check(spec, plot, timeout, force, as_json):
+    """Check a kernel: sanity checks and error metrics of a multiplier (with its header's values
+    beside them), determinism, re-entrancy, guard regions and NaN/Inf behaviour.
+
+    The kernel runs in a child process: a segfault, abort or hang is reported as a failed check.
+    Exit code 1 when a check fails.
+    """
+    from graphswap import kernel_check, modelio
+
+    if plot:
+        modelio.check_output_path(plot, force)
+    result = kernel_check.check_kernel(spec, plot=plot, timeout=timeout)
+    click.echo(json.dumps(result, indent=2, default=float) if as_json
+               else kernel_check.format_result(result))
+    if plot and result.get("plot"):
+        click.echo(f"wrote {plot}")
+    if not result["passed"]:
+        sys.exit(EXIT_ERROR)
 
 
 if __name__ == "__main__":  # pragma: no cover

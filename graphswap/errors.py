@@ -40,3 +40,15 @@ class OutputPathError(GraphswapError):
 
 class ExportError(GraphswapError):
     """A model cannot be exported in the requested form, or the export failed its verification."""
+
+
+class UnknownRuleError(GraphswapError, ValueError):
+    """A gradient rule name or config that graphswap does not know."""
+
+
+class RuleMatchError(GraphswapError, ValueError):
+    """An override rule that matched no layer (with strict=True), or cannot reach a layer."""
+
+
+class CustomGradientError(GraphswapError, ValueError):
+    """A user forward/gradient function returned something of the wrong shape or type."""

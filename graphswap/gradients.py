@@ -25,24 +25,14 @@ from __future__ import annotations
 
 import inspect
 import numbers
+import re
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from graphswap.errors import GraphswapError
-
-
-class UnknownRuleError(GraphswapError, ValueError):
-    """A gradient rule name or config that graphswap does not know."""
-
-
-class RuleMatchError(GraphswapError, ValueError):
-    """An override rule that matched no layer (with strict=True), or cannot reach a layer."""
-
-
-class CustomGradientError(GraphswapError, ValueError):
-    """A user forward/gradient function returned something of the wrong shape or type."""
+from graphswap.errors import (  # noqa: F401 - re-exported for gg.UnknownRuleError etc.
+    CustomGradientError, GraphswapError, RuleMatchError, UnknownRuleError)
 
 
 # --------------------------------------------------------------------------------------------
@@ -69,6 +59,11 @@ def _check_number(value, what: str, positive: bool = False):
     if isinstance(value, (tf.Tensor, tf.Variable, np.ndarray)):
         return value
     raise GraphswapError(f"{what} must be a number or a scalar tensor, got {value!r}")
+
+
+def _op_name(prefix: str, name: str) -> str:
+    """A TensorFlow-valid op name (lambdas are called '<lambda>')."""
+    return f"{prefix}_{re.sub(r'[^A-Za-z0-9_.]', '_', name)}".rstrip("_")
 
 
 # --------------------------------------------------------------------------------------------
@@ -179,7 +174,7 @@ def guided_relu(x, max_value=None, negative_slope=0.0, threshold=0.0, forward=No
             gate = tf.logical_and(dy > 0, x > tf.cast(threshold, x.dtype))
             if max_value is not None:
                 gate = tf.logical_and(gate, x < tf.cast(max_value, x.dtype))
-            return dy * tf.cast(gate, dy.dtype)
+            return tf.where(gate, dy, tf.zeros_like(dy))
 
         return tf.identity(y), grad
 
@@ -240,7 +235,8 @@ def straight_through(f, b=None):
                         f"straight_through: b's output shape {yb.shape} differs from f's output "
                         f"shape {dy.shape}; b must compute the same function shape as f")
                 dy_b = tf.cast(dy, yb.dtype)
-                input_grads = tape.gradient(yb, xs, output_gradients=dy_b)
+                all_grads = tape.gradient(yb, list(xs) + variables, output_gradients=dy_b)
+                input_grads, var_grads = all_grads[:len(xs)], all_grads[len(xs):]
                 if all(g is None for g in input_grads):
                     raise CustomGradientError(
                         f"straight_through: b ({getattr(b, '__name__', type(b).__name__)}) has no "
@@ -249,8 +245,8 @@ def straight_through(f, b=None):
                 input_grads = [tf.zeros_like(x) if g is None else g
                                for x, g in zip(xs, input_grads)]
                 if variables:
-                    var_grads = tape.gradient(yb, variables, output_gradients=dy_b,
-                                              unconnected_gradients=tf.UnconnectedGradients.ZERO)
+                    var_grads = [tf.zeros_like(v) if g is None else g
+                                 for v, g in zip(variables, var_grads)]
                     return input_grads, var_grads
                 return input_grads if len(xs) > 1 else input_grads[0]
 
@@ -331,12 +327,13 @@ def with_gradient(np_fn, grad_fn, output_shape=None, output_dtype=None):
 
         @tf.custom_gradient
         def _wrapped(*xs):
-            y = tf.numpy_function(forward, list(xs), dtype, name=f"with_gradient_{fn_name}")
+            y = tf.numpy_function(forward, list(xs), dtype, name=_op_name("with_gradient", fn_name))
             y.set_shape(static_shape)
 
             def grad(dy):
                 grads = tf.numpy_function(backward, [tf.cast(dy, dtype), *xs],
-                                          [x.dtype for x in xs], name=f"gradient_{grad_name}")
+                                          [x.dtype for x in xs],
+                                          name=_op_name("gradient", grad_name))
                 if not isinstance(grads, (list, tuple)):
                     grads = [grads]
                 grads = list(grads)
@@ -386,7 +383,8 @@ class Rule:
         return hash((type(self).__name__, tuple(sorted(self.get_config().items()))))
 
     def __repr__(self):
-        return f"gg.{type(self).__name__}({', '.join(f'{v!r}' for v in self.get_config().values())})"
+        args = ", ".join(f"{v!r}" for v in self.get_config().values())
+        return f"gg.{type(self).__name__}({args})"
 
 
 @keras.saving.register_keras_serializable(package="graphswap")

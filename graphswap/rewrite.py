@@ -167,6 +167,8 @@ def transform_model(model, replace: Callable, name_suffix: str = ""):
     with _unsafe_clone_scope():
         new_model = keras.models.clone_model(model, clone_function=clone_function, recursive=True)
     for original, clone in pairs:
+        if not isinstance(original, keras.layers.Layer):
+            continue  # a keras.ops call in a functional graph (e.g. ops.relu): no weights
         weights = original.get_weights()
         if weights:
             if not clone.built:
