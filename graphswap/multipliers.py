@@ -359,12 +359,34 @@ def _compile_error(path: str, exc: Exception) -> KernelSpecError:
                            f"compile with 'cc -c'), or pass a prebuilt 'lib.so:symbol' or a .lut table")
 
 
+def _hash_record(library_path: Path) -> Path:
+    return library_path.with_name(library_path.name + ".sha256")
+
+
+def _record_binary_hash(library_path: Path) -> None:
+    """Remember the hash of a binary we just built, to detect later tampering with the cache."""
+    record = _hash_record(library_path)
+    tmp = record.with_name(record.name + f".{os.getpid()}.tmp")
+    tmp.write_text(native.file_sha256(library_path))
+    os.replace(tmp, record)
+
+
+def _cached_binary_intact(library_path: Path) -> bool:
+    """A cached binary is reused only if it is the one we built (its recorded hash matches);
+    anything else - missing record, modified or replaced file - is rebuilt, never trusted."""
+    record = _hash_record(library_path)
+    if not library_path.is_file() or not record.is_file():
+        return False
+    return record.read_text().strip() == native.file_sha256(library_path)
+
+
 def _from_c(path: str, function: str | None) -> Multiplier:
     raw = Path(path).read_bytes()
     sha = hashlib.sha256(raw).hexdigest()
     source = raw.decode("utf-8", "replace")
     workdir = native.cache_dir() / "multipliers" / sha[:24]
-    workdir.mkdir(parents=True, exist_ok=True)
+    workdir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(workdir.parent, 0o700)  # per-user cache: nobody else may plant binaries in it
     include_name = "source_" + re.sub(r"[^A-Za-z0-9_.-]", "_", os.path.basename(path))
     copied = workdir / include_name
     if not copied.is_file() or copied.read_bytes() != raw:
@@ -402,13 +424,14 @@ def _from_c(path: str, function: str | None) -> Multiplier:
     wrapper = _wrapper_source(fn, sig, include_name)
     key = hashlib.sha256((sha + fn.name + _WRAPPER_VERSION + wrapper).encode()).hexdigest()[:16]
     library_path = workdir / f"{fn.name}-{key}.so"
-    if not library_path.is_file():
+    if not _cached_binary_intact(library_path):
         wrapper_path = workdir / f"wrapper-{key}.c"
         wrapper_path.write_text(wrapper)
         try:
             compiler.compile_shared([wrapper_path], library_path, include_dirs=[workdir])
         except compiler.CompilerError as exc:
             raise _compile_error(path, exc) from None
+        _record_binary_hash(library_path)
     library = ctypes.CDLL(str(library_path))
     fill = library.graphswap_fill_multiplier_table
     fill.restype = None

@@ -247,6 +247,8 @@ def _cache_dir() -> Path:
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "graphswap")
     path = Path(base)
     path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if path.stat().st_uid == os.getuid() and path.stat().st_mode & 0o077:
+        os.chmod(path, 0o700)  # compiled kernels live here: owner-only
     return path
 
 

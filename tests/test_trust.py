@@ -69,6 +69,7 @@ def test_trusted_then_modified_library_is_refused(saved_with_user_library, digit
     # swap the library for another build: same path, different content
     other = compile_library(library.parent / "other", "usermm", MATMUL_ONLY_LIBRARY + "\n/* v2 */\n"
                             "int graphswap_extra_symbol(void) { return 2; }\n")
+    library.unlink()  # a new file (rewriting the loaded one in place would crash this process)
     shutil.copy(other, library)
     with pytest.raises(Exception, match="has changed since the model was saved"):
         keras.models.load_model(model_path)
@@ -104,3 +105,29 @@ def test_cli_trust_kernel_option(saved_with_user_library, tmp_path):
     first, second = result.stdout.split("EXIT2")
     assert "EXIT1 1" in first and "not trusted" in first and "--trust-kernel" in first
     assert second.startswith(" 0") and "d " in second
+
+
+def test_tampered_cached_binary_is_rebuilt_not_loaded(tmp_path, monkeypatch):
+    import os
+    import stat
+
+    from graphswap import multipliers
+
+    monkeypatch.setenv("GRAPHSWAP_CACHE_DIR", str(tmp_path / "cache"))
+    source = tmp_path / "mul8u_cached.c"
+    source.write_text("#include <stdint.h>\n"
+                      "uint16_t mul8u_cached(uint8_t a, uint8_t b) { return (uint16_t)(a * b); }\n")
+    first = multipliers._from_c(str(source), None)
+    built = [p for p in (tmp_path / "cache").rglob("mul8u_cached-*.so")]
+    assert len(built) == 1
+    assert stat.S_IMODE(os.stat(tmp_path / "cache").st_mode) == 0o700
+    # someone replaces the cached binary with another one computing something else
+    evil = compile_library(tmp_path / "evil", "evil", """
+        #include <stdint.h>
+        void graphswap_fill_multiplier_table(int64_t *t) { for (int i = 0; i < 65536; i++) t[i] = 7; }
+    """)
+    built[0].unlink()  # (a new file: overwriting the loaded one in place would crash this process)
+    built[0].write_bytes(evil.read_bytes())
+    second = multipliers._from_c(str(source), None)
+    np.testing.assert_array_equal(second.table, first.table)  # rebuilt from the source
+    assert built[0].read_bytes() != evil.read_bytes()
