@@ -177,3 +177,49 @@ def test_fuzz_swapped_dense_against_tensorflow(batch, features, units, seed):
     x = rng.standard_normal((batch, features)).astype(np.float32)
     scale = features * np.abs(weights[0]).max() * max(np.abs(x).max(initial=0), 1)
     np.testing.assert_allclose(swapped(x).numpy(), stock(x).numpy(), atol=2e-6 * scale, rtol=0)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(name=st.sampled_from(["mul8u_drum4", "mul8s_trunc3", "mul8u_mitchell", "mul8s_exact"]),
+       batch=st.integers(1, 3), height=st.integers(1, 9), width=st.integers(1, 9),
+       in_channels=st.integers(1, 4), out_channels=st.integers(1, 5), kh=st.integers(1, 3),
+       kw=st.integers(1, 3), stride=st.integers(1, 3), dilation=st.integers(1, 2),
+       padding=st.sampled_from(["valid", "same"]), seed=st.integers(0, 2**31 - 1))
+def test_fuzz_lut_conv2d_against_numpy_reference(name, batch, height, width, in_channels,
+                                                 out_channels, kh, kw, stride, dilation, padding,
+                                                 seed):
+    import reference
+    from graphswap.geometry import conv_geometry
+    from graphswap.multipliers import resolve_multiplier
+    from graphswap.quantized import LutKernel
+
+    if padding == "valid" and (height < (kh - 1) * dilation + 1 or width < (kw - 1) * dilation + 1):
+        padding = "same"
+    rng = np.random.default_rng(seed)
+    x = rng.normal(0.2, 1.0, (batch, height, width, in_channels)).astype(np.float32)
+    w = rng.normal(0.0, 0.4, (kh, kw, in_channels, out_channels)).astype(np.float32)
+    g = conv_geometry(x.shape, w.shape, (stride, stride), (dilation, dilation), padding)
+    multiplier = resolve_multiplier(name)
+    got = LutKernel(multiplier).conv2d(x, w, g)
+    want = reference.quantized_conv2d(x, w, multiplier.table, multiplier.signed, (stride, stride),
+                                      (dilation, dilation),
+                                      (g.pad_top, g.pad_bottom, g.pad_left, g.pad_right), 1)
+    np.testing.assert_array_equal(got, want)
+
+
+@settings(max_examples=30, deadline=None)
+@given(name=st.sampled_from(["mul8u_trunc6", "mul8s_drum5", "mul8s_mitchell", "mul8u_exact"]),
+       m=st.integers(1, 70), k=st.integers(1, 300), n=st.integers(1, 40),
+       seed=st.integers(0, 2**31 - 1))
+def test_fuzz_lut_matmul_against_numpy_reference(name, m, k, n, seed):
+    import reference
+    from graphswap.multipliers import resolve_multiplier
+    from graphswap.quantized import LutKernel
+
+    rng = np.random.default_rng(seed)
+    a = rng.normal(0.3, 1.0, (m, k)).astype(np.float32)
+    b = rng.normal(0.0, 0.2, (k, n)).astype(np.float32)
+    multiplier = resolve_multiplier(name)
+    np.testing.assert_array_equal(LutKernel(multiplier).matmul(a, b),
+                                  reference.quantized_matmul(a, b, multiplier.table,
+                                                             multiplier.signed))
