@@ -18,6 +18,8 @@ from graphswap.errors import (  # noqa: E402
     CustomGradientError, DataError, ExportError, GraphswapError, KernelExecutionError,
     KernelLoadError, KernelSpecError, KernelTrustError, ModelLoadError, OutputPathError,
     RuleMatchError, UnknownRuleError, UnsupportedLayerError)
+from graphswap.data import Data, load_data  # noqa: E402
+from graphswap.evaluate import EvaluationResult, evaluate  # noqa: E402
 from graphswap.gradients import (  # noqa: E402 - importing also registers the layers
     GradientClip, GradientOverride, GradientReversal, GradientScale, GuidedReLU)
 from graphswap.kernel_trust import trust  # noqa: E402
@@ -26,6 +28,8 @@ from graphswap.layers import SwappedConv2D, SwappedDense  # noqa: E402
 from graphswap.overrides import OverrideReport, OverrideWarning, override  # noqa: E402
 from graphswap.rewrite import RewriteReport, plan, rewrite_model, transform_model  # noqa: E402
 from graphswap.saliency import saliency_map, write_saliency_png  # noqa: E402
+from graphswap.sweep import SweepResult, sweep  # noqa: E402
+from graphswap.train import FinetuneResult, finetune  # noqa: E402
 
 __all__ = [
     "__version__", "trust", "rewrite_model", "transform_model", "plan", "RewriteReport",
@@ -35,4 +39,6 @@ __all__ = [
     "OutputPathError", "UnknownRuleError", "RuleMatchError", "CustomGradientError",
     "GradientScale", "GradientClip", "GradientReversal", "GuidedReLU", "GradientOverride",
     "override", "OverrideReport", "OverrideWarning", "saliency_map", "write_saliency_png",
+    "Data", "load_data", "finetune", "FinetuneResult", "evaluate", "EvaluationResult", "sweep",
+    "SweepResult",
 ]

@@ -153,6 +153,39 @@ class Data:
         dataset = dataset.map(cast, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
         return dataset.batch(batch_size).prefetch(tf.data.AUTOTUNE)
 
+    def training_dataset(self, batch_size: int, seed: int | None, initial_epoch: int,
+                         epochs: int):
+        """(dataset, steps_per_epoch) for epochs initial_epoch+1..epochs, reshuffled each epoch.
+
+        For arrays, epoch e's order is a NumPy permutation seeded by (seed, e), fed as batches
+        of indices: the same batches whatever the distribution strategy, and a resumed run sees
+        exactly the batches an uninterrupted one would.  (tf.data's own shuffle re-seeds when a
+        strategy rewrites the pipeline.)  Datasets are shuffled with tf.data (steps None).
+        """
+        import tensorflow as tf
+
+        if self.x is None:
+            return self.as_dataset(batch_size, shuffle=True, seed=seed or 0), None
+        if batch_size < 1:
+            raise DataError(f"batch size must be at least 1, got {batch_size}")
+        count = len(self.x)
+        base = int(seed) if seed is not None else int(np.random.SeedSequence().entropy % 2**31)
+        orders = np.stack([np.random.default_rng([base, epoch]).permutation(count)
+                           for epoch in range(initial_epoch, epochs)]).astype(np.int64)
+        x_all, y_all = tf.constant(self.x), tf.constant(self.y)
+        scale = self.scale
+
+        def gather(indices):
+            x = tf.cast(tf.gather(x_all, indices), tf.float32)
+            if scale is not None:
+                x = x * scale
+            return x, tf.gather(y_all, indices)
+
+        dataset = tf.data.Dataset.from_tensor_slices(orders).flat_map(
+            lambda order: tf.data.Dataset.from_tensor_slices(order).batch(batch_size))
+        dataset = dataset.map(gather, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        return dataset.prefetch(tf.data.AUTOTUNE), -(-count // batch_size)
+
     def labels(self) -> np.ndarray:
         """All labels as a numpy array (iterates a dataset once)."""
         if self.y is not None:
@@ -488,7 +521,8 @@ def _from_arrays(x, y, origin, expect: ModelExpectation, resize, pad, scale, lab
     integer = x.dtype.kind in "iu"
     if not integer and not np.all(np.isfinite(x)):
         bad = int(np.size(x) - np.count_nonzero(np.isfinite(x)))
-        raise DataError(f"{label}: inputs contain {bad} NaN/infinite value(s); clean the data first")
+        raise DataError(f"{label}: inputs contain {bad} NaN/infinite value(s); clean the data "
+                        f"first")
     value_range = (float(x.min()), float(x.max()))
     x = _fit_shape(x, expect, resize, pad, label, notes)
     notes.insert(0, f"{label}: {len(x)} examples from {origin}, inputs "

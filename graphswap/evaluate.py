@@ -1,5 +1,5 @@
-"""Evaluating kernels side by side: the original model and one rewritten copy per kernel, on the same
-data, in one table - top-1 accuracy (and top-5 when there are more than 10 classes), loss,
+"""Evaluating kernels side by side: the original model and one rewritten copy per kernel, on the
+same data, in one table - top-1 accuracy (and top-5 when there are more than 10 classes), loss,
 agreement with the original's predictions, and optionally the accuracy after fine-tuning each
 rewritten copy.  Results serialise to JSON (schema "graphswap.evaluate/1") and CSV, and plot as a
 bar chart.
@@ -222,13 +222,15 @@ def evaluate(model, data, kernels=("exact",), *, finetune_data=None, epochs: int
       finetune_data: when given, each rewritten copy is also fine-tuned for `epochs` epochs
         (graphswap.finetune, same seed for every kernel) and re-evaluated.
       include / exclude / backward: passed to rewrite_model.
+      batch_size: for evaluation and fine-tuning.  It can change the numbers of multipliers
+        whose activations are quantized per call (per batch).
 
     Returns an EvaluationResult (rows: original first, then each kernel in order).
     """
     from graphswap import modelio
     from graphswap.data import load_data
     from graphswap.rewrite import rewrite_model
-    from graphswap.train import compile_settings, finetune
+    from graphswap.train import compile_settings, finetune, swapped_layers
 
     kernels = list(kernels)
     if isinstance(model, (str, os.PathLike)):
@@ -238,9 +240,16 @@ def evaluate(model, data, kernels=("exact",), *, finetune_data=None, epochs: int
     labels = test.labels()
     settings = compile_settings(model, test.label_format)
     from_logits = _from_logits(settings.loss)
-    notes = list(test.notes) + [settings.note.replace("compiled with", "loss from")]
+    notes = list(test.notes) + [settings.note.replace(
+        "compiled with the loss/metrics saved in the model", "loss saved in the model")]
+    already = swapped_layers(model)
+    if already:
+        notes.append(f"{model.name!r} already has {len(already)} swapped layer(s) (kernel(s) "
+                     f"{', '.join(sorted(set(os.path.basename(k) for k in already.values())))}): "
+                     f"its 'original' row runs them, and each --kernel row swaps only the "
+                     f"remaining float Dense/Conv2D layers")
     reference = predict(model, test, batch_size)
-    rows = [{"name": "original", "kernel": None, "swapped_layers": 0,
+    rows = [{"name": "original", "kernel": None, "swapped_layers": len(already),
              **classification_metrics(reference, labels, test.label_format, settings.loss,
                                       reference, from_logits)}]
     finetune_info = None

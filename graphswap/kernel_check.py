@@ -281,10 +281,7 @@ def format_result(result: dict) -> str:
     if result.get("description"):
         lines.append(f"            {result['description']}")
     lines.append("")
-    width = max(len(c["check"]) for c in result["checks"])
-    for c in result["checks"]:
-        status = {True: "ok  ", False: "FAIL", None: "info"}[c["passed"]]
-        lines.append(f"  [{status}] {c['check']:<{width}}  {c['detail']}")
+    lines.extend(multipliers.format_check_lines(result["checks"]))
     lines.append("")
     lines.append("all checks passed" if result["passed"] else "some checks FAILED")
     return "\n".join(lines)

@@ -804,6 +804,13 @@ def check(spec) -> dict:
     }
 
 
+def format_check_lines(checks: list[dict]) -> list[str]:
+    """One line per check: [ok  ] / [FAIL] / [info], name, detail."""
+    width = max((len(c["check"]) for c in checks), default=0)
+    return [f"  [{ {True: 'ok  ', False: 'FAIL', None: 'info'}[c['passed']] }] "
+            f"{c['check']:<{width}}  {c['detail']}" for c in checks]
+
+
 def format_check(result: dict) -> str:
     """A readable report of check()'s result."""
     lines = [f"multiplier  {result['name']}  ({'signed' if result['signed'] else 'unsigned'})",
@@ -811,10 +818,7 @@ def format_check(result: dict) -> str:
     for note in result["notes"]:
         lines.append(f"note        {note}")
     lines.append("")
-    width = max(len(c["check"]) for c in result["checks"])
-    for c in result["checks"]:
-        status = {True: "ok  ", False: "FAIL", None: "info"}[c["passed"]]
-        lines.append(f"  [{status}] {c['check']:<{width}}  {c['detail']}")
+    lines.extend(format_check_lines(result["checks"]))
     lines.append("")
     header = {e["metric"]: e for e in result["header_comparison"]}
     lines.append(f"  {'metric':<8} {'computed':>14} {'header':>12}")

@@ -147,8 +147,9 @@ def compile_settings(model, label_format: str = "sparse") -> CompileSettings:
         settings = CompileSettings(loss, metrics, "")
         name = settings.loss_name.lower()
         if label_format == "one_hot" and "sparse" in name:
-            raise DataError(f"the labels are one-hot rows but the model's loss ({settings.loss_name}) "
-                            f"expects class indices; pass y.argmax(axis=1) as labels")
+            raise DataError(f"the labels are one-hot rows but the model's loss "
+                            f"({settings.loss_name}) expects class indices; pass "
+                            f"y.argmax(axis=1) as labels")
         if label_format == "sparse" and "categorical" in name and "sparse" not in name:
             raise DataError(f"the labels are class indices but the model's loss "
                             f"({settings.loss_name}) expects one-hot rows; pass one-hot labels")
@@ -305,6 +306,7 @@ class FinetuneResult:
     stopped_early: bool
     notes: list
     checkpoint_dir: str | None = None
+    chief: bool = True              # False on non-chief workers of a multi-worker run
 
     def to_dict(self) -> dict:
         return {"initial_epoch": self.initial_epoch, "epochs": self.epochs,
@@ -332,6 +334,61 @@ def _copy_in_scope(model):
     return clone
 
 
+def _patch_multiworker_build(model) -> None:
+    """Work around two failures of Keras 3's fit() under MultiWorkerMirroredStrategy
+    (keras-team/keras#20585, tensorflow/tensorflow#72388: "Keras 3 + MWMS does not train").
+
+    1. `_maybe_symbolic_build` takes the first distributed batch and calls
+       strategy.reduce("MEAN", batch) on it only to learn its shapes; under MWMS that reduce fails
+       ("Attempt to convert a value (PerReplica...)").  The build needs shapes and dtypes only,
+       which this replica's local batch has, so this model builds from it instead.
+    2. `reduce_per_replica` averages each step's logs across workers with
+       strategy.reduce("MEAN", v, axis=0), which fails for the scalar losses and metrics
+       ("Invalid reduction dimension 0 for input with 0 dimensions").  The module function is
+       wrapped so that, on the multi-worker path only, scalars are reduced with axis=None (the
+       cross-worker mean Keras intends); every other path calls Keras' own function unchanged.
+    """
+    import types
+
+    import keras
+    import tensorflow as tf
+    from keras.src.backend.tensorflow import trainer as tf_trainer
+
+    if not getattr(tf_trainer.reduce_per_replica, "_graphswap_patched", False):
+        keras_reduce = tf_trainer.reduce_per_replica
+
+        def reduce_per_replica(values, strategy, reduction):
+            if reduction in ("auto", "mean") and \
+                    tf_trainer._collective_all_reduce_multi_worker(strategy):
+                def reduce(value):
+                    local = strategy.experimental_local_results(value)[0] \
+                        if isinstance(value, tf.distribute.DistributedValues) else value
+                    rank = getattr(local.shape, "rank", None)
+                    return strategy.reduce("MEAN", value, axis=0 if rank else None)
+
+                return keras.tree.map_structure(reduce, values)
+            return keras_reduce(values, strategy, reduction)
+
+        reduce_per_replica._graphswap_patched = True
+        tf_trainer.reduce_per_replica = reduce_per_replica
+
+    def maybe_symbolic_build(self, iterator=None, data_batch=None):
+        if self._distribute_strategy is None:
+            return
+        if iterator is not None:
+            for _, _, batches in iterator:
+                batch = next(batches)
+                data_batch = keras.tree.map_structure(
+                    lambda value: (self.distribute_strategy.experimental_local_results(value)[0]
+                                   if isinstance(value, tf.distribute.DistributedValues)
+                                   else value), batch)
+                break
+        with self.distribute_strategy.scope():
+            self._symbolic_build(data_batch=data_batch)
+
+    model._maybe_symbolic_build = types.MethodType(maybe_symbolic_build, model)
+
+
 def _make_optimizer(optimizer, learning_rate):
     import keras
 
@@ -346,6 +403,23 @@ def _make_optimizer(optimizer, learning_rate):
     return opt
 
 
+class _Notes(list):
+    """A list of notes that also hands each new note to `log` (the CLI prints them at once)."""
+
+    def __init__(self, log=None):
+        super().__init__()
+        self._log = log
+
+    def append(self, note):
+        super().append(note)
+        if self._log is not None:
+            self._log(note)
+
+    def extend(self, notes):
+        for note in notes:
+            self.append(note)
+
+
 def finetune(model, data, *, val_data=None, val_split: float | None = None, epochs: int = 1,
              batch_size: int = 128, learning_rate: float | None = 1e-4, optimizer="adam",
              strategy=None, checkpoint_dir=None, resume: bool = False,
@@ -353,7 +427,7 @@ def finetune(model, data, *, val_data=None, val_split: float | None = None, epoc
              restore_best: bool = True, seed: int | None = 0, verbose="auto", callbacks=(),
              split: str | None = "train", val_split_name: str | None = "test",
              resize: bool = False, pad: bool = False, scale=None, custom_objects=None,
-             safe_mode: bool = True, force: bool = False) -> FinetuneResult:
+             safe_mode: bool = True, force: bool = False, log=None) -> FinetuneResult:
     """Fine-tune `model` (a keras.Model or a .keras path) on `data`, swapped kernels in the loop.
 
     Args:
@@ -371,6 +445,8 @@ def finetune(model, data, *, val_data=None, val_split: float | None = None, epoc
       monitor: metric deciding the best epoch [default: val accuracy, else val_loss, else the
         training accuracy/loss]; restore_best returns the best epoch's weights.
       seed: seeds Python, NumPy, TensorFlow and the shuffling (None: no seeding).
+      log: called with each note (what was loaded, how it is compiled, ...) as it is made;
+        the notes are also returned in the result.
 
     Returns a FinetuneResult; raises DataError for data problems, GraphswapError otherwise.
     """
@@ -388,7 +464,7 @@ def finetune(model, data, *, val_data=None, val_split: float | None = None, epoc
         raise GraphswapError("pass either validation data or a validation split, not both")
     if patience is not None and patience < 1:
         raise GraphswapError(f"patience must be at least 1 epoch, got {patience}")
-    notes: list[str] = []
+    notes = _Notes(log)
     strategy_obj = resolve_strategy(strategy)  # first: multi-worker must precede other TF work
     chief = is_chief(strategy_obj)
     if seed is not None:
@@ -480,12 +556,14 @@ def finetune(model, data, *, val_data=None, val_split: float | None = None, epoc
         notes.append(f"the checkpoint already has {initial_epoch} epoch(s); nothing to train "
                      f"for epochs={epochs}")
     else:
-        train_ds = train.as_dataset(batch_size, shuffle=True, seed=seed or 0)
+        if isinstance(strategy_obj, tf.distribute.MultiWorkerMirroredStrategy):
+            _patch_multiworker_build(trained)
+        train_ds, steps = train.training_dataset(batch_size, seed, initial_epoch, epochs)
         val_ds = validation.as_dataset(batch_size) if validation is not None else None
         with data_module.translate_errors():
             trained.fit(train_ds, validation_data=val_ds, epochs=epochs,
-                        initial_epoch=initial_epoch, callbacks=[tracker, *callbacks], shuffle=False,
-                        verbose=verbose)
+                        initial_epoch=initial_epoch, steps_per_epoch=steps,
+                        callbacks=[tracker, *callbacks], shuffle=False, verbose=verbose)
         if not tracker.epochs_run:
             raise DataError("training ran no epoch: the training data produced no batches")
     restored = False
@@ -501,7 +579,8 @@ def finetune(model, data, *, val_data=None, val_split: float | None = None, epoc
         model=trained, history=tracker.history, initial_epoch=initial_epoch, epochs=epochs,
         epochs_run=tracker.epochs_run, monitor=tracker.monitor, best_epoch=tracker.best_epoch,
         best_value=tracker.best, restored_best=restored, stopped_early=tracker.stopped_early,
-        notes=notes, checkpoint_dir=str(directory) if directory is not None else None)
+        notes=list(notes), checkpoint_dir=str(directory) if directory is not None else None,
+        chief=chief)
 
 
 def format_history(result: FinetuneResult) -> str:
