@@ -19,6 +19,7 @@ import os
 import numpy as np
 
 from graphswap.errors import DataError, GraphswapError
+from graphswap.tables import format_table
 
 EVALUATE_SCHEMA = "graphswap.evaluate/1"
 
@@ -145,10 +146,7 @@ class EvaluationResult:
             if self.finetune is not None:
                 cells.append(pct(row.get("finetuned_accuracy")) or "-")
             rows.append(cells)
-        widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
-        lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths)),
-                 "  ".join("-" * w for w in widths)]
-        lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+        lines = format_table(headers, rows)
         lines.append(f"{self.examples} examples from {self.data_source}; {self.classes} classes; "
                      f"loss {self.loss_name}; agreement = share of examples whose top-1 class "
                      f"matches the original model's")

@@ -41,6 +41,7 @@ import keras
 from graphswap.errors import GraphswapError
 from graphswap.gradients import (GradientOverride, Guided, GuidedReLU, RuleMatchError, get_rule)
 from graphswap.rewrite import iter_layers, transform_model
+from graphswap.tables import format_table
 
 
 class OverrideWarning(UserWarning):
@@ -136,10 +137,7 @@ class OverrideReport:
     def format_table(self) -> str:
         headers = ("layer", "type", "action", "detail")
         rows = [(e.path, e.layer_type, e.action, e.detail) for e in self.layers]
-        widths = [max(len(str(x)) for x in column) for column in zip(headers, *rows)]
-        line = "  ".join("{:<%d}" % w for w in widths)
-        out = [line.format(*headers), line.format(*("-" * w for w in widths))]
-        out += [line.format(*row) for row in rows]
+        out = format_table(headers, rows)
         out.append(f"{len(self.overridden)} of {len(self.layers)} layers overridden")
         out += [f"warning: {message}" for message in self.warnings]
         return "\n".join(text.rstrip() for text in out)

@@ -25,6 +25,7 @@ import numpy as np
 from graphswap.errors import GraphswapError, UnsupportedLayerError
 from graphswap.kernels import resolve_kernel
 from graphswap.layers import SwappedConv2D, SwappedDense, check_conv_options
+from graphswap.tables import format_table
 from graphswap import ops
 
 
@@ -64,14 +65,11 @@ class RewriteReport:
         headers = ("layer", "type", "action", "kernel", "MACs/sample", "note")
         rows = [(e.path, e.layer_type, e.action, e.kernel, f"{e.macs:,}" if e.macs else "",
                  e.reason) for e in self.layers]
-        widths = [max(len(str(x)) for x in column) for column in zip(headers, *rows)]
-        line = "  ".join("{:<%d}" % w for w in widths)
-        out = [line.format(*headers), line.format(*("-" * w for w in widths))]
-        out += [line.format(*row) for row in rows]
+        out = format_table(headers, rows)
         total = sum(e.macs for e in self.swapped)
         out.append(f"{len(self.swapped)} of {sum(1 for e in self.layers if e.macs)} Dense/Conv2D "
                    f"layers swapped, {total:,} swapped MACs per sample")
-        return "\n".join(line_.rstrip() for line_ in out)
+        return "\n".join(out)
 
 
 def _check_cloneable(model) -> None:

@@ -30,6 +30,7 @@ import re
 import numpy as np
 
 from graphswap.errors import GraphswapError
+from graphswap.tables import format_table
 
 SWEEP_SCHEMA = "graphswap.sweep/1"
 
@@ -189,13 +190,9 @@ class SweepResult:
                          f"{100 * entry['accuracy_drop']:.2f}", f"{100 * entry['agreement']:.2f}%",
                          "" if entry["relative_energy"] is None
                          else f"{entry['relative_energy']:.3f}"])
-        widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
-                  for i, h in enumerate(headers)]
         lines = [f"kernel {self.kernel}: one layer at a time (others original); original accuracy "
                  f"{100 * self.baseline['accuracy']:.2f}% on {self.examples} examples",
-                 "  ".join(h.ljust(w) for h, w in zip(headers, widths)),
-                 "  ".join("-" * w for w in widths)]
-        lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+                 *format_table(headers, rows)]
         lines.append("")
         lines.append("cumulative assignments (least harmful layers first):")
         for config in self.configurations:

@@ -25,6 +25,7 @@ import os
 from pathlib import Path
 
 from graphswap.errors import DataError, GraphswapError, OutputPathError
+from graphswap.tables import format_table
 
 STRATEGIES = ("none", "mirrored", "multiworker")
 
@@ -593,10 +594,6 @@ def format_history(result: FinetuneResult) -> str:
     headers = ["epoch", *keys]
     rows = [[str(e), *(f"{history[k][i]:.4f}" if i < len(history[k]) else "" for k in keys)]
             for i, e in enumerate(epochs)]
-    widths = [max(len(h), *(len(r[j]) for r in rows)) for j, h in enumerate(headers)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths)),
-             "  ".join("-" * w for w in widths)]
-    for row in rows:
-        marker = "  *" if result.best_epoch is not None and row[0] == str(result.best_epoch) else ""
-        lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() + marker)
-    return "\n".join(lines)
+    markers = ["  *" if result.best_epoch is not None and row[0] == str(result.best_epoch) else ""
+               for row in rows]
+    return "\n".join(format_table(headers, rows, markers))
