@@ -445,17 +445,27 @@ def finetune(model_path, data_path, val_data, val_split, epochs, batch_size, lea
 @click.option("--plot", type=click.Path(dir_okay=False),
               help="Write a bar chart of the accuracies (PNG).")
 @click.option("-f", "--force", is_flag=True, help="Overwrite output files.")
-@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
+@click.option("--json", "json_target", is_flag=False, flag_value="-", default=None,
+              metavar="[PATH]",
+              help="Print the results as JSON; with a PATH (ending in .json), write them there "
+                   "instead (like -o).")
 @model_loading_options
 @handle_errors
 def evaluate_command(model_path, data_path, kernel_specs, finetune_data, epochs, batch_size,
                      learning_rate, seed, include, exclude, scale, pad, resize, output, plot,
-                     force, as_json, custom_objects, unsafe):
+                     force, json_target, custom_objects, unsafe):
     """Evaluate MODEL and one rewritten copy per --kernel on the same data, side by side."""
     from graphswap import modelio
     from graphswap.evaluate import evaluate
     from graphswap.errors import GraphswapError
 
+    as_json = json_target == "-"
+    if json_target not in (None, "-"):
+        if output is not None and output != json_target:
+            raise GraphswapError(f"--json {json_target} and -o {output} name two outputs; use one")
+        if Path(json_target).suffix.lower() != ".json":
+            raise GraphswapError(f"--json {json_target} must end in .json")
+        output = json_target
     if output is not None:
         if Path(output).suffix.lower() not in (".json", ".csv"):
             raise GraphswapError(f"--output {output} must end in .json or .csv")

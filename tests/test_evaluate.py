@@ -270,3 +270,28 @@ def test_cli_checks_outputs_before_working(tmp_path):
     assert result.exit_code == 1
     assert "Error: data not found" in result.output
     assert not (tmp_path / "m.json").exists()
+
+
+def test_cli_evaluate_json_option_prints_or_writes(tmp_path):
+    """`--json` alone prints JSON; `--json out.json` writes the same document to a file."""
+    import json as json_module
+
+    from click.testing import CliRunner
+
+    from conftest import SAMPLE_DATA, SAMPLE_MODEL
+    from graphswap.cli import main
+
+    runner = CliRunner()
+    printed = runner.invoke(main, ["evaluate", str(SAMPLE_MODEL), "--data", str(SAMPLE_DATA),
+                                   "--kernel", "exact", "--json"])
+    assert printed.exit_code == 0, printed.output
+    document = json_module.loads(printed.output)
+    target = tmp_path / "out.json"
+    written = runner.invoke(main, ["evaluate", str(SAMPLE_MODEL), "--data", str(SAMPLE_DATA),
+                                   "--kernel", "exact", "--json", str(target)])
+    assert written.exit_code == 0, written.output
+    assert f"wrote {target}" in written.output
+    assert json_module.loads(target.read_text())["rows"] == document["rows"]
+    bad = runner.invoke(main, ["evaluate", str(SAMPLE_MODEL), "--data", str(SAMPLE_DATA),
+                               "--json", str(tmp_path / "out.txt")])
+    assert bad.exit_code == 1 and "must end in .json" in bad.output
