@@ -380,3 +380,20 @@ def test_plot_error_heatmap(tmp_path):
     out = multipliers.plot_error_heatmap("mul8s_drum3", tmp_path / "heat.png")
     data = (tmp_path / "heat.png").read_bytes()
     assert out.endswith("heat.png") and data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+
+
+@pytest.mark.parametrize("computed,printed,agrees", [
+    (1.17966, "1.18", True),        # rounded (EvoApproxLib mul8u_18UH's MAE%)
+    (0.00648499, "0.0064", True),   # truncated (EvoApproxLib mul8s_1KVB's MAE%)
+    (4.25, "4.2", True),            # truncated
+    (99.1486, "99.15", True),
+    (919691.0, "919691", True),
+    (471649810.0, "47164.981e4", True),
+    (0.0066, "0.0064", False),      # neither rounding nor truncation of the printed value
+    (1.16, "1.18", False),
+    (-0.0065, "0.0064", False),     # sign differs
+])
+def test_header_agreement_accepts_rounding_and_truncation(computed, printed, agrees):
+    from graphswap.multipliers import agrees_with_header
+
+    assert agrees_with_header(computed, printed) is agrees
