@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
+
+from graphswap.errors import GraphswapError
 
 
 def _input_range(model) -> tuple[float, float]:
@@ -30,11 +34,34 @@ def sample_inputs(model, batch_size: int = 8, seed: int = 0):
     return batches[0] if len(batches) == 1 else batches
 
 
-def max_output_difference(original, rewritten, inputs) -> float:
-    """Largest absolute difference between the two models' outputs on `inputs` (all outputs)."""
-    import keras
+class OriginalCannotRunError(GraphswapError):
+    """The original model cannot run here (e.g. a channels_first Conv2D on a CPU), so there is
+    nothing to compare the rewritten model with."""
 
-    a = original(inputs, training=False)
+
+def _tensorflow_reason(exc: Exception) -> str:
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))
+    match = re.search(r"\}\}\s*(.*?)\s*\[Op:", text, re.S)
+    reason = match.group(1) if match else (text.strip().splitlines() or [type(exc).__name__])[0]
+    return " ".join(reason.split())
+
+
+def max_output_difference(original, rewritten, inputs) -> float:
+    """Largest absolute difference between the two models' outputs on `inputs` (all outputs).
+
+    Raises OriginalCannotRunError when TensorFlow cannot run the original model on this machine
+    (the rewritten one may well run: graphswap's kernels compute channels_first convolutions in
+    NHWC on any device).
+    """
+    import keras
+    import tensorflow as tf
+
+    try:
+        a = original(inputs, training=False)
+    except tf.errors.UnimplementedError as exc:
+        raise OriginalCannotRunError(
+            f"TensorFlow cannot run the original model on this machine "
+            f"({_tensorflow_reason(exc)})") from None
     b = rewritten(inputs, training=False)
     flat_a = keras.tree.flatten(a)
     flat_b = keras.tree.flatten(b)

@@ -43,6 +43,10 @@ def handle_errors(command):
             if os.environ.get("GRAPHSWAP_DEBUG"):
                 raise
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            if type(exc).__module__.startswith("tensorflow"):
+                from graphswap.checks import _tensorflow_reason
+
+                first = _tensorflow_reason(exc)  # not Keras' "Exception encountered when ..."
             click.echo(f"Error: unexpected {type(exc).__name__}: {first} "
                        f"(set GRAPHSWAP_DEBUG=1 to see the traceback)", err=True)
             sys.exit(EXIT_ERROR)
@@ -152,19 +156,27 @@ def convert(model_path, output, kernel, kernel_map, include, exclude, layer_type
             f"nothing to swap in {source}: no Dense/Conv2D layer was selected "
             f"({len(report.layers)} layers inspected); see 'graphswap inspect {source}'")
     difference = None
+    skipped = None
     if check_batch > 0:
         batch = checks.sample_inputs(model, check_batch)
-        difference = checks.max_output_difference(model, swapped, batch)
+        try:
+            difference = checks.max_output_difference(model, swapped, batch)
+        except checks.OriginalCannotRunError as exc:
+            skipped = f"comparison with the original skipped: {exc}"
     modelio.save_model(swapped, output, force=force)
     if as_json:
         payload = report.to_dict()
         payload.update({"output": str(output), "max_abs_difference": difference})
+        if skipped:
+            payload["note"] = skipped
         click.echo(json.dumps(payload, indent=2))
         return
     click.echo(report.format_table())
     if difference is not None:
         click.echo(f"max |original - rewritten| on a random batch of {check_batch}: "
                    f"{difference:.3g}")
+    if skipped:
+        click.echo(skipped)
     click.echo(f"wrote {output}")
 
 
@@ -584,7 +596,12 @@ def kernels_check(spec, plot, timeout, force, as_json):
     Exit code 1 when a check fails.
     """
     from graphswap import kernel_check, modelio
+    from graphswap.kernels import resolve_kernel
 
+    if not os.path.exists(spec.split(":", 1)[0]):
+        # Not a file: a built-in (safe to resolve here) or a typo / missing file, which gets one
+        # clear error instead of a table of failed checks.
+        resolve_kernel(spec)
     if plot:
         modelio.check_output_path(plot, force)
     result = kernel_check.check_kernel(spec, plot=plot, timeout=timeout)

@@ -120,6 +120,22 @@ def _lowered_classes():
             with tf.name_scope(self.graphswap_marker):
                 return super().call(inputs)
 
+        def convolution_op(self, inputs, kernel):
+            # Keras runs grouped convolutions inside a jit_compile tf.function, which tf2onnx
+            # cannot convert (a StatefulPartitionedCall is left), and NCHW Conv2D does not run on
+            # CPU: compute those in NHWC, one plain Conv2D per group (what the kernels compute).
+            if self.groups == 1 and self.data_format != "channels_first":
+                return super().convolution_op(inputs, kernel)
+            channels_first = self.data_format == "channels_first"
+            x = tf.transpose(inputs, [0, 2, 3, 1]) if channels_first else inputs
+            parts = [tf.nn.convolution(x_group, w_group, strides=list(self.strides),
+                                       padding=str(self.padding).upper(),
+                                       dilations=list(self.dilation_rate))
+                     for x_group, w_group in zip(tf.split(x, self.groups, axis=3),
+                                                 tf.split(kernel, self.groups, axis=3))]
+            y = parts[0] if len(parts) == 1 else tf.concat(parts, axis=3)
+            return tf.transpose(y, [0, 3, 1, 2]) if channels_first else y
+
     return MarkedDense, MarkedConv2D
 
 
@@ -145,7 +161,10 @@ def _kept_classes():
             kernel = self.arithmetic
             y = tf.numpy_function(lambda a, b: kernel.matmul(a, b), [x2d, w], tf.float32,
                                   stateful=False, name=self.graphswap_marker)
-            y.set_shape([x2d.shape[0], n])
+            # ensure_shape, not set_shape: tf2onnx re-infers shapes from the GraphDef, where a
+            # PyFunc's output shape is unknown; ops needing it downstream (a Concat with axis -1)
+            # would be left half-converted.  EnsureShape carries it and becomes an Identity.
+            y = tf.ensure_shape(y, [x2d.shape[0], n])
             if x.shape.rank != 2:
                 y = tf.reshape(y, tf.concat([tf.shape(x)[:-1], [n]], axis=0))
                 y.set_shape(x.shape[:-1].concatenate([n]))
@@ -181,7 +200,7 @@ def _kept_classes():
             if None not in static[1:]:
                 g = conv_geometry((1, *static[1:]), filter_shape, strides, dilations, padding,
                                   groups)
-                y.set_shape([static[0], g.out_height, g.out_width, filter_shape[3]])
+                y = tf.ensure_shape(y, [static[0], g.out_height, g.out_width, filter_shape[3]])
             if channels_first:
                 y = tf.transpose(y, [0, 3, 1, 2])
             return tf.cast(y, inputs.dtype) if inputs.dtype != tf.float32 else y
@@ -608,7 +627,9 @@ def export_saved_model(model, path, force: bool = False, check_batch: int = 8) -
     modelio.check_output_path(path, force)
     if check_batch < 1:
         raise ExportError("check_batch must be at least 1: every export is verified")
-    lowered, records = lower_model(model)
+    # marked: grouped / channels_first convolutions as plain NHWC Conv2D ops (no XLA function,
+    # runs on CPU); the name scopes are harmless here
+    lowered, records = lower_model(model, marked=True)
     input_names, output_names = signature_names(model)
     specs = _input_specs(model, input_names)
     fn = _serving_function(lowered, specs, output_names)

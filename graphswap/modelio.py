@@ -92,12 +92,31 @@ def load_model(path, custom_objects=None, safe_mode: bool = True, compile: bool 
         f"file, or a Keras 2 SavedModel directory")
 
 
+def _require_built(model, path: Path):
+    """Refuse a Sequential model saved before it was built: it has no input shape, no weights."""
+    import keras
+
+    if not isinstance(model, keras.Sequential):
+        return model  # Functional models always have inputs; subclassed ones are refused later
+    try:
+        inputs = model.inputs
+    except (AttributeError, ValueError):
+        inputs = None
+    if not inputs:
+        raise ModelLoadError(
+            f"{path} holds an unbuilt model ({model.name!r}: no input shape and no weights); it "
+            f"was saved before it was built. Give it an input shape (keras.Input(shape) as the "
+            f"first layer, model.build(input_shape), or call it on data), train it, and save it "
+            f"again")
+    return model
+
+
 def _keras_load(path: Path, custom_objects, safe_mode, compile):
     import keras
 
     try:
-        return keras.models.load_model(path, custom_objects=custom_objects, safe_mode=safe_mode,
-                                       compile=compile)
+        model = keras.models.load_model(path, custom_objects=custom_objects, safe_mode=safe_mode,
+                                        compile=compile)
     except (ModelLoadError,) as exc:
         raise exc
     except Exception as exc:  # noqa: BLE001 - translate Keras' many failure types into one message
@@ -114,6 +133,7 @@ def _keras_load(path: Path, custom_objects, safe_mode, compile):
                     "(CLI: --custom-objects module.py).")
         raise ModelLoadError(f"cannot load model {path}: {type(exc).__name__}: {message}.{hint}") \
             from None
+    return _require_built(model, path)
 
 
 def _graphswap_cause(exc: BaseException):

@@ -547,11 +547,31 @@ def _value_order_permutation() -> np.ndarray:
     return (np.arange(256) + 128) % 256
 
 
-def write_lut(path, table, signed: bool, value_order: bool = False) -> None:
-    """Write a graphswap .lut file.  `table`: 65536 entries in code order (Multiplier.table layout),
-    or a 256x256 array in code order; with value_order=True (signed only) the file stores rows and
-    columns ordered -128..127 (the table given is still in code order)."""
-    table = np.asarray(table).reshape(256, 256).astype(np.int64)
+def write_lut(path, table, signed: bool, value_order: bool = False,
+              table_order: str | None = None) -> None:
+    """Write a graphswap .lut file.
+
+    `table` is either 65536 entries in code order (the Multiplier.table layout) or a 256x256 array.
+    A signed 256x256 array is ambiguous - lut() returns rows/columns ordered by value -128..127,
+    Multiplier.table.reshape(256, 256) is in code order - so it needs table_order="value" or
+    "code"; for unsigned tables the two orders are the same.  With value_order=True (signed only)
+    the file stores rows and columns ordered -128..127; the file's flags say which, so either file
+    reads back as the same multiplier.
+    """
+    table = np.asarray(table)
+    if table.shape == (256, 256) and signed:
+        if table_order not in ("code", "value"):
+            raise ValueError(
+                "a signed 256x256 table is ambiguous: pass table_order='value' for a table from "
+                "graphswap.kernels.lut() (rows/columns -128..127) or table_order='code' for "
+                "Multiplier.table.reshape(256, 256) (rows/columns by two's-complement code)")
+        if table_order == "value":
+            perm = _value_order_permutation()  # code -> position in value order
+            table = table[np.ix_(perm, perm)]
+    elif table.size != TABLE_SIZE:
+        raise ValueError(f"a multiplier table has 65536 entries (or 256x256), got shape "
+                         f"{table.shape}")
+    table = table.reshape(256, 256).astype(np.int64)
     if value_order:
         if not signed:
             raise ValueError("value_order applies to signed tables only")

@@ -461,6 +461,9 @@ def finetune(model, data, *, val_data=None, val_split: float | None = None, epoc
         raise GraphswapError(f"epochs must be at least 1, got {epochs}")
     if batch_size < 1:
         raise GraphswapError(f"batch size must be at least 1, got {batch_size}")
+    if learning_rate is not None and not learning_rate >= 0:  # also refuses NaN; 0 freezes
+        raise GraphswapError(f"learning rate must be positive (or 0 to freeze the weights), got "
+                             f"{learning_rate}")
     if val_data is not None and val_split is not None:
         raise GraphswapError("pass either validation data or a validation split, not both")
     if patience is not None and patience < 1:

@@ -186,3 +186,40 @@ def test_real_subprocess_convert_and_version(tmp_path, model_copy):
                          capture_output=True, text=True, timeout=600)
     assert bad.returncode == 1
     assert "Error: model file not found" in bad.stderr and "Traceback" not in bad.stderr
+
+
+# ---- regressions --------------------------------------------------------------------------------
+
+def test_unbuilt_sequential_model_is_one_clear_error(runner, tmp_path):
+    path = tmp_path / "unbuilt.keras"
+    keras.Sequential([keras.layers.Dense(4), keras.layers.Dense(2)]).save(path)
+    for command in (["inspect", str(path)], ["convert", str(path), "-o", str(tmp_path / "o.keras")]):
+        result = runner.invoke(main, command)
+        assert result.exit_code == 1, result.output
+        assert "Error: " in result.output and "unbuilt model" in result.output
+        assert "AttributeError" not in result.output
+    assert not (tmp_path / "o.keras").exists()
+
+
+def test_convert_channels_first_model_on_cpu_skips_the_comparison(runner, tmp_path):
+    # TensorFlow's CPU Conv2D refuses NCHW, so the original cannot run here; the rewrite can
+    # (graphswap's kernels run NHWC) and used to die with "unexpected UnimplementedError".
+    import tensorflow as tf
+
+    if tf.config.list_physical_devices("GPU"):
+        pytest.skip("NCHW Conv2D runs on a GPU")
+    inputs = keras.Input((3, 8, 8))
+    conv = keras.layers.Conv2D(4, 3, data_format="channels_first", name="conv")(inputs)
+    path = tmp_path / "cf.keras"
+    keras.Model(inputs, keras.layers.Dense(2)(keras.layers.Flatten()(conv))).save(path)
+    out = tmp_path / "cf.swapped.keras"
+    result = runner.invoke(main, ["convert", str(path), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "comparison with the original skipped" in result.output and "NCHW" in result.output
+    loaded = keras.models.load_model(out)
+    x = np.random.default_rng(0).random((2, 3, 8, 8), dtype=np.float32)
+    nhwc = keras.Sequential([keras.Input((8, 8, 3)), keras.layers.Conv2D(4, 3, name="conv")])
+    nhwc.set_weights(loaded.get_layer("conv").get_weights())
+    np.testing.assert_allclose(loaded.get_layer("conv")(x).numpy(),
+                               nhwc(x.transpose(0, 2, 3, 1)).numpy().transpose(0, 3, 1, 2),
+                               atol=1e-5)

@@ -534,3 +534,61 @@ def test_h5_convert_finetune_export_onnx_round_trip(tmp_path, test_batch):
     np.testing.assert_allclose(kept.run(None, {"pixels": x})[0], tuned_out, atol=1e-5)
     assert export.read_metadata(lowered_path)["swapped_layers"][0]["kernel"] == {
         "spec": "mul8s_trunc4"}
+
+
+# ---- regressions: graphs the LeNet-shaped tests do not reach --------------------------------------
+
+def _two_branch_shared_dense():
+    """A shared swapped Dense applied twice, its two outputs concatenated (axis -1)."""
+    keras.utils.set_random_seed(0)
+    shared = keras.layers.Dense(6, activation="relu", name="shared")
+    a, b = keras.Input((5,), name="a"), keras.Input((5,), name="b")
+    joined = keras.layers.Concatenate()([shared(a), shared(b)])
+    return keras.Model([a, b], keras.layers.Dense(3, name="head")(joined))
+
+
+def test_kept_kernel_onnx_keeps_shapes_after_custom_nodes(tmp_path):
+    # The PyFunc's static shape used to be lost in tf2onnx's GraphDef round trip, so a Concat
+    # (axis -1) fed by two custom nodes was left without its axis: an invalid ONNX model.
+    swapped = graphswap.rewrite_model(_two_branch_shared_dense(), kernel="mul8s_drum4")
+    path = tmp_path / "shared.kept.onnx"
+    result = export.export_onnx(swapped, path, keep_kernels=True)
+    assert path.is_file() and result.max_abs_difference < 1e-5
+    concat = [n for n in onnx.load(str(path)).graph.node if n.op_type == "Concat"]
+    assert concat and any(a.name == "axis" for a in concat[0].attribute)
+    rng = np.random.default_rng(1)
+    x = [rng.random((4, 5), dtype=np.float32), rng.random((4, 5), dtype=np.float32)]
+    (got,) = onnx_ops.session(path).run(None, {"a": x[0], "b": x[1]})
+    np.testing.assert_allclose(got, np.asarray(swapped(x)), atol=1e-5)
+
+
+@pytest.mark.parametrize("data_format", ["channels_last", "channels_first"])
+def test_grouped_dilated_and_channels_first_conv_export(tmp_path, data_format):
+    # Keras runs grouped convolutions in a jit_compile function tf2onnx cannot convert (a
+    # StatefulPartitionedCall was left), and NCHW Conv2D does not run on CPU.
+    keras.utils.set_random_seed(0)
+    first = data_format == "channels_first"
+    inputs = keras.Input((4, 10, 10) if first else (10, 10, 4))
+    x = keras.layers.Conv2D(6, 3, groups=2, dilation_rate=2, padding="same",
+                            data_format=data_format, name="grouped")(inputs)
+    x = keras.layers.Conv2D(4, 3, strides=2, data_format=data_format, name="strided")(x)
+    model = keras.Model(inputs, keras.layers.Dense(3, name="head")(keras.layers.Flatten()(x)))
+    swapped = graphswap.rewrite_model(model, kernel="mul8u_drum4")
+    batch = np.random.default_rng(2).random((5, *model.input_shape[1:]), dtype=np.float32)
+    exact = np.asarray(with_kernel(swapped, "exact")(batch))  # runs NHWC inside, on any device
+
+    lowered = export.export_onnx(swapped, tmp_path / "m.onnx")
+    plain = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(plain.run(None, {lowered.inputs[0]: batch})[0], exact, atol=1e-5)
+    grouped = [r for r in lowered.layers if r.path == "grouped"][0]
+    assert grouped.onnx_nodes  # the product node(s) are found and named in the metadata
+
+    export.export_onnx(swapped, tmp_path / "m.kept.onnx", keep_kernels=True)
+    kept = onnx_ops.session(tmp_path / "m.kept.onnx")
+    np.testing.assert_allclose(kept.run(None, {lowered.inputs[0]: batch})[0],
+                               np.asarray(swapped(batch)), atol=1e-5)
+
+    export.export_saved_model(swapped, tmp_path / "served")
+    serve = tf.saved_model.load(str(tmp_path / "served")).signatures["serving_default"]
+    out = serve(**{lowered.inputs[0]: tf.constant(batch)})[lowered.outputs[0]]
+    np.testing.assert_allclose(np.asarray(out), exact, atol=1e-5)

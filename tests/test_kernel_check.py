@@ -118,3 +118,12 @@ def test_evoapprox_file_with_plot(tmp_path):
     assert "all checks passed" in result.output
     assert "header MAE% agrees" in result.output and "header EP% agrees" in result.output
     assert plot.stat().st_size > 5000 and plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_unknown_or_missing_kernel_is_one_clear_error(tmp_path):
+    runner = CliRunner()
+    typo = runner.invoke(main, ["kernels", "check", "mul8u_drum44"])
+    assert typo.exit_code == 1 and typo.output.startswith("Error: ")
+    assert "[FAIL]" not in typo.output
+    missing = runner.invoke(main, ["kernels", "check", str(tmp_path / "nope.c")])
+    assert missing.exit_code == 1 and "not found" in missing.output

@@ -397,3 +397,21 @@ def test_header_agreement_accepts_rounding_and_truncation(computed, printed, agr
     from graphswap.multipliers import agrees_with_header
 
     assert agrees_with_header(computed, printed) is agrees
+
+
+def test_write_lut_of_a_lut_result_round_trips(tmp_path):
+    """kernels.lut() returns a signed table ordered by value; writing it back must say so."""
+    drum = multipliers.resolve_multiplier("mul8s_drum4")
+    by_value = multipliers.lut("mul8s_drum4")
+    with pytest.raises(ValueError, match="ambiguous: pass table_order='value'"):
+        multipliers.write_lut(tmp_path / "x.lut", by_value, signed=True)
+    multipliers.write_lut(tmp_path / "v.lut", by_value, signed=True, table_order="value")
+    multipliers.write_lut(tmp_path / "c.lut", drum.table.reshape(256, 256), signed=True,
+                          table_order="code")
+    for name in ("v.lut", "c.lut"):
+        np.testing.assert_array_equal(
+            multipliers.resolve_multiplier(str(tmp_path / name)).table, drum.table)
+    unsigned = multipliers.lut("mul8u_mitchell")  # unsigned: one order, no argument needed
+    multipliers.write_lut(tmp_path / "u.lut", unsigned, signed=False)
+    np.testing.assert_array_equal(multipliers.resolve_multiplier(str(tmp_path / "u.lut")).table,
+                                  multipliers.resolve_multiplier("mul8u_mitchell").table)

@@ -186,6 +186,9 @@ def test_argument_and_data_errors_are_clear():
         finetune(model, (x, y), epochs=0)
     with pytest.raises(GraphswapError, match="either validation data or a validation split"):
         finetune(model, (x, y), val_data=(x, y), val_split=0.1)
+    for rate in (-1.0, float("nan")):  # -1 used to train (ascend the loss) silently
+        with pytest.raises(GraphswapError, match="learning rate must be positive"):
+            finetune(model, (x, y), learning_rate=rate)
     with pytest.raises(GraphswapError, match="resume needs a checkpoint directory"):
         finetune(model, (x, y), resume=True)
     with pytest.raises(GraphswapError, match="unknown strategy 'tpu'; allowed: none, mirrored, "
