@@ -231,6 +231,13 @@ def evaluate(model, data, kernels=("exact",), *, finetune_data=None, epochs: int
     from graphswap.train import compile_settings, finetune, swapped_layers
 
     kernels = list(kernels)
+    if finetune_data is not None:
+        # the fine-tuning settings are checked before any evaluation work, not after it
+        if epochs < 1:
+            raise GraphswapError(f"epochs must be at least 1, got {epochs}")
+        if learning_rate is not None and not learning_rate >= 0:
+            raise GraphswapError(f"learning rate must be positive (or 0 to freeze the weights), "
+                                 f"got {learning_rate}")
     if isinstance(model, (str, os.PathLike)):
         model = modelio.load_model(model, custom_objects=custom_objects, safe_mode=safe_mode)
     test = load_data(data, model, split=split, resize=resize, pad=pad, scale=scale,

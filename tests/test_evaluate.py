@@ -295,3 +295,17 @@ def test_cli_evaluate_json_option_prints_or_writes(tmp_path):
     bad = runner.invoke(main, ["evaluate", str(SAMPLE_MODEL), "--data", str(SAMPLE_DATA),
                                "--json", str(tmp_path / "out.txt")])
     assert bad.exit_code == 1 and "must end in .json" in bad.output
+
+
+def test_evaluate_checks_finetune_settings_before_evaluating(monkeypatch):
+    from conftest import SAMPLE_DATA, SAMPLE_MODEL
+    from graphswap.errors import GraphswapError
+    from graphswap.evaluate import evaluate as evaluate_function
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("data was loaded before the settings were checked")
+
+    monkeypatch.setattr("graphswap.data.load_data", no_loading)
+    with pytest.raises(GraphswapError, match="learning rate must be positive"):
+        evaluate_function(str(SAMPLE_MODEL), str(SAMPLE_DATA), ["exact"],
+                                 finetune_data=str(SAMPLE_DATA), learning_rate=-1.0)

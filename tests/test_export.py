@@ -592,3 +592,27 @@ def test_grouped_dilated_and_channels_first_conv_export(tmp_path, data_format):
     serve = tf.saved_model.load(str(tmp_path / "served")).signatures["serving_default"]
     out = serve(**{lowered.inputs[0]: tf.constant(batch)})[lowered.outputs[0]]
     np.testing.assert_allclose(np.asarray(out), exact, atol=1e-5)
+
+
+def test_mixed_precision_model_kept_kernel_export_verifies(tmp_path):
+    """float16 compute: the verification tolerance follows the model's precision."""
+    import graphswap
+    from graphswap import onnx_ops
+    from graphswap.export import export_onnx
+
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy("mixed_float16")
+    try:
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Conv2D(4, 3),
+                                  keras.layers.Flatten(), keras.layers.Dense(3)])
+    finally:
+        keras.config.set_dtype_policy(previous)
+    swapped = graphswap.rewrite_model(model, kernel="mul8s_drum4")
+    path = tmp_path / "mixed.onnx"
+    export_onnx(swapped, path, keep_kernels=True)
+    x = np.random.default_rng(0).uniform(0, 1, (4, 8, 8, 1)).astype(np.float32)
+    session = onnx_ops.session(path)
+    (out,) = session.run(None, {session.get_inputs()[0].name: x})
+    ref = np.asarray(swapped(x), np.float32)
+    assert np.max(np.abs(out.astype(np.float32) - ref)) <= 2e-2 * max(1.0, np.abs(ref).max())
