@@ -24,34 +24,18 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
-from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from _timing import REPO, median_times, use_repository_package  # noqa: E402
+
+use_repository_package()
 
 import numpy as np  # noqa: E402
 
 GEMM_SHAPES = [("LeNet dense1", 256, 400, 120), ("LeNet dense2", 256, 120, 84),
                ("LeNet dense3", 256, 84, 10), ("512-square", 512, 512, 512)]
-
-
-def median_time(fn, min_seconds=0.3, max_reps=200):
-    fn()  # warm-up
-    times = []
-    start = time.perf_counter()
-    while len(times) < max_reps and (time.perf_counter() - start < min_seconds or len(times) < 5):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times))
-
-
-def best_of(rounds, fn):
-    return min(median_time(fn) for _ in range(rounds))
 
 
 def gemm_part(multiplier_spec, rounds):
@@ -78,13 +62,13 @@ def gemm_part(multiplier_spec, rounds):
         qb = rng.integers(0, 256, (k, n), dtype=np.uint8)
         ta, tb = tf.constant(a), tf.constant(b)
         macs = m * k * n
-        rate = {}
-        for _ in range(rounds):
-            for name, fn in (("lut", lambda: library.lut_matmul(qa, qb, multiplier.table)),
-                             ("lut+q", lambda: kernel.matmul(a, b)),
-                             ("f32", lambda: library.matmul_f32(a, b)),
-                             ("tf", lambda: tf.linalg.matmul(ta, tb))):
-                rate[name] = max(rate.get(name, 0.0), macs / median_time(fn))
+        names = ("lut", "lut+q", "f32", "tf")
+        times = median_times([lambda: library.lut_matmul(qa, qb, multiplier.table),
+                              lambda: kernel.matmul(a, b),
+                              lambda: library.matmul_f32(a, b),
+                              lambda: tf.linalg.matmul(ta, tb)],
+                             reps=200, budget=1.2 * len(names), rounds=rounds)
+        rate = {name: macs / t for name, t in zip(names, times)}
         results[label] = rate
         print(f"{label:<14} {f'{m}x{k}x{n}':>15} " + " ".join(
             f"{rate[x] / 1e9:>7.2f}G" for x in ("lut", "lut+q", "f32", "tf"))
@@ -110,10 +94,8 @@ def lenet_part(multiplier_spec, rounds, images=10_000, batch_size=256):
     def run(net):
         return lambda: net.predict(x, batch_size=batch_size, verbose=0)
 
-    float_time = lut_time = float("inf")
-    for _ in range(rounds):
-        float_time = min(float_time, median_time(run(model), min_seconds=0, max_reps=3))
-        lut_time = min(lut_time, median_time(run(swapped), min_seconds=0, max_reps=3))
+    float_time, lut_time = median_times([run(model), run(swapped)], reps=3, budget=0,
+                                        rounds=rounds)
     labels = data["y_test"]
     n = len(labels)
     acc_float = float(np.mean(model.predict(x[:n], verbose=0).argmax(1) == labels))

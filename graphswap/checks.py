@@ -39,7 +39,7 @@ class OriginalCannotRunError(GraphswapError):
     nothing to compare the rewritten model with."""
 
 
-def _tensorflow_reason(exc: Exception) -> str:
+def tensorflow_reason(exc: Exception) -> str:
     text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))
     match = re.search(r"\}\}\s*(.*?)\s*\[Op:", text, re.S)
     reason = match.group(1) if match else (text.strip().splitlines() or [type(exc).__name__])[0]
@@ -61,7 +61,7 @@ def max_output_difference(original, rewritten, inputs) -> float:
     except tf.errors.UnimplementedError as exc:
         raise OriginalCannotRunError(
             f"TensorFlow cannot run the original model on this machine "
-            f"({_tensorflow_reason(exc)})") from None
+            f"({tensorflow_reason(exc)})") from None
     b = rewritten(inputs, training=False)
     flat_a = keras.tree.flatten(a)
     flat_b = keras.tree.flatten(b)

@@ -44,9 +44,9 @@ def handle_errors(command):
                 raise
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             if type(exc).__module__.startswith("tensorflow"):
-                from graphswap.checks import _tensorflow_reason
+                from graphswap.checks import tensorflow_reason
 
-                first = _tensorflow_reason(exc)  # not Keras' "Exception encountered when ..."
+                first = tensorflow_reason(exc)  # not Keras' "Exception encountered when ..."
             click.echo(f"Error: unexpected {type(exc).__name__}: {first} "
                        f"(set GRAPHSWAP_DEBUG=1 to see the traceback)", err=True)
             sys.exit(EXIT_ERROR)
@@ -139,8 +139,7 @@ def convert(model_path, output, kernel, kernel_map, include, exclude, layer_type
 
     source = Path(model_path)
     if output is None:
-        stem = source.name[: -len(source.suffix)] if source.suffix else source.name
-        output = source.with_name(f"{stem}.swapped.keras")
+        output = source.with_name(f"{source.stem}.swapped.keras")
     modelio.check_output_path(output, force, inputs=[source])
     if kernel is None and kernel_map is None:
         kernel = "exact"
@@ -273,8 +272,7 @@ def export_command(model_path, export_format, keep_kernels, output, opset, check
             "--keep-kernels needs --format onnx: a SavedModel cannot hold the C kernels (a "
             "tf.numpy_function body is not serialized), so it could not serve")
     if output is None:
-        base = source.name.rstrip("/")
-        stem = base[: -len(source.suffix)] if source.suffix else base
+        stem = source.stem
         if export_format == "onnx":
             output = source.with_name(f"{stem}.kept.onnx" if keep_kernels else f"{stem}.onnx")
         else:
@@ -409,8 +407,7 @@ def finetune(model_path, data_path, val_data, val_split, epochs, batch_size, lea
 
     source = Path(model_path)
     if output is None:
-        stem = source.name[: -len(source.suffix)] if source.suffix else source.name
-        output = source.with_name(f"{stem}.ft.keras")
+        output = source.with_name(f"{source.stem}.ft.keras")
     modelio.check_output_path(output, force, inputs=[source])
     result = train_module.finetune(
         str(source), data_path, val_data=val_data, val_split=val_split, epochs=epochs,
@@ -549,8 +546,7 @@ def sweep_command(model_path, data_path, kernel_spec, power_options, reference_p
 
     source = Path(model_path)
     if output is None:
-        stem = source.name[: -len(source.suffix)] if source.suffix else source.name
-        output = source.with_name(f"{stem}.kernel_map.json")
+        output = source.with_name(f"{source.stem}.kernel_map.json")
     modelio.check_output_path(output, force, inputs=[model_path, data_path])
     if plot is not None:
         if Path(plot).suffix.lower() != ".png":

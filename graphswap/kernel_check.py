@@ -52,6 +52,15 @@ def _guards_intact(whole: np.ndarray) -> bool:
     return bool(np.all(bits[:GUARD_FLOATS] == SENTINEL) and np.all(bits[-GUARD_FLOATS:] == SENTINEL))
 
 
+def _run_concurrently(functions) -> None:
+    """Start every function on its own thread at once, and wait for all of them."""
+    threads = [threading.Thread(target=function) for function in functions]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
 def _library_checks(library, add) -> None:
     """Robustness checks of an operation-level library through its raw entry points."""
     import ctypes
@@ -99,11 +108,7 @@ def _library_checks(library, add) -> None:
         a, b, _ = outputs[key]
         results[key] = [library.matmul_f32(a, b) for _ in range(5)]
 
-    threads = [threading.Thread(target=work, args=(key,)) for key in outputs]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    _run_concurrently([lambda key=key: work(key) for key in outputs])
     reentrant = all(np.array_equal(r, outputs[key][2]) for key, rs in results.items() for r in rs)
     add("re-entrant (concurrent calls equal sequential)", reentrant,
         "equal" if reentrant else "concurrent calls gave different results: the kernel is not "
@@ -156,12 +161,7 @@ def _multiplier_checks(spec, add) -> dict:
         _stage("concurrent evaluation")
         tables = []
         multipliers._cache.clear()
-        threads = [threading.Thread(target=lambda: tables.append(
-            multipliers.resolve_multiplier(spec).table)) for _ in range(4)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        _run_concurrently([lambda: tables.append(multipliers.resolve_multiplier(spec).table)] * 4)
         same = len(tables) == 4 and all(np.array_equal(t, table) for t in tables)
         add("re-entrant (concurrent evaluation)", same,
             "equal" if same else "concurrent evaluations differ: the function is not re-entrant")

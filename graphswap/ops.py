@@ -143,10 +143,6 @@ def _conv_backward_through_kernel(kernel: Kernel, x, w, dy, geometry: ConvGeomet
     return dx.astype(np.float32), dw
 
 
-def _geometry_for(x_shape, w_shape, strides, dilations, padding, groups) -> ConvGeometry:
-    return conv_geometry(x_shape, w_shape, strides, dilations, padding, groups)
-
-
 def _dilated_vjp(strides, dilations, padding):
     def one_group(x, w, dy_group):
         with tf.GradientTape() as tape:
@@ -208,7 +204,8 @@ def swapped_conv2d(x, w, kernel: Kernel, strides=(1, 1), padding="valid", dilati
     # Static geometry (batch may be unknown in graph mode) for the output shape.
     static = x32.shape
     if None not in static[1:]:
-        g_static = _geometry_for((1, *static[1:]), filter_shape, strides, dilations, padding, groups)
+        g_static = conv_geometry((1, *static[1:]), filter_shape, strides, dilations, padding,
+                                 groups)
         static_out = [static[0], g_static.out_height, g_static.out_width, out_channels]
         explicit = [0, 0, g_static.pad_top, g_static.pad_bottom, g_static.pad_left,
                     g_static.pad_right, 0, 0]
@@ -217,7 +214,7 @@ def swapped_conv2d(x, w, kernel: Kernel, strides=(1, 1), padding="valid", dilati
             f"swapped Conv2D needs static height, width and channels, got input shape {static}")
 
     def geometry_of(x_array):
-        return _geometry_for(x_array.shape, filter_shape, strides, dilations, padding, groups)
+        return conv_geometry(x_array.shape, filter_shape, strides, dilations, padding, groups)
 
     def forward_np(x_array, w_array):
         return kernel.conv2d(x_array, w_array, geometry_of(x_array))
