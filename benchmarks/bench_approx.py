@@ -42,7 +42,7 @@ def gemm_part(multiplier_spec, rounds):
     import tensorflow as tf
 
     from graphswap import native
-    from graphswap.multipliers import resolve_multiplier
+    from graphswap.kernels import resolve_multiplier
     from graphswap.quantized import LutKernel
 
     library = native.shipped_library()

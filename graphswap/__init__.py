@@ -22,9 +22,10 @@ from graphswap.data import Data, load_data  # noqa: E402
 from graphswap.evaluate import EvaluationResult, evaluate  # noqa: E402
 from graphswap.gradients import (  # noqa: E402 - importing also registers the layers
     GradientClip, GradientOverride, GradientReversal, GradientScale, GuidedReLU)
-from graphswap.kernel_trust import trust  # noqa: E402
+from graphswap.kernel_trust import trust, untrust  # noqa: E402
 from graphswap.kernels import available_kernels, resolve_kernel  # noqa: E402
 from graphswap.layers import SwappedConv2D, SwappedDense  # noqa: E402
+from graphswap.modelio import load_model  # noqa: E402
 from graphswap.overrides import OverrideReport, OverrideWarning, override  # noqa: E402
 from graphswap.rewrite import RewriteReport, plan, rewrite_model, transform_model  # noqa: E402
 from graphswap.saliency import saliency_map, write_saliency_png  # noqa: E402
@@ -32,7 +33,7 @@ from graphswap.sweep import SweepResult, sweep  # noqa: E402
 from graphswap.train import FinetuneResult, finetune  # noqa: E402
 
 __all__ = [
-    "__version__", "trust", "rewrite_model", "transform_model", "plan", "RewriteReport",
+    "__version__", "trust", "untrust", "load_model", "rewrite_model", "transform_model", "plan", "RewriteReport",
     "SwappedDense", "SwappedConv2D", "resolve_kernel", "available_kernels",
     "GraphswapError", "ExportError", "KernelSpecError", "KernelLoadError", "KernelTrustError",
     "KernelExecutionError", "UnsupportedLayerError", "ModelLoadError", "DataError",

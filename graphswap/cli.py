@@ -66,6 +66,22 @@ def _trust_kernels(ctx, param, paths):
     return paths
 
 
+def _remember_named_kernels(specs, err: bool = False) -> None:
+    """A kernel file named on the command line is the user's approval: record it in the trust
+    store (one line each, with how to undo it), so later commands need no --trust-kernel."""
+    from graphswap.kernels import remember_named_file
+
+    for spec in specs:
+        if spec is None:
+            continue
+        remembered = remember_named_file(spec)
+        if remembered is not None and remembered[1]:
+            content = remembered[0]
+            click.echo(f"trusted {content.path} (sha256 {content.sha256[:16]}...) for later "
+                       f"graphswap commands; undo with: graphswap trust remove {content.path}",
+                       err=err)
+
+
 def model_loading_options(command):
     """--custom-objects, --unsafe and --trust-kernel, shared by the commands that load models."""
     command = click.option(
@@ -163,6 +179,7 @@ def convert(model_path, output, kernel, kernel_map, include, exclude, layer_type
         except checks.OriginalCannotRunError as exc:
             skipped = f"comparison with the original skipped: {exc}"
     modelio.save_model(swapped, output, force=force)
+    _remember_named_kernels([kernel], err=as_json)
     if as_json:
         payload = report.to_dict()
         payload.update({"output": str(output), "max_abs_difference": difference})
@@ -496,6 +513,7 @@ def evaluate_command(model_path, data_path, kernel_specs, finetune_data, epochs,
         result.write(output, force=force)
     if plot is not None:
         result.plot(plot, force=force)
+    _remember_named_kernels(kernel_specs, err=as_json)
     if as_json:
         click.echo(result.to_json())
         return
@@ -564,6 +582,7 @@ def sweep_command(model_path, data_path, kernel_spec, power_options, reference_p
     result.write_kernel_map(output, force=force)
     if plot is not None:
         result.plot(plot, force=force)
+    _remember_named_kernels([kernel_spec], err=as_json)
     if as_json:
         click.echo(json.dumps({**result.to_dict(), "output": str(output), "plot": plot},
                               indent=2))
@@ -573,6 +592,87 @@ def sweep_command(model_path, data_path, kernel_spec, power_options, reference_p
     click.echo(f"wrote {output} (graphswap convert {model_path} --kernel-map {output})")
     if plot is not None:
         click.echo(f"wrote {plot}")
+
+
+@main.group("trust")
+def trust_group():
+    """Approve native kernel files once: a model, kernel map or ONNX file that names a kernel
+    file loads it only if you trust that file's content (its SHA-256).
+
+    \b
+      graphswap trust add mymul.c       remember it (until its content changes)
+      graphswap trust list              what is remembered
+      graphswap trust remove mymul.c    forget it (or give its sha256)
+
+    Naming a kernel file yourself on the command line (convert/evaluate/sweep --kernel FILE)
+    adds it too, and says so.  The store is a file in your config directory, owner-only.
+    """
+
+
+@trust_group.command("add")
+@click.argument("paths", metavar="FILE...", nargs=-1, required=True,
+                type=click.Path(dir_okay=False))
+@handle_errors
+def trust_add(paths):
+    """Trust the current content of each kernel FILE (.c, .so), for later sessions too."""
+    from graphswap import kernel_trust
+
+    for path in paths:
+        digest = kernel_trust.trust(path, persist=True)
+        click.echo(f"trusted {os.path.realpath(path)} (sha256 {digest})")
+    click.echo(f"trust store: {kernel_trust.store_path()}")
+
+
+@trust_group.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
+@handle_errors
+def trust_list(as_json):
+    """List the trusted kernel files (path, SHA-256, when added, and whether the file still
+    has that content)."""
+    from graphswap import kernel_trust
+    from graphswap.tables import format_table
+
+    entries = kernel_trust.stored_trust()
+    for entry in entries:
+        entry["current"] = _file_state(entry)
+    if as_json:
+        click.echo(json.dumps({"store": str(kernel_trust.store_path()), "kernels": entries},
+                              indent=2))
+        return
+    if not entries:
+        click.echo(f"no trusted kernel files (store: {kernel_trust.store_path()})")
+        return
+    rows = [(e["path"], e["sha256"][:16] + "...", e["added"], e["current"]) for e in entries]
+    click.echo("\n".join(format_table(("path", "sha256", "added", "file now"), rows)))
+    click.echo(f"store: {kernel_trust.store_path()}")
+
+
+def _file_state(entry) -> str:
+    from graphswap import kernel_trust
+    from graphswap.errors import GraphswapError
+
+    try:
+        content = kernel_trust.read_file(entry["path"], "kernel file")
+    except GraphswapError:
+        return "missing"
+    return "same content" if content.sha256 == entry["sha256"] else "changed (not trusted)"
+
+
+@trust_group.command("remove")
+@click.argument("keys", metavar="FILE|SHA256...", nargs=-1, required=True)
+@handle_errors
+def trust_remove(keys):
+    """Stop trusting a kernel file (every recorded content of that path) or one SHA-256."""
+    from graphswap import kernel_trust
+    from graphswap.errors import KernelTrustError
+
+    for key in keys:
+        removed = kernel_trust.untrust(key)
+        if not removed:
+            raise KernelTrustError(f"{key} is not in the trust store "
+                                   f"({kernel_trust.store_path()}); see 'graphswap trust list'")
+        for entry in removed:
+            click.echo(f"no longer trusted: {entry['path']} (sha256 {entry['sha256']})")
 
 
 @kernels.command("check")

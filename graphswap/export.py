@@ -96,6 +96,7 @@ class ExportResult:
 
 def _plain_config(layer) -> dict:
     config = layer.get_config()
+    config.pop("arithmetic", None)
     config.pop("swap_kernel", None)
     config.pop("backward", None)
     return config

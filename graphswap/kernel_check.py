@@ -143,25 +143,23 @@ def _library_checks(library, add) -> None:
 
 
 def _multiplier_checks(spec, add) -> dict:
-    from graphswap import multipliers
+    from graphswap import kernels, multipliers
     from graphswap.quantized import LutKernel
 
     _stage("evaluating the multiplier table")
-    multiplier = multipliers.resolve_multiplier(spec)
+    multiplier = kernels.resolve_multiplier(spec)
     table = multiplier.table.copy()
     _stage("sanity checks and metrics")
     result = multipliers.check(multiplier)
     if multiplier.kind in ("c", "so"):
         _stage("determinism")
-        multipliers._cache.clear()
-        again = multipliers.resolve_multiplier(spec).table
+        again = kernels.evaluate_anew(spec).table
         add("deterministic (table evaluated twice)", bool(np.array_equal(again, table)),
             "bit-identical" if np.array_equal(again, table) else
             "a second evaluation gave a different table: the function has state or is random")
         _stage("concurrent evaluation")
         tables = []
-        multipliers._cache.clear()
-        _run_concurrently([lambda: tables.append(multipliers.resolve_multiplier(spec).table)] * 4)
+        _run_concurrently([lambda: tables.append(kernels.evaluate_anew(spec).table)] * 4)
         same = len(tables) == 4 and all(np.array_equal(t, table) for t in tables)
         add("re-entrant (concurrent evaluation)", same,
             "equal" if same else "concurrent evaluations differ: the function is not re-entrant")
@@ -186,7 +184,7 @@ def child_main(spec: str, plot: str | None) -> int:
         extra.append({"check": name, "passed": passed, "detail": detail})
 
     _stage("resolving the kernel")
-    multiplier = multipliers.resolve_multiplier(spec)
+    multiplier = kernels.resolve_multiplier(spec)
     if multiplier is not None:
         result = _multiplier_checks(spec, add)
         if plot:

@@ -1,50 +1,258 @@
-"""Which native code a saved model may make graphswap load.
+"""Which native code graphswap may run, and the one gate that every file-named kernel passes.
 
-A `.keras` file produced by graphswap names the kernel libraries (or multiplier sources) its layers
-use, with their SHA-256.  Loading such a model must not run native code the user has not approved:
-  - graphswap's built-in kernels load freely;
-  - a kernel the user names themselves (a spec string passed to the API or the CLI) is trusted for
-    the session, with the hash it had then;
-  - any other library/source loads only if it is trusted - `graphswap.trust(path)`, the
-    environment variable GRAPHSWAP_TRUSTED_KERNELS (entries separated by os.pathsep, each a file
-    path or a SHA-256 hex digest), or the CLI's `--trust-kernel PATH` - AND its current hash equals
-    the one recorded in the model.
-Multiplier tables (.lut/.bin) are data, not code: they need no trust, but their hash is checked.
+Two kinds of origin:
+
+* **Named by the user** - a spec string given to the API (`rewrite_model(kernel="mymul.c")`) or on
+  the command line (`--kernel mymul.c`).  Naming a file is approving it: the API trusts it for the
+  session, the CLI also records it in the trust store (see below).
+* **Named by a file** - a saved model's layer config, a kernel map, a kept-kernel ONNX node, a
+  fine-tuning checkpoint.  A file never adds trust.  What it names must be a built-in (a closed
+  list of names) or a complete record ``{"spec", "path", "sha256"}`` whose spec refers to exactly
+  that (absolute, normalised) path.  `admit_recorded_file` checks the record, reads the file once,
+  hashes what it read, compares the hash with the record and - for native code - with the trust
+  sources, all **before** anything is compiled or loaded; what is then compiled or loaded is a
+  private, owner-only copy of exactly the bytes that were hashed (`native.private_copy`), so the
+  file cannot be swapped between the check and the load.
+
+Trust sources (any one suffices; trust is always of a content hash, so editing a file revokes it):
+
+* the session: `trust(path)`, `--trust-kernel PATH`, and every kernel the user names;
+* the per-user trust store, `trust(path, persist=True)` / `graphswap trust add FILE`: a JSON file
+  in the user's config directory ($GRAPHSWAP_CONFIG_DIR, else $XDG_CONFIG_HOME/graphswap, else
+  ~/.config/graphswap), owner-only, keyed by SHA-256 and recording the path (like Jupyter's
+  notebook signatures or `direnv allow`);
+* the environment variable GRAPHSWAP_TRUSTED_KERNELS: entries separated by os.pathsep, each a
+  SHA-256 hex digest or a file path (a path trusts whatever that path holds).
+
+Multiplier tables (.lut/.bin) are data, not code: they need no trust, but they pass the same
+record checks and their hash must match.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import datetime
+import hashlib
+import json
 import os
 import re
+import stat
 import threading
+from pathlib import Path
 
 from graphswap.errors import KernelTrustError
 
 ENV_VAR = "GRAPHSWAP_TRUSTED_KERNELS"
+CONFIG_ENV_VAR = "GRAPHSWAP_CONFIG_DIR"
+STORE_NAME = "trusted_kernels.json"
+STORE_VERSION = 1
 _HEX = re.compile(r"^[0-9a-f]{64}$")
+#: largest kernel file graphswap reads (a multiplier source or library is kilobytes to megabytes)
+MAX_KERNEL_FILE_BYTES = 512 * 1024 * 1024
 
-_trusted: set[tuple[str, str]] = set()   # (realpath, sha256)
+_session: dict[str, str] = {}   # sha256 -> path it was trusted under
 _lock = threading.Lock()
 
 
-def _sha256(path: str) -> str:
-    from graphswap.native import file_sha256
+@dataclasses.dataclass(frozen=True)
+class FileContent:
+    """The bytes of a kernel file, read once, with the hash of exactly those bytes."""
 
-    return file_sha256(path)
+    path: str        # absolute path the bytes were read from
+    sha256: str
+    data: bytes
 
 
-def trust(path: str | os.PathLike) -> str:
-    """Trust the library/source at `path` with its current content, for this process.
+# --------------------------------------------------------------------------------------------
+# reading files once
+# --------------------------------------------------------------------------------------------
 
-    Returns its SHA-256.  A later change of the file revokes the trust (the hash no longer matches).
+def sha256_of(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def read_file(path: str, what: str) -> FileContent:
+    """Read `path` once (refusing what is not a regular file, or absurdly large)."""
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        raise KernelTrustError(f"the {what} {path} is missing") from None
+    except OSError as exc:
+        raise KernelTrustError(f"cannot read the {what} {path}: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise KernelTrustError(f"the {what} {path} is not a regular file")
+    if info.st_size > MAX_KERNEL_FILE_BYTES:
+        raise KernelTrustError(f"the {what} {path} is {info.st_size:,} bytes; graphswap reads "
+                               f"kernel files of at most {MAX_KERNEL_FILE_BYTES:,} bytes")
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_KERNEL_FILE_BYTES + 1)
+    except OSError as exc:
+        raise KernelTrustError(f"cannot read the {what} {path}: {exc.strerror or exc}") from None
+    return FileContent(os.path.abspath(path), sha256_of(data), data)
+
+
+# --------------------------------------------------------------------------------------------
+# the trust store
+# --------------------------------------------------------------------------------------------
+
+def config_dir() -> Path:
+    """The user's graphswap configuration directory (not created here)."""
+    if os.environ.get(CONFIG_ENV_VAR):
+        return Path(os.environ[CONFIG_ENV_VAR])
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return Path(base) / "graphswap"
+
+
+def store_path() -> Path:
+    return config_dir() / STORE_NAME
+
+
+def _check_private(path: Path, what: str) -> None:
+    """Refuse a store (or its directory) that another user owns or could write."""
+    info = path.stat()
+    if info.st_uid != os.getuid():
+        raise KernelTrustError(
+            f"the trust store {what} {path} belongs to another user (uid {info.st_uid}); "
+            f"graphswap only reads a trust store you own. Remove it, or point "
+            f"${CONFIG_ENV_VAR} at a directory of yours")
+    mode = stat.S_IMODE(info.st_mode)
+    if mode & 0o077:
+        fix = "700" if path.is_dir() else "600"
+        raise KernelTrustError(
+            f"the trust store {what} {path} has permissions {mode:04o}; it must be owner-only "
+            f"(others could add trust to it). Fix it with: chmod {fix} {path}")
+
+
+def _read_store() -> dict[str, dict]:
+    """{sha256: entry} from the store file ({} when there is none)."""
+    path = store_path()
+    if not path.exists():
+        return {}
+    _check_private(path.parent, "directory")
+    _check_private(path, "file")
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+        entries = document["kernels"]
+        store = {}
+        for entry in entries:
+            if not _HEX.match(entry["sha256"]):
+                raise ValueError(f"bad sha256 {entry['sha256']!r}")
+            store[entry["sha256"]] = {"sha256": entry["sha256"], "path": str(entry["path"]),
+                                      "added": str(entry.get("added", ""))}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise KernelTrustError(
+            f"the trust store {path} is unreadable ({type(exc).__name__}: {exc}); remove it and "
+            f"trust your kernels again with 'graphswap trust add FILE'") from None
+    return store
+
+
+def _write_store(store: dict[str, dict]) -> None:
+    path = store_path()
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    _check_private(path.parent, "directory")
+    document = {"version": STORE_VERSION,
+                "kernels": sorted(store.values(), key=lambda e: (e["path"], e["sha256"]))}
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(document, handle, indent=2)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+@contextlib.contextmanager
+def _store_lock():
+    """Serialise read-modify-write of the store between processes."""
+    import fcntl
+
+    directory = config_dir()
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(directory / f".{STORE_NAME}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def stored_trust() -> list[dict]:
+    """The trust store's entries: [{"sha256", "path", "added"}], sorted by path."""
+    return sorted(_read_store().values(), key=lambda e: (e["path"], e["sha256"]))
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat()
+
+
+def trust(path, persist: bool = False) -> str:
+    """Trust the kernel file at `path` with its current content; returns its SHA-256.
+
+    For this process, or (persist=True) for later sessions too, through the trust store.  A later
+    change of the file revokes the trust: its new hash is not trusted.
     """
-    real = os.path.realpath(path)
+    real = os.path.realpath(os.fspath(path))
     if not os.path.isfile(real):
         raise KernelTrustError(f"cannot trust {path}: no such file")
-    digest = _sha256(real)
+    content = read_file(real, "kernel file")
+    approve(content, persist=persist)
+    return content.sha256
+
+
+def approve(content: FileContent, persist: bool = False) -> bool:
+    """Trust `content` (by its hash) for the session, and with persist=True in the store.
+
+    Returns True if the store gained an entry (it was not there before)."""
     with _lock:
-        _trusted.add((real, digest))
-    return digest
+        _session[content.sha256] = content.path
+    if not persist:
+        return False
+    with _store_lock():
+        store = _read_store()
+        known = content.sha256 in store and store[content.sha256]["path"] == content.path
+        if not known:
+            store[content.sha256] = {"sha256": content.sha256, "path": content.path,
+                                     "added": _now()}
+            _write_store(store)
+        return not known
+
+
+def untrust(path_or_hash) -> list[dict]:
+    """Remove trust: a SHA-256, or a path (every entry recorded under it, and its current hash).
+
+    Removes from the store and from this session; returns the store entries removed."""
+    key = os.fspath(path_or_hash)
+    digests: set[str] = set()
+    real = None
+    if _HEX.match(key.lower()):
+        digests.add(key.lower())
+    else:
+        real = os.path.realpath(key)
+        if os.path.isfile(real):
+            digests.add(read_file(real, "kernel file").sha256)
+    with _store_lock():
+        store = _read_store()
+        removed = [e for e in store.values()
+                   if e["sha256"] in digests or (real is not None and e["path"] == real)]
+        for entry in removed:
+            del store[entry["sha256"]]
+        if removed:
+            _write_store(store)
+    with _lock:
+        for digest in list(_session):
+            if digest in digests or (real is not None and _session[digest] == real):
+                del _session[digest]
+    return removed
+
+
+def clear_session_trust() -> None:
+    """Forget everything trusted for this process (the store and the environment stay)."""
+    with _lock:
+        _session.clear()
 
 
 def _env_entries() -> list[str]:
@@ -52,45 +260,73 @@ def _env_entries() -> list[str]:
             if entry.strip()]
 
 
-def is_trusted(path: str, sha256: str) -> bool:
-    """True if (path, sha256) is trusted by trust(), the environment variable, or by hash."""
-    real = os.path.realpath(path)
+def trusted_by(sha256: str, path: str) -> str | None:
+    """How (path, sha256) is trusted - 'session', 'trust store', the env var - or None."""
     with _lock:
-        if (real, sha256) in _trusted:
-            return True
+        if sha256 in _session:
+            return "session"
+    real = os.path.realpath(path)
     for entry in _env_entries():
         if _HEX.match(entry.lower()):
             if entry.lower() == sha256:
-                return True
+                return ENV_VAR
         elif os.path.realpath(os.path.expanduser(entry)) == real:
-            return True
-    return False
+            return ENV_VAR
+    if sha256 in _read_store():
+        return "trust store"
+    return None
 
 
-def verify_recorded_file(path: str | None, recorded_sha256: str | None, what: str,
-                         executable: bool = True) -> None:
-    """Check a file a saved model names before anything loads it.
+def how_to_trust(path: str) -> str:
+    return (f"If you trust it, run 'graphswap trust add {path}' (remembered), or pass "
+            f"--trust-kernel {path} (this command), or call graphswap.trust('{path}') before "
+            f"loading, or add its sha256 to ${ENV_VAR}")
 
-    Raises KernelTrustError naming the file, its hash and how to trust it, when the file is
-    missing, changed since it was recorded, or (for native code) not trusted.
+
+# --------------------------------------------------------------------------------------------
+# the gate for files named by files
+# --------------------------------------------------------------------------------------------
+
+def check_record_path(path, where: str) -> str:
+    """A recorded path must be an absolute, normalised path (no '..', no relative resolution)."""
+    if not isinstance(path, str) or not path:
+        raise KernelTrustError(f"{where}: the kernel record has no path; re-convert the model")
+    if not os.path.isabs(path) or os.path.normpath(path) != path:
+        raise KernelTrustError(
+            f"{where}: the kernel record's path {path!r} is not an absolute, normalised path; "
+            f"graphswap never resolves a path a file names against the current directory. "
+            f"Re-convert the model")
+    return path
+
+
+def admit_recorded_file(path, sha256, what: str, where: str, executable: bool) -> FileContent:
+    """Read a file a record names and check it before anything opens it.
+
+    Refuses (KernelTrustError naming `where`, the file, its hash and how to trust it) a malformed
+    path or hash, a missing file, content whose hash differs from the record, and - for native
+    code - content nobody trusted.  Returns the bytes that were checked.
     """
-    if not path:
-        raise KernelTrustError(f"the model names a {what} without a path; re-convert the model")
-    if not os.path.isfile(path):
+    path = check_record_path(path, where)
+    if not isinstance(sha256, str) or not _HEX.match(sha256):
+        raise KernelTrustError(f"{where}: the {what} {path} has no valid recorded sha256 "
+                               f"(got {sha256!r}); re-convert the model")
+    try:
+        content = read_file(path, what)
+    except KernelTrustError as exc:
+        raise KernelTrustError(f"{where}: {exc}; put the file back at that path, or re-convert "
+                               f"the model with its new location") from None
+    if content.sha256 != sha256:
         raise KernelTrustError(
-            f"the model's {what} {path} is missing; put the file back at that path or re-convert "
-            f"the model with its new location")
-    actual = _sha256(path)
-    if recorded_sha256 and actual != recorded_sha256:
-        raise KernelTrustError(
-            f"the model's {what} {path} has changed since the model was saved: recorded sha256 "
-            f"{recorded_sha256}, file now has {actual}. Restore the original file, or re-convert "
+            f"{where}: the {what} {path} has changed since the model was saved: recorded sha256 "
+            f"{sha256}, file now has {content.sha256}. Restore the original file, or re-convert "
             f"the model with the new one")
-    if not recorded_sha256:
+    if executable:
+        require_trusted(content, what, where)
+    return content
+
+
+def require_trusted(content: FileContent, what: str, where: str) -> None:
+    if trusted_by(content.sha256, content.path) is None:
         raise KernelTrustError(
-            f"the model names the {what} {path} without a recorded sha256; re-convert the model")
-    if executable and not is_trusted(path, actual):
-        raise KernelTrustError(
-            f"refusing to load the {what} {path} (sha256 {actual}) named by the model: it is not "
-            f"trusted. If you trust it, call graphswap.trust('{path}') before loading, add the path "
-            f"or its sha256 to ${ENV_VAR}, or pass --trust-kernel {path} on the command line")
+            f"{where}: refusing to load the {what} {content.path} (sha256 {content.sha256}): it "
+            f"is not trusted. {how_to_trust(content.path)}")

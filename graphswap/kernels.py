@@ -17,14 +17,15 @@ Every kernel offers numpy-level `matmul(a, b)` and `conv2d(x, w, geometry)` on f
 from __future__ import annotations
 
 import abc
+import dataclasses
 import os
 import re
 import threading
 
 import numpy as np
 
-from graphswap import kernel_trust, native
-from graphswap.errors import KernelSpecError
+from graphswap import kernel_trust, multipliers, native
+from graphswap.errors import KernelSpecError, KernelTrustError
 from graphswap.geometry import ConvGeometry
 
 
@@ -96,12 +97,18 @@ def conv_via_matmul(x: np.ndarray, w: np.ndarray, geometry: ConvGeometry, matmul
 
 
 class LibraryKernel(Kernel):
-    """Float32 kernels from an operation-level library (graphswap's own "exact", or a user's .so)."""
+    """Float32 kernels from an operation-level library (graphswap's own "exact", or a user's .so).
 
-    def __init__(self, library: native.KernelLibrary, spec: str, description: str):
+    A user's library is loaded from a private copy of the bytes that were checked (see
+    kernel_trust); `path` and `sha256` name the file the user or the model named."""
+
+    def __init__(self, library: native.KernelLibrary, spec: str, description: str,
+                 path: str | None = None, sha256: str | None = None):
         self.library = library
         self.spec = spec
         self.description = description
+        self.path = path
+        self.sha256 = sha256
 
     def matmul(self, a, b):
         return self.library.matmul_f32(a, b)
@@ -112,9 +119,9 @@ class LibraryKernel(Kernel):
         return conv_via_matmul(x, w, geometry, self.library.matmul_f32)
 
     def to_config(self):
-        if self.spec == "exact":
-            return {"spec": "exact"}
-        return {"spec": self.spec, "path": self.library.path, "sha256": self.library.sha256}
+        if self.path is None:
+            return {"spec": self.spec}
+        return {"spec": self.spec, "path": self.path, "sha256": self.sha256}
 
 
 def round_to_bfloat16(values: np.ndarray) -> np.ndarray:
@@ -156,6 +163,7 @@ class OperandRoundingKernel(Kernel):
 
 
 _FP32_MANTISSA = re.compile(r"^fp32_m(\d+)$")
+FP32_MANTISSA_RANGE = range(1, 24)
 
 FLOAT_KERNELS = {
     "exact": "float32 GEMM/Conv2D in C (the reference every other kernel is compared with)",
@@ -167,117 +175,296 @@ FLOAT_KERNELS = {
 
 def available_kernels() -> dict[str, str]:
     """Every built-in kernel name with a one-line description (family names use {k}-style)."""
-    from graphswap import multipliers
-
     kernels = dict(FLOAT_KERNELS)
     kernels.update(multipliers.builtin_multipliers())
     return kernels
 
 
+def builtin_names() -> frozenset:
+    """The closed list of built-in kernel names: the only specs a file may name without a path."""
+    names = {"exact", "bf16", *(f"fp32_m{m}" for m in FP32_MANTISSA_RANGE)}
+    return frozenset(names | set(multipliers.builtin_multipliers()))
+
+
+# --------------------------------------------------------------------------------------------
+# spec strings that name files
+# --------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class FileSpec:
+    """A spec naming a file: what kind of file, the file part as written, and what follows it."""
+
+    kind: str      # "c" (multiplier source), "so" (multiplier in a shared library), "lut", "bin",
+                   # "library" (operation-level shared library)
+    path: str
+    extra: tuple   # ("FUNCTION",) or (None,) for "c"; (symbol, options) for "so"; () otherwise
+
+    @property
+    def executable(self) -> bool:
+        return self.kind not in ("lut", "bin")
+
+    @property
+    def what(self) -> str:
+        return {"c": "multiplier source", "so": "multiplier library", "lut": "multiplier table",
+                "bin": "TFApprox multiplier table", "library": "kernel library"}[self.kind]
+
+    def spec_at(self, path: str) -> str:
+        """The same spec with the file part replaced by `path`."""
+        if self.kind == "c" and self.extra[0]:
+            return f"{path}:{self.extra[0]}"
+        if self.kind == "so":
+            symbol, options = self.extra
+            return f"{path}:{symbol}" + (f":{options}" if options else "")
+        return path
+
+
+_SO_SPEC = re.compile(r"^(?P<path>.+?\.(?:so|dylib)(?:\.\d+)*):(?P<symbol>[A-Za-z_]\w*)"
+                      r"(?::(?P<opts>[\w,]*))?$")
+_C_SPEC = re.compile(r"^(?P<path>.+?\.c)(?::(?P<function>[A-Za-z_]\w*))?$")
+_LIBRARY = re.compile(r"\.(?:so|dylib)(?:\.\d+)*$")
+
+
+def parse_file_spec(spec: str) -> FileSpec | None:
+    """The FileSpec a spec string names, or None for a name that is not a file spec."""
+    so = _SO_SPEC.match(spec)
+    if so:
+        return FileSpec("so", so.group("path"), (so.group("symbol"), so.group("opts")))
+    c = _C_SPEC.match(spec)
+    if c:
+        return FileSpec("c", c.group("path"), (c.group("function"),))
+    lower = spec.lower()
+    if lower.endswith(".lut"):
+        return FileSpec("lut", spec, ())
+    if lower.endswith(".bin"):
+        return FileSpec("bin", spec, ())
+    if _LIBRARY.search(spec):
+        return FileSpec("library", spec, ())
+    return None
+
+
+def _record_file_spec(spec: str, path: str, where: str) -> FileSpec:
+    """The FileSpec of a record, whose spec must refer to exactly the recorded path."""
+    kernel_trust.check_record_path(path, where)
+    parsed = parse_file_spec(spec) if isinstance(spec, str) else None
+    if parsed is None or parsed.path != path:
+        raise KernelTrustError(
+            f"{where}: the kernel record's spec {spec!r} does not refer to its recorded path "
+            f"{path!r}; a record must name one file. Re-convert the model")
+    return parsed
+
+
+# --------------------------------------------------------------------------------------------
+# resolving
+# --------------------------------------------------------------------------------------------
+
 _cache: dict[tuple, Kernel] = {}
 _cache_lock = threading.Lock()
 
-
-def _file_key(path: str) -> tuple:
-    try:
-        return (os.path.realpath(path), native.file_sha256(path))
-    except OSError:
-        return (path, None)
+ACCEPTED_FORMS = ("'exact', 'bf16', 'fp32_m{m}', a built-in multiplier (list them with "
+                  "'graphswap kernels'), a multiplier file (.c, .lut, .bin), 'lib.so:symbol' for a "
+                  "scalar multiplier, or an operation-level library (.so)")
 
 
-def resolve_kernel(spec) -> Kernel:
-    """Turn a kernel spec (string, config dict, or Kernel) into a Kernel; cached.
-
-    Raises KernelSpecError with the list of accepted forms when the spec cannot be resolved.
-    """
-    if isinstance(spec, Kernel):
-        return spec
-    expected_sha = None
-    from_config = isinstance(spec, dict)
-    if from_config:
-        _verify_config_files(spec)
-        expected_sha = spec.get("sha256")
-        spec = spec.get("spec")
-    if not isinstance(spec, str) or not spec.strip():
-        raise KernelSpecError(
-            f"a kernel spec must be a non-empty string, got {spec!r}; use 'exact', a built-in name "
-            f"(see 'graphswap kernels'), a .c/.lut/.bin file, 'lib.so:symbol' or an operation-level .so")
-    spec = spec.strip()
-    path_part = spec.split(":", 1)[0] if ":" in spec and not os.path.exists(spec) else spec
-    key = (spec, _file_key(path_part) if os.path.exists(path_part) else None)
+def _cached(key, build) -> Kernel:
     with _cache_lock:
         kernel = _cache.get(key)
         if kernel is None:
-            kernel = _build_kernel(spec)
+            kernel = build()
             _cache[key] = kernel
-    config = kernel.to_config()
-    if not from_config and config.get("path") and config.get("sha256"):
-        # The user named this kernel: it is approved for the session, with its current content.
-        kernel_trust.trust(config["path"])
-    if expected_sha is not None:
-        actual = config.get("sha256")
-        if actual is not None and actual != expected_sha:
-            raise KernelSpecError(
-                f"kernel {spec!r} has changed since the model was saved: recorded sha256 "
-                f"{expected_sha}, file now has {actual}; restore the original file or re-convert")
-    return kernel
+        return kernel
 
 
-DATA_SUFFIXES = (".lut", ".bin")
+def resolve_kernel(spec) -> Kernel:
+    """Turn a kernel spec the user names (a string, or a Kernel) into a Kernel; cached.
+
+    A file the user names is read once, hashed, approved for this session (kernel_trust) and
+    compiled or loaded from a private copy of those bytes.  A config dict (a kernel record, as a
+    saved model stores it) is treated as named by a file: see open_record().  Raises
+    KernelSpecError with the list of accepted forms when the spec cannot be resolved.
+    """
+    if isinstance(spec, Kernel):
+        return spec
+    if isinstance(spec, dict):
+        return open_record(spec, "the kernel record")
+    if not isinstance(spec, str) or not spec.strip():
+        raise KernelSpecError(f"a kernel spec must be a non-empty string, got {spec!r}; use "
+                              f"{ACCEPTED_FORMS}")
+    spec = spec.strip()
+    file_spec = parse_file_spec(spec)
+    if file_spec is None:
+        return _builtin_kernel(spec)
+    path = os.path.abspath(file_spec.path)
+    if not os.path.isfile(path):
+        raise KernelSpecError(f"{file_spec.what} not found: {file_spec.path} (resolved to "
+                              f"{path}); check the path")
+    content = kernel_trust.read_file(path, file_spec.what)
+    kernel_trust.approve(content)  # the user named it: approved for the session
+    return _file_kernel(FileSpec(file_spec.kind, path, file_spec.extra), content)
 
 
-def _verify_config_files(config: dict) -> None:
-    """Before a kernel named in a saved model loads: its file must be intact and, if it is native
-    code (a library, or C source we would compile and run), trusted (see graphswap.kernel_trust)."""
-    path = config.get("path")
-    if not path and config.get("sha256") is None:
-        return  # a built-in kernel: nothing external to load
-    executable = not str(path).endswith(DATA_SUFFIXES)
-    what = "kernel library" if executable else "multiplier table"
-    if str(path).endswith(".c"):
-        what = "multiplier source"
-    kernel_trust.verify_recorded_file(path, config.get("sha256"), what, executable=executable)
+def open_record(record, where: str = "the model") -> Kernel:
+    """The Kernel a file names (a layer config, an ONNX node, a kernel map, a checkpoint).
+
+    A file never adds trust.  Accepted: a built-in name (as a string or {"spec": name}), or a
+    complete record {"spec", "path", "sha256"} whose spec refers to exactly that absolute path;
+    the file is checked (kernel_trust.admit_recorded_file) before anything opens it.  Anything
+    else raises KernelTrustError naming `where`, the file, its hash and how to trust it.
+    """
+    if isinstance(record, str):
+        if record in builtin_names():
+            return _builtin_kernel(record)
+        raise KernelTrustError(
+            f"{where} names the kernel {record!r} without a recorded path and sha256; only "
+            f"built-in kernels may be named that way (see 'graphswap kernels'). Re-convert the "
+            f"model with 'graphswap convert MODEL --kernel FILE'")
+    if not isinstance(record, dict) or not isinstance(record.get("spec"), str):
+        raise KernelTrustError(f"{where}: {record!r} is not a kernel record (a built-in name, or "
+                               f'{{"spec", "path", "sha256"}}); re-convert the model')
+    spec, path, sha256 = record["spec"], record.get("path"), record.get("sha256")
+    if path is None and sha256 is None:
+        if spec in builtin_names():
+            return _builtin_kernel(spec)
+        raise KernelTrustError(
+            f"{where} names the kernel {spec!r} without a recorded path and sha256; only "
+            f"built-in kernels may be named that way (see 'graphswap kernels'). Re-convert the "
+            f"model with 'graphswap convert MODEL --kernel FILE'")
+    if spec in builtin_names():
+        raise KernelTrustError(f"{where}: the built-in kernel {spec!r} is recorded with a file "
+                               f"({path!r}); built-ins name no file. Re-convert the model")
+    file_spec = _record_file_spec(spec, path, where)
+    content = kernel_trust.admit_recorded_file(path, sha256, file_spec.what, where,
+                                               executable=file_spec.executable)
+    return _file_kernel(file_spec, content)
 
 
-def _build_kernel(spec: str) -> Kernel:
-    from graphswap import multipliers, quantized
+def resolve_file_named(spec, base_dir, where: str) -> Kernel:
+    """A kernel spec string written in a file (a kernel map): a built-in, or a file spec whose
+    relative path is taken relative to `base_dir` (the map's folder, never the current directory)
+    and whose content must already be trusted (native code) - a file never adds trust."""
+    if isinstance(spec, dict):
+        return open_record(spec, where)
+    if not isinstance(spec, str) or not spec.strip():
+        raise KernelSpecError(f"{where}: a kernel spec must be a non-empty string, got {spec!r}")
+    spec = spec.strip()
+    file_spec = parse_file_spec(spec)
+    if file_spec is None:
+        return _builtin_kernel(spec)  # a built-in, or the unknown-kernel error
+    path = os.path.normpath(os.path.join(os.fspath(base_dir), file_spec.path))
+    content = kernel_trust.read_file(path, file_spec.what) if os.path.isfile(path) else None
+    if content is None:
+        raise KernelSpecError(f"{where}: {file_spec.what} not found: {file_spec.path} (resolved "
+                              f"to {path}, relative to the kernel map's folder)")
+    if file_spec.executable:
+        kernel_trust.require_trusted(content, file_spec.what, where)
+    return _file_kernel(FileSpec(file_spec.kind, path, file_spec.extra), content)
+
+
+def remember_named_file(spec) -> tuple[kernel_trust.FileContent, bool] | None:
+    """For a kernel spec the user names on the command line: record the file it names (its
+    current content) in the trust store, so later commands on models that use it need no flag.
+
+    Returns (content, newly recorded), or None for a spec that names no file.  Tables (.lut/.bin)
+    are data and are not recorded."""
+    file_spec = parse_file_spec(spec.strip()) if isinstance(spec, str) else None
+    if file_spec is None or not file_spec.executable:
+        return None
+    path = os.path.abspath(file_spec.path)
+    content = kernel_trust.read_file(path, file_spec.what)
+    return content, kernel_trust.approve(content, persist=True)
+
+
+def resolve_multiplier(spec) -> multipliers.Multiplier | None:
+    """The Multiplier a user-named spec names, or None if it is not a multiplier spec."""
+    if isinstance(spec, multipliers.Multiplier):
+        return spec
+    kernel = spec if isinstance(spec, Kernel) else None
+    if kernel is None:
+        if isinstance(spec, str):
+            file_spec = parse_file_spec(spec.strip())
+            name = spec.strip()
+            if file_spec is None and not multipliers.looks_like_builtin(name):
+                return None
+            if file_spec is not None and file_spec.kind == "library":
+                return None
+        kernel = resolve_kernel(spec)
+    return getattr(kernel, "multiplier", None)
+
+
+def _builtin_kernel(spec: str) -> Kernel:
+    from graphswap import quantized
 
     if spec == "exact":
-        return LibraryKernel(native.shipped_library(), "exact", FLOAT_KERNELS["exact"])
+        return _cached(("exact",), lambda: LibraryKernel(native.shipped_library(), "exact",
+                                                         FLOAT_KERNELS["exact"]))
     if spec == "bf16":
-        return OperandRoundingKernel("bf16", FLOAT_KERNELS["bf16"], round_to_bfloat16)
+        return _cached(("bf16",), lambda: OperandRoundingKernel(
+            "bf16", FLOAT_KERNELS["bf16"], round_to_bfloat16))
     match = _FP32_MANTISSA.match(spec)
     if match:
         bits = int(match.group(1))
-        if not 1 <= bits <= 23:
+        if bits not in FP32_MANTISSA_RANGE:
             raise KernelSpecError(f"fp32_m{{m}} needs 1 <= m <= 23, got m = {bits}")
-        return OperandRoundingKernel(
+        return _cached((spec,), lambda: OperandRoundingKernel(
             spec, f"operand mantissas truncated to {bits} bits, float32 products and sums",
-            lambda values: truncate_mantissa(values, bits))
-    multiplier = multipliers.resolve_multiplier(spec)
-    if multiplier is not None:
-        return quantized.LutKernel(multiplier)
-    if spec.endswith(".so") or spec.endswith(".dylib"):
-        if not os.path.isfile(spec):
-            raise KernelSpecError(f"kernel library not found: {spec}")
-        library = native.load_library(spec)
-        return LibraryKernel(library, os.path.abspath(spec),
-                             f"operation-level library {os.path.basename(spec)}")
-    raise KernelSpecError(
-        f"unknown kernel {spec!r}; use 'exact', 'bf16', 'fp32_m{{m}}', a built-in multiplier "
-        f"(list them with 'graphswap kernels'), a multiplier file (.c, .lut, .bin), "
-        f"'lib.so:symbol' for a scalar multiplier, or an operation-level library (.so)")
+            lambda values: truncate_mantissa(values, bits)))
+    if multipliers.looks_like_builtin(spec):
+        return _cached((spec,), lambda: quantized.LutKernel(multipliers.builtin(spec)))
+    raise KernelSpecError(f"unknown kernel {spec!r}; use {ACCEPTED_FORMS}")
+
+
+def _file_kernel(file_spec: FileSpec, content: kernel_trust.FileContent) -> Kernel:
+    """Build the kernel of a checked file (content = the bytes that were checked)."""
+    from graphswap import quantized
+
+    key = (file_spec.kind, content.path, content.sha256, file_spec.extra)
+    if file_spec.kind == "library":
+        def build():
+            copy = native.private_copy(content.data, content.sha256,
+                                       os.path.basename(content.path))
+            library = native.load_library(copy, content.sha256)
+            return LibraryKernel(library, content.path,
+                                 f"operation-level library {os.path.basename(content.path)}",
+                                 path=content.path, sha256=content.sha256)
+        return _cached(key, build)
+    return _cached(key, lambda: quantized.LutKernel(
+        multipliers.from_file(file_spec.kind, content, file_spec.extra)))
+
+
+def clear_cache() -> None:
+    """Forget every resolved kernel and evaluated table: the next resolution loads anew."""
+    with _cache_lock:
+        _cache.clear()
+    multipliers.clear_cache()
+
+
+def evaluate_anew(spec) -> multipliers.Multiplier:
+    """Evaluate the table of a user-named multiplier file (.c, lib.so:symbol) again, bypassing
+    every cache: what `kernels check` compares to test determinism and re-entrancy."""
+    file_spec = parse_file_spec(spec.strip())
+    if file_spec is None or file_spec.kind not in ("c", "so"):
+        raise KernelSpecError(f"{spec!r} is not a multiplier in C or in a shared library")
+    content = kernel_trust.read_file(os.path.abspath(file_spec.path), file_spec.what)
+    kernel_trust.approve(content)
+    if file_spec.kind == "c":
+        return multipliers.from_c_source(content, *file_spec.extra)
+    return multipliers.from_shared_library(content, *file_spec.extra)
 
 
 def lut(spec):
     """The 256x256 table of a multiplier spec (rows = first operand; see graphswap.multipliers)."""
-    from graphswap import multipliers
-
-    return multipliers.lut(spec)
+    return multipliers.lut(require_multiplier(spec))
 
 
 def metrics(spec) -> dict:
     """Error metrics of a multiplier spec computed from its table (MAE, MAE%, WCE%, EP%, ...)."""
-    from graphswap import multipliers
+    return multipliers.metrics(require_multiplier(spec))
 
-    return multipliers.metrics(spec)
+
+def require_multiplier(spec) -> multipliers.Multiplier:
+    """resolve_multiplier(), with a KernelSpecError for a spec that is no multiplier."""
+    multiplier = resolve_multiplier(spec)
+    if multiplier is None:
+        raise KernelSpecError(
+            f"{spec!r} is not a multiplier spec; use a built-in multiplier name (e.g. mul8u_drum4; "
+            f"see 'graphswap kernels'), a .c file, 'lib.so:symbol', or a .lut/.bin table")
+    return multiplier

@@ -13,43 +13,56 @@ import tensorflow as tf
 
 from graphswap import ops
 from graphswap.errors import UnsupportedLayerError
-from graphswap.kernels import Kernel, resolve_kernel
-
-
-def _normalise_spec(swap_kernel) -> dict:
-    """Kernel spec as the JSON-serialisable record stored in configs."""
-    if isinstance(swap_kernel, Kernel):
-        return swap_kernel.to_config()
-    if isinstance(swap_kernel, str):
-        return resolve_kernel(swap_kernel).to_config()
-    if isinstance(swap_kernel, dict) and "spec" in swap_kernel:
-        return dict(swap_kernel)
-    raise ValueError(
-        f"swap_kernel must be a kernel spec string, a Kernel or a kernel config dict, "
-        f"got {swap_kernel!r}")
+from graphswap.kernels import Kernel, open_record, resolve_kernel
 
 
 class _SwappedMixin:
-    """Kernel resolution and config shared by the swapped layers."""
+    """The arithmetic (a resolved Kernel) and its config, shared by the swapped layers.
 
-    def _init_swap(self, swap_kernel, backward):
-        self.swap_kernel = _normalise_spec(swap_kernel)
-        self.backward = ops.check_backward_mode(backward)
+    Keras calls the weight matrix `kernel`, so the Kernel a swapped layer computes with is its
+    `arithmetic`; the config stores the Kernel's record under "arithmetic" (files written before
+    used "swap_kernel", which is still read)."""
+
+    def _init_swap(self, arithmetic, swap_kernel, backward):
+        if swap_kernel is not None:  # the older keyword
+            if arithmetic is not None:
+                raise UnsupportedLayerError(
+                    f"layer {self.name!r}: pass arithmetic= or its older name swap_kernel=, not both")
+            arithmetic = swap_kernel
         # Resolve now, so a missing/untrusted/changed library fails when the model is built or
-        # loaded, not in the middle of training.
-        self.arithmetic = resolve_kernel(self.swap_kernel)
+        # loaded, not in the middle of training.  A spec string here is named by the user's code.
+        self.arithmetic = resolve_kernel("exact" if arithmetic is None else arithmetic)
+        self.backward = ops.check_backward_mode(backward)
+
+    @property
+    def swap_kernel(self) -> dict:
+        """The arithmetic's record (its older name)."""
+        return self.arithmetic.to_config()
 
     def _swap_config(self) -> dict:
-        return {"swap_kernel": dict(self.swap_kernel), "backward": self.backward}
+        return {"arithmetic": self.arithmetic.to_config(), "backward": self.backward}
+
+    @classmethod
+    def from_config(cls, config):
+        """Rebuild from a config, where the arithmetic's record comes from a file: it passes the
+        trust gate (kernels.open_record) before anything is loaded."""
+        config = dict(config)
+        legacy = config.pop("swap_kernel", None)
+        arithmetic = config.pop("arithmetic", None)
+        if arithmetic is None:
+            arithmetic = legacy if legacy is not None else "exact"
+        if not isinstance(arithmetic, Kernel):
+            arithmetic = open_record(arithmetic, f"layer {config.get('name')!r}")
+        return super().from_config({**config, "arithmetic": arithmetic})
 
 
 @keras.saving.register_keras_serializable(package="graphswap")
 class SwappedDense(_SwappedMixin, keras.layers.Dense):
     """Dense whose matmul runs a graphswap kernel (float32), with TensorFlow's MatMul gradient."""
 
-    def __init__(self, units, swap_kernel="exact", backward="native", **kwargs):
+    def __init__(self, units, arithmetic=None, backward="native", swap_kernel=None, **kwargs):
         super().__init__(units, **kwargs)
-        self._init_swap(swap_kernel, backward)
+        self._init_swap(arithmetic, swap_kernel, backward)
 
     def build(self, input_shape):
         super().build(input_shape)
@@ -74,10 +87,11 @@ class SwappedDense(_SwappedMixin, keras.layers.Dense):
 class SwappedConv2D(_SwappedMixin, keras.layers.Conv2D):
     """Conv2D whose convolution runs a graphswap kernel (NHWC/HWIO, float32), TF's gradients."""
 
-    def __init__(self, filters, kernel_size, swap_kernel="exact", backward="native", **kwargs):
+    def __init__(self, filters, kernel_size, arithmetic=None, backward="native", swap_kernel=None,
+                 **kwargs):
         super().__init__(filters, kernel_size, **kwargs)
         check_conv_options(self)
-        self._init_swap(swap_kernel, backward)
+        self._init_swap(arithmetic, swap_kernel, backward)
 
     def convolution_op(self, inputs, kernel):
         channels_first = self.data_format == "channels_first"

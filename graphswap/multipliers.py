@@ -69,6 +69,7 @@ import numpy as np
 
 from graphswap import compiler, native
 from graphswap.errors import KernelSpecError
+from graphswap.kernel_trust import FileContent
 
 # --------------------------------------------------------------------------------------------
 # the Multiplier record
@@ -140,6 +141,11 @@ def builtin_multipliers() -> dict[str, str]:
             names[f"mul8{s}_drum{k}"] = _builtin_description(signed, "drum", k)
         names[f"mul8{s}_mitchell"] = _builtin_description(signed, "mitchell", None)
     return names
+
+
+def looks_like_builtin(spec: str) -> bool:
+    """Is `spec` shaped like a built-in multiplier name (mul8u_... / mul8s_...)?"""
+    return bool(_BUILTIN_LIKE.match(spec))
 
 
 def _builtin(spec: str) -> Multiplier:
@@ -380,9 +386,13 @@ def _cached_binary_intact(library_path: Path) -> bool:
     return record.read_text().strip() == native.file_sha256(library_path)
 
 
-def _from_c(path: str, function: str | None) -> Multiplier:
-    raw = Path(path).read_bytes()
-    sha = hashlib.sha256(raw).hexdigest()
+def from_c_source(content: FileContent, function: str | None) -> Multiplier:
+    """Compile and evaluate the multiplier in a C source whose bytes were read (and checked) once.
+
+    The compiler sees a copy of exactly `content.data` in the owner-only cache, never the file."""
+    path = content.path
+    raw = content.data
+    sha = content.sha256
     source = raw.decode("utf-8", "replace")
     workdir = native.cache_dir() / "multipliers" / sha[:24]
     workdir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -440,7 +450,7 @@ def _from_c(path: str, function: str | None) -> Multiplier:
     fill(values.ctypes.data_as(ctypes.POINTER(ctypes.c_int64)))
     table = _check_table_range(values, path)
     header, header_text = parse_header_metrics(source)
-    absolute = os.path.abspath(path)
+    absolute = path
     spec = absolute + (f":{function}" if function else "")
     kind = "signed" if sig.signed else "unsigned"
     return Multiplier(spec=spec, name=fn.name, signed=sig.signed, table=table,
@@ -467,7 +477,10 @@ SO_OPTIONS_HELP = ("options (comma-separated after a second ':'): u8 = uint16_t 
                    "operand order")
 
 
-def _from_so(path: str, symbol: str, options: str | None) -> Multiplier:
+def from_shared_library(content: FileContent, symbol: str, options: str | None) -> Multiplier:
+    """Evaluate a scalar multiplier exported by a shared library whose bytes were checked once;
+    the library is loaded from a private copy of exactly those bytes."""
+    path = content.path
     opts = [o.strip() for o in options.split(",")] if options else []
     bad = [o for o in opts if o not in _SO_SIGNATURES and o not in ("ab", "ba")]
     if bad:
@@ -497,7 +510,8 @@ def _from_so(path: str, symbol: str, options: str | None) -> Multiplier:
     order = orders[0] if orders else ("ba" if signature == "u64" else "ab")
     notes.append(f"operand order {order}: called as {symbol}({'first, second' if order == 'ab' else 'second, first'})")
     try:
-        library = ctypes.CDLL(os.path.abspath(path))
+        library = ctypes.CDLL(str(native.private_copy(content.data, content.sha256,
+                                                      os.path.basename(path))))
     except OSError as exc:
         raise KernelSpecError(f"cannot load {path}: {exc}; it must be a shared library built for this "
                               f"machine (cc -O2 -shared -fPIC mul.c -o libmul.so)") from None
@@ -521,12 +535,11 @@ def _from_so(path: str, symbol: str, options: str | None) -> Multiplier:
     if twos:
         values = values.astype(np.uint16).view(np.int16).astype(np.int64)
     table = _check_table_range(values, f"{path}:{symbol}")
-    absolute = os.path.abspath(path)
-    spec = f"{absolute}:{symbol}" + (f":{options}" if options else "")
+    spec = f"{path}:{symbol}" + (f":{options}" if options else "")
     kind = "signed" if signed else "unsigned"
     return Multiplier(spec=spec, name=symbol, signed=signed, table=table,
                       description=f"{kind} multiplier {symbol} from {os.path.basename(path)}",
-                      kind="so", path=absolute, sha256=native.file_sha256(absolute), notes=tuple(notes))
+                      kind="so", path=path, sha256=content.sha256, notes=tuple(notes))
 
 
 # --------------------------------------------------------------------------------------------
@@ -583,8 +596,9 @@ def write_lut(path, table, signed: bool, value_order: bool = False,
     Path(path).write_bytes(data)
 
 
-def _from_lut(path: str) -> Multiplier:
-    data = Path(path).read_bytes()
+def from_lut_file(content: FileContent) -> Multiplier:
+    """A multiplier from the bytes of a graphswap .lut file (see the module docstring)."""
+    path, data = content.path, content.data
     layout = (f"a .lut file is the 16-byte header (b'GSWAPLUT', uint32 version 1, uint32 flags) and "
               f"65536 little-endian int32 entries: {LUT_FILE_SIZE} bytes; write one with "
               f"graphswap.multipliers.write_lut()")
@@ -603,95 +617,71 @@ def _from_lut(path: str) -> Multiplier:
             raise KernelSpecError(f"{path}: flag 'value order' is set on an unsigned table; {layout}")
         perm = _value_order_permutation()  # code -> position
         table = table[np.ix_(perm, perm)]
-    absolute = os.path.abspath(path)
     kind = "signed" if signed else "unsigned"
-    return Multiplier(spec=absolute, name=Path(path).stem, signed=signed,
+    return Multiplier(spec=path, name=Path(path).stem, signed=signed,
                       table=np.ascontiguousarray(table.reshape(-1)),
                       description=f"{kind} multiplier table {os.path.basename(path)}", kind="lut",
-                      path=absolute, sha256=hashlib.sha256(data).hexdigest())
+                      path=path, sha256=content.sha256)
 
 
-def _from_bin(path: str) -> Multiplier:
-    data = Path(path).read_bytes()
+def from_bin_file(content: FileContent) -> Multiplier:
+    """A multiplier from the bytes of a TFApprox .bin table."""
+    path, data = content.path, content.data
     if len(data) != BIN_FILE_SIZE:
         raise KernelSpecError(
             f"{path}: wrong size for a TFApprox multiplier table: {len(data)} bytes; a .bin table is "
             f"65536 little-endian uint16 products, row-major (a << 8) | b: {BIN_FILE_SIZE} bytes")
     table = np.frombuffer(data, dtype="<u2").astype(np.int32)
-    absolute = os.path.abspath(path)
-    return Multiplier(spec=absolute, name=Path(path).stem, signed=False, table=table,
+    return Multiplier(spec=path, name=Path(path).stem, signed=False, table=table,
                       description=f"unsigned multiplier table {os.path.basename(path)} (TFApprox .bin)",
-                      kind="bin", path=absolute, sha256=hashlib.sha256(data).hexdigest())
+                      kind="bin", path=path, sha256=content.sha256)
 
 
 # --------------------------------------------------------------------------------------------
 # resolving specs
 # --------------------------------------------------------------------------------------------
 
-_SO_SPEC = re.compile(r"^(?P<path>.+?\.(?:so|dylib)(?:\.\d+)*):(?P<symbol>[A-Za-z_]\w*)(?::(?P<opts>[\w,]*))?$")
-_C_SPEC = re.compile(r"^(?P<path>.+?\.c)(?::(?P<function>[A-Za-z_]\w*))?$")
-
 _cache: dict[tuple, Multiplier] = {}
 _cache_lock = threading.Lock()
 
 
-def _require_file(path: str, what: str) -> None:
-    if not os.path.isfile(path):
-        raise KernelSpecError(f"{what} not found: {path} (resolved to {os.path.abspath(path)}); check "
-                              f"the path")
+def builtin(name: str) -> Multiplier:
+    """The built-in multiplier `name` (cached)."""
+    return _cached(("builtin", name), lambda: _builtin(name))
 
 
-def resolve_multiplier(spec) -> Multiplier | None:
-    """The Multiplier a spec names, or None if the spec is not a multiplier spec (see module doc)."""
-    if isinstance(spec, Multiplier):
-        return spec
-    if isinstance(spec, dict):
-        spec = spec.get("spec")
-    if not isinstance(spec, str):
-        return None
-    spec = spec.strip()
-    if _BUILTIN_LIKE.match(spec) and not os.path.exists(spec):
-        key = (spec, None)
-        loader = lambda: _builtin(spec)  # noqa: E731
-    else:
-        so = _SO_SPEC.match(spec)
-        c = _C_SPEC.match(spec)
-        lower = spec.lower()
-        if so:
-            path = so.group("path")
-            _require_file(path, "multiplier library")
-            loader = lambda: _from_so(path, so.group("symbol"), so.group("opts"))  # noqa: E731
-        elif c:
-            path = c.group("path")
-            _require_file(path, "multiplier C source")
-            loader = lambda: _from_c(path, c.group("function"))  # noqa: E731
-        elif lower.endswith(".lut"):
-            path = spec
-            _require_file(path, "multiplier table")
-            loader = lambda: _from_lut(path)  # noqa: E731
-        elif lower.endswith(".bin"):
-            path = spec
-            _require_file(path, "TFApprox multiplier table")
-            loader = lambda: _from_bin(path)  # noqa: E731
-        else:
-            return None
-        key = (spec, os.path.realpath(path), native.file_sha256(path))
+def from_file(kind: str, content: FileContent, extra: tuple = ()) -> Multiplier:
+    """The multiplier in checked file `content` of `kind` ("c", "so", "lut", "bin"); cached by
+    content hash, so a file is compiled or evaluated once per process."""
+    builders = {"c": lambda: from_c_source(content, *extra),
+                "so": lambda: from_shared_library(content, *extra),
+                "lut": lambda: from_lut_file(content),
+                "bin": lambda: from_bin_file(content)}
+    return _cached((kind, content.path, content.sha256, tuple(extra)), builders[kind])
+
+
+def _cached(key, build) -> Multiplier:
     with _cache_lock:
         multiplier = _cache.get(key)
     if multiplier is None:
-        multiplier = loader()
+        multiplier = build()
         with _cache_lock:
             _cache[key] = multiplier
     return multiplier
 
 
+def clear_cache() -> None:
+    """Forget the evaluated tables (the next resolution evaluates anew)."""
+    with _cache_lock:
+        _cache.clear()
+
+
 def _require_multiplier(spec) -> Multiplier:
-    multiplier = resolve_multiplier(spec)
-    if multiplier is None:
-        raise KernelSpecError(
-            f"{spec!r} is not a multiplier spec; use a built-in multiplier name (e.g. mul8u_drum4; "
-            f"see 'graphswap kernels'), a .c file, 'lib.so:symbol', or a .lut/.bin table")
-    return multiplier
+    if isinstance(spec, Multiplier):
+        return spec
+    from graphswap.kernels import require_multiplier  # a user-named spec: the registry resolves it
+
+    return require_multiplier(spec)
 
 
 # --------------------------------------------------------------------------------------------
@@ -893,5 +883,5 @@ def plot_error_heatmap(spec, path) -> str:
     return path
 
 
-__all__ = ["Multiplier", "builtin_multipliers", "resolve_multiplier", "lut", "metrics", "check",
+__all__ = ["Multiplier", "builtin_multipliers", "builtin", "from_file", "lut", "metrics", "check",
            "format_check", "plot_error_heatmap", "write_lut", "parse_header_metrics"]

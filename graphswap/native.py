@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import tempfile
 import threading
 from pathlib import Path
 
@@ -81,11 +82,11 @@ class KernelLibrary:
 
     REQUIRED = ("graphswap_abi_version", "graphswap_matmul_f32")
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike, sha256: str | None = None):
         self.path = str(Path(path).resolve())
         if not os.path.isfile(self.path):
             raise KernelLoadError(f"kernel library not found: {self.path}")
-        self.sha256 = file_sha256(self.path)
+        self.sha256 = sha256 or file_sha256(self.path)
         try:
             self._lib = ctypes.CDLL(self.path)
         except OSError as exc:
@@ -230,14 +231,19 @@ _libraries: dict[str, KernelLibrary] = {}
 _lock = threading.Lock()
 
 
-def load_library(path: str | os.PathLike) -> KernelLibrary:
-    """Load (once per resolved path and content hash) an operation-level kernel library."""
+def load_library(path: str | os.PathLike, sha256: str | None = None) -> KernelLibrary:
+    """Load (once per resolved path and content hash) an operation-level kernel library.
+
+    `sha256`, when given, is the hash of the file's content as already verified by the caller
+    (a private copy made by private_copy()); it is not hashed again.
+    """
     resolved = str(Path(path).resolve())
     with _lock:
         library = _libraries.get(resolved)
-        if library is not None and os.path.isfile(resolved) and file_sha256(resolved) == library.sha256:
+        if library is not None and os.path.isfile(resolved) and \
+                (sha256 or file_sha256(resolved)) == library.sha256:
             return library
-        library = KernelLibrary(resolved)
+        library = KernelLibrary(resolved, sha256)
         _libraries[resolved] = library
         return library
 
@@ -255,6 +261,32 @@ def _cache_dir() -> Path:
 def cache_dir() -> Path:
     """Per-user cache for compiled kernels (created with owner-only permissions)."""
     return _cache_dir()
+
+
+def private_copy(data: bytes, sha256: str, name: str) -> Path:
+    """An owner-only copy of `data` (whose hash the caller verified) in the per-user cache.
+
+    Native code named by a file is compiled or loaded from this copy, never from the file it was
+    read from, so nobody can swap the file between the hash check and the load.  A copy already
+    there is reused only if its content still hashes to `sha256`.
+    """
+    directory = _cache_dir() / "verified" / sha256
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(directory.parent, 0o700)
+    os.chmod(directory, 0o700)
+    target = directory / (os.path.basename(name) or "kernel")
+    if target.is_file() and file_sha256(target) == sha256:
+        return target
+    fd, tmp_name = tempfile.mkstemp(prefix=target.name + ".", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.chmod(tmp_name, 0o700)
+        os.replace(tmp_name, target)
+    finally:
+        if os.path.exists(tmp_name):
+            os.unlink(tmp_name)
+    return target
 
 
 def shipped_library_path() -> Path:

@@ -50,14 +50,15 @@ def _kernel(kernel_json: str):
     with _kernels_lock:
         kernel = _kernels.get(kernel_json)
         if kernel is None:
-            from graphswap.kernels import resolve_kernel
+            from graphswap.kernels import open_record
 
             try:
                 config = json.loads(kernel_json)
             except json.JSONDecodeError as exc:
                 raise GraphswapError(
                     f"custom node attribute 'kernel' is not JSON: {kernel_json!r} ({exc})") from None
-            kernel = resolve_kernel(config)
+            # named by the ONNX file: it passes the trust gate, and never adds trust
+            kernel = open_record(config, "a graphswap custom node of the ONNX model")
             _kernels[kernel_json] = kernel
         return kernel
 
@@ -120,6 +121,33 @@ def register_custom_ops() -> None:
         _registered = True
 
 
+def open_kernels(path) -> list:
+    """Resolve, through the trust gate, the kernel of every graphswap custom node in the ONNX
+    file at `path` (so a refused kernel is one clear error before onnxruntime starts, not a
+    failure inside an inference call).  Returns the kernels in node order."""
+    import onnx
+
+    try:
+        model = onnx.load(os.fspath(path), load_external_data=False)
+    except Exception as exc:  # noqa: BLE001 - onnx raises protobuf/OS errors
+        raise ModelLoadError(f"cannot read the ONNX model {path}: {type(exc).__name__}: "
+                             f"{exc}") from None
+    found = []
+    graphs = [model.graph]
+    while graphs:
+        graph = graphs.pop()
+        for node in graph.node:
+            graphs.extend(attr.g for attr in node.attribute if attr.type == attr.GRAPH)
+            if node.domain != DOMAIN or node.op_type not in CUSTOM_OPS:
+                continue
+            kernel_attr = [a for a in node.attribute if a.name == "kernel"]
+            if not kernel_attr:
+                raise ModelLoadError(f"{path}: custom node {node.name!r} ({node.op_type}) has no "
+                                     f"'kernel' attribute")
+            found.append(_kernel(kernel_attr[0].s.decode("utf-8", "replace")))
+    return found
+
+
 def session_options(options=None):
     """onnxruntime SessionOptions able to run graphswap's custom nodes (and any standard model)."""
     import onnxruntime as ort
@@ -143,6 +171,7 @@ def session(path, providers=("CPUExecutionProvider",), options=None):
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise ModelLoadError(f"ONNX model not found: {path}")
+    open_kernels(path)  # every kernel the file names passes the trust gate before anything runs
     options = session_options(options)
     try:
         return ort.InferenceSession(path, options, providers=list(providers))

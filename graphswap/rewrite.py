@@ -15,6 +15,7 @@ import contextlib
 import dataclasses
 import fnmatch
 import json
+import os
 import re
 import warnings
 from typing import Callable
@@ -23,7 +24,7 @@ import keras
 import numpy as np
 
 from graphswap.errors import GraphswapError, UnsupportedLayerError
-from graphswap.kernels import resolve_kernel
+from graphswap.kernels import Kernel, resolve_file_named, resolve_kernel
 from graphswap.layers import SwappedConv2D, SwappedDense, check_conv_options
 from graphswap.tables import format_table
 from graphswap import ops
@@ -247,10 +248,28 @@ def load_kernel_map(source) -> dict:
     if isinstance(mapping, dict) and isinstance(mapping.get("kernel_map"), dict):
         mapping = mapping["kernel_map"]
     if not isinstance(mapping, dict) or not all(
-            isinstance(k, str) and (v is None or isinstance(v, str)) for k, v in mapping.items()):
+            isinstance(k, str) and (v is None or isinstance(v, (str, dict, Kernel)))
+            for k, v in mapping.items()):
         raise GraphswapError(
             'a kernel map must be a JSON object {"layer name or glob": "kernel spec" or null}')
     return mapping
+
+
+def resolve_kernel_map(source) -> dict:
+    """{"layer name or glob": Kernel | None} of a kernel map (see load_kernel_map).
+
+    In a dict (the caller's own code) the specs are named by the user.  In a JSON file they are
+    named by a file: built-ins, records, or file specs relative to the map's folder whose content
+    is already trusted - a kernel map never adds trust (see graphswap.kernel_trust).
+    """
+    mapping = load_kernel_map(source)
+    if isinstance(source, dict):
+        return {key: None if spec is None else resolve_kernel(spec)
+                for key, spec in mapping.items()}
+    base_dir = os.path.dirname(os.path.abspath(source))
+    return {key: None if spec is None else resolve_file_named(
+                spec, base_dir, f"kernel map {source}, entry {key!r}")
+            for key, spec in mapping.items()}
 
 
 def rewrite_model(model, kernel="exact", include=None, exclude=None, kernel_map=None,
@@ -277,17 +296,14 @@ def rewrite_model(model, kernel="exact", include=None, exclude=None, kernel_map=
     ops.check_backward_mode(backward)
     include_patterns = _as_patterns(include)
     exclude_patterns = _as_patterns(exclude)
-    mapping = load_kernel_map(kernel_map) if kernel_map is not None else {}
+    mapping = resolve_kernel_map(kernel_map) if kernel_map is not None else {}
     unknown_types = [t for t in layer_types if t not in SWAPPABLE_TYPES]
     if unknown_types:
         raise GraphswapError(
             f"unknown layer type(s) {unknown_types}; allowed: {sorted(SWAPPABLE_TYPES)}")
     selected_types = tuple(SWAPPABLE_TYPES[t] for t in layer_types)
     if kernel is not None:
-        resolve_kernel(kernel)  # fail early on a bad spec
-    for spec in mapping.values():
-        if spec is not None:
-            resolve_kernel(spec)
+        kernel = resolve_kernel(kernel)  # resolved once, here: a bad spec fails before cloning
     entries: list[LayerReport] = []
 
     def decide(path, layer):
@@ -298,7 +314,7 @@ def rewrite_model(model, kernel="exact", include=None, exclude=None, kernel_map=
             return None, ""
         if type(layer) not in (keras.layers.Dense, keras.layers.Conv2D):
             if isinstance(layer, (SwappedDense, SwappedConv2D)):
-                return None, f"already swapped ({layer.swap_kernel['spec']})"
+                return None, f"already swapped ({layer.arithmetic.spec})"
             return None, f"subclass {type(layer).__name__} of a swappable layer: not swapped"
         found, spec = _map_lookup(mapping, path, layer.name)
         if found:
@@ -323,17 +339,17 @@ def rewrite_model(model, kernel="exact", include=None, exclude=None, kernel_map=
         config = layer.get_config()
         if isinstance(layer, keras.layers.Conv2D):
             check_conv_options(layer)
-            new_layer = SwappedConv2D.from_config({**config, "swap_kernel": spec,
+            new_layer = SwappedConv2D.from_config({**config, "arithmetic": spec,
                                                    "backward": backward})
         else:
             if getattr(layer, "quantization_mode", None):
                 raise UnsupportedLayerError(
                     f"layer {layer.name!r}: Keras-quantized Dense ({layer.quantization_mode}) "
                     f"cannot be swapped; swap the float model instead")
-            new_layer = SwappedDense.from_config({**config, "swap_kernel": spec,
+            new_layer = SwappedDense.from_config({**config, "arithmetic": spec,
                                                   "backward": backward})
-        entries.append(LayerReport(path, type(layer).__name__, "swapped", reason,
-                                   resolve_kernel(spec).spec, macs))
+        entries.append(LayerReport(path, type(layer).__name__, "swapped", reason, spec.spec,
+                                   macs))
         return new_layer
 
     new_model, _ = transform_model(model, replace)

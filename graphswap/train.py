@@ -322,8 +322,8 @@ def swapped_layers(model) -> dict:
     """{layer path: kernel spec} of the swapped layers in `model`."""
     from graphswap.rewrite import iter_layers
 
-    return {path: layer.swap_kernel["spec"] for path, layer in iter_layers(model)
-            if hasattr(layer, "swap_kernel")}
+    return {path: layer.arithmetic.spec for path, layer in iter_layers(model)
+            if hasattr(layer, "arithmetic")}
 
 
 def _copy_in_scope(model):

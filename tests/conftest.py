@@ -9,6 +9,11 @@ import textwrap
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# The tests' trust store lives in a directory of their own, never the user's ~/.config.
+if "GRAPHSWAP_CONFIG_DIR" not in os.environ:
+    import tempfile
+
+    os.environ["GRAPHSWAP_CONFIG_DIR"] = tempfile.mkdtemp(prefix="graphswap-test-config-")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
@@ -18,6 +23,15 @@ REPO = Path(__file__).resolve().parent.parent
 SAMPLE_MODEL = REPO / "sample_models" / "lenet5.keras"
 SAMPLE_DATA = REPO / "sample_models" / "digits.npz"
 HEADER_DIR = REPO / "native_kernels" / "include"
+
+
+@pytest.fixture(autouse=True)
+def _fresh_session_trust():
+    """Each test starts with nothing trusted for the session (as a new process would)."""
+    from graphswap import kernel_trust
+
+    kernel_trust.clear_session_trust()
+    yield
 
 
 @pytest.fixture(scope="session")
@@ -68,6 +82,44 @@ def build_nested_functional(seed: int = 0) -> keras.Model:
 @pytest.fixture()
 def nested_model():
     return build_nested_functional()
+
+
+EPS32 = float(np.finfo(np.float32).eps)
+
+
+def assert_close_to_roundoff(actual, desired, terms: int, factor: float = 8.0):
+    """Float32 results that may differ only by round-off in sums of `terms` products.
+
+    Two correct implementations sum in different orders (TensorFlow's oneDNN blocks differently
+    on AVX2 and AVX-512), so an element may differ by about sqrt(terms) * eps32 times the
+    magnitude of what is summed; a real error (a wrong tap, padding or weight) is of the order of
+    the values themselves.  The tolerance is factor * sqrt(terms) * eps32 * max|desired|.
+    """
+    actual = np.asarray(actual, dtype=np.float64)
+    desired = np.asarray(desired, dtype=np.float64)
+    assert actual.shape == desired.shape, f"shape {actual.shape} != {desired.shape}"
+    if desired.size == 0:
+        return
+    scale = max(float(np.max(np.abs(desired))), np.finfo(np.float32).tiny)
+    tolerance = factor * np.sqrt(max(int(terms), 1)) * EPS32 * scale
+    difference = float(np.max(np.abs(actual - desired)))
+    assert difference <= tolerance, (
+        f"max |difference| {difference:.3g} exceeds the float32 round-off bound {tolerance:.3g} "
+        f"({factor} * sqrt({terms}) * eps32 * max|desired| {scale:.3g})")
+
+
+def tensorflow_runs_nchw_conv_on_cpu() -> bool:
+    """Whether this TensorFlow build runs channels_first Conv2D on the CPU (oneDNN builds on
+    some CPUs do, others refuse): tests probe it instead of assuming either."""
+    import tensorflow as tf
+
+    try:
+        with tf.device("/CPU:0"):
+            tf.nn.conv2d(tf.ones((1, 1, 3, 3)), tf.ones((1, 1, 1, 1)), 1, "VALID",
+                         data_format="NCHW").numpy()
+        return True
+    except (tf.errors.UnimplementedError, tf.errors.InvalidArgumentError):
+        return False
 
 
 def compile_library(tmp_path: Path, name: str, source: str) -> Path:

@@ -18,7 +18,7 @@ import tensorflow as tf
 
 import reference
 from graphswap import SwappedConv2D, SwappedDense
-from graphswap.multipliers import resolve_multiplier
+from graphswap.kernels import resolve_multiplier
 
 RNG = np.random.default_rng(11)
 

@@ -202,12 +202,12 @@ def test_unbuilt_sequential_model_is_one_clear_error(runner, tmp_path):
 
 
 def test_convert_channels_first_model_on_cpu_skips_the_comparison(runner, tmp_path):
-    # TensorFlow's CPU Conv2D refuses NCHW, so the original cannot run here; the rewrite can
-    # (graphswap's kernels run NHWC) and used to die with "unexpected UnimplementedError".
-    import tensorflow as tf
+    # Where TensorFlow's CPU Conv2D refuses NCHW the original cannot run, but the rewrite can
+    # (graphswap's kernels run NHWC) and used to die with "unexpected UnimplementedError"; where
+    # this TensorFlow build runs NCHW (oneDNN on some CPUs), the comparison is made as usual.
+    from conftest import tensorflow_runs_nchw_conv_on_cpu
 
-    if tf.config.list_physical_devices("GPU"):
-        pytest.skip("NCHW Conv2D runs on a GPU")
+    nchw_runs = tensorflow_runs_nchw_conv_on_cpu()
     inputs = keras.Input((3, 8, 8))
     conv = keras.layers.Conv2D(4, 3, data_format="channels_first", name="conv")(inputs)
     path = tmp_path / "cf.keras"
@@ -215,7 +215,11 @@ def test_convert_channels_first_model_on_cpu_skips_the_comparison(runner, tmp_pa
     out = tmp_path / "cf.swapped.keras"
     result = runner.invoke(main, ["convert", str(path), "-o", str(out)])
     assert result.exit_code == 0, result.output
-    assert "comparison with the original skipped" in result.output and "NCHW" in result.output
+    if nchw_runs:
+        assert "max |original - rewritten| on a random batch of 8" in result.output
+        assert "skipped" not in result.output
+    else:
+        assert "comparison with the original skipped" in result.output and "NCHW" in result.output
     loaded = keras.models.load_model(out)
     x = np.random.default_rng(0).random((2, 3, 8, 8), dtype=np.float32)
     nhwc = keras.Sequential([keras.Input((8, 8, 3)), keras.layers.Conv2D(4, 3, name="conv")])

@@ -38,7 +38,7 @@ def with_kernel(model, spec):
 
     def replace(path, layer):
         if isinstance(layer, (SwappedDense, SwappedConv2D)):
-            return type(layer).from_config({**layer.get_config(), "swap_kernel": spec})
+            return type(layer).from_config({**layer.get_config(), "arithmetic": spec})
         return None
 
     return transform_model(model, replace)[0]

@@ -40,7 +40,7 @@ def test_builtin_list_is_complete():
 
 @pytest.mark.parametrize("name", ALL_BUILTINS)
 def test_builtin_table_matches_published_design(name):
-    m = multipliers.resolve_multiplier(name)
+    m = kernels.resolve_multiplier(name)
     assert m.spec == name and m.signed == name.startswith("mul8s")
     assert m.table.dtype == np.int32 and m.table.shape == (65536,)
     np.testing.assert_array_equal(m.table.astype(np.int64), reference.builtin_reference(name))
@@ -48,14 +48,14 @@ def test_builtin_table_matches_published_design(name):
 
 def test_builtin_spot_values():
     # hand-computed: DRUM-3: 255 -> (111b|1)<<5 = 224; 224*224 = 50176
-    assert table_2d(multipliers.resolve_multiplier("mul8u_drum3"))[255, 255] == 50176
+    assert table_2d(kernels.resolve_multiplier("mul8u_drum3"))[255, 255] == 50176
     # Mitchell: 3*3: k=1, f=0.5 each, f sum = 1 -> 2^(1+1+1) * 1 = 8
-    assert table_2d(multipliers.resolve_multiplier("mul8u_mitchell"))[3, 3] == 8
+    assert table_2d(kernels.resolve_multiplier("mul8u_mitchell"))[3, 3] == 8
     # signed trunc2: -3 * 1 = -3 -> floor to multiple of 4 = -4
-    t = table_2d(multipliers.resolve_multiplier("mul8s_trunc2"))
+    t = table_2d(kernels.resolve_multiplier("mul8s_trunc2"))
     assert t[256 - 3, 1] == -4 and t[3, 1] == 0
     # signed Mitchell is sign-magnitude: f(-3, 3) = -f(3, 3)
-    t = table_2d(multipliers.resolve_multiplier("mul8s_mitchell"))
+    t = table_2d(kernels.resolve_multiplier("mul8s_mitchell"))
     assert t[256 - 3, 3] == -8 and t[256 - 128, 256 - 128] == 16384
 
 
@@ -64,12 +64,12 @@ def test_builtin_spot_values():
 ])
 def test_bad_builtin_names(spec, fragment):
     with pytest.raises(KernelSpecError, match=fragment):
-        multipliers.resolve_multiplier(spec)
+        kernels.resolve_multiplier(spec)
 
 
 @pytest.mark.parametrize("spec", ["exact", "bf16", "fp32_m7", "libop.so", "something"])
 def test_not_a_multiplier_spec(spec):
-    assert multipliers.resolve_multiplier(spec) is None
+    assert kernels.resolve_multiplier(spec) is None
 
 
 def test_resolve_kernel_gives_lut_kernel():
@@ -151,7 +151,7 @@ def legacy_source(header_ok=True):
 def test_legacy_generation_operand_order_b_a(tmp_path):
     path = tmp_path / "mul8u_LEG.c"
     path.write_text(legacy_source())
-    m = multipliers.resolve_multiplier(str(path))
+    m = kernels.resolve_multiplier(str(path))
     assert not m.signed and m.name == "mul8u_LEG" and m.kind == "c"
     # first operand goes to parameter A although A is declared second
     np.testing.assert_array_equal(table_2d(m), expected_asym_unsigned())
@@ -165,8 +165,8 @@ def test_legacy_generation_operand_order_b_a(tmp_path):
 def test_newer_generation_unsigned_and_signed(tmp_path):
     (tmp_path / "u.c").write_text(NEWER_UNSIGNED)
     (tmp_path / "s.c").write_text(NEWER_SIGNED)
-    mu = multipliers.resolve_multiplier(str(tmp_path / "u.c"))
-    ms = multipliers.resolve_multiplier(str(tmp_path / "s.c"))
+    mu = kernels.resolve_multiplier(str(tmp_path / "u.c"))
+    ms = kernels.resolve_multiplier(str(tmp_path / "s.c"))
     assert not mu.signed and ms.signed
     np.testing.assert_array_equal(table_2d(mu), expected_asym_unsigned())
     v = signed_values()
@@ -181,7 +181,7 @@ def test_newer_generation_unsigned_and_signed(tmp_path):
 def test_misdeclared_signed_file_is_detected(tmp_path):
     path = tmp_path / "mul8s_BUG.c"
     path.write_text(MISDECLARED_SIGNED)
-    m = multipliers.resolve_multiplier(str(path))
+    m = kernels.resolve_multiplier(str(path))
     assert m.signed
     assert any("declared with unsigned" in note for note in m.notes)
     np.testing.assert_array_equal(table_2d(m), expected_asym_signed())
@@ -194,18 +194,18 @@ def test_c_function_selection(tmp_path):
     path = tmp_path / "two.c"
     path.write_text(NEWER_UNSIGNED + NEWER_SIGNED.replace("#include <stdint.h>", ""))
     with pytest.raises(KernelSpecError, match="several candidate multipliers.*two.c:FUNCTION"):
-        multipliers.resolve_multiplier(str(path))
-    m = multipliers.resolve_multiplier(f"{path}:mul8s_NEW")
+        kernels.resolve_multiplier(str(path))
+    m = kernels.resolve_multiplier(f"{path}:mul8s_NEW")
     assert m.signed and m.spec.endswith(":mul8s_NEW")
     with pytest.raises(KernelSpecError, match="no two-operand function named 'nope'"):
-        multipliers.resolve_multiplier(f"{path}:nope")
+        kernels.resolve_multiplier(f"{path}:nope")
 
 
 def test_c_that_does_not_compile_shows_compiler_message(tmp_path):
     path = tmp_path / "broken.c"
     path.write_text("#include <stdint.h>\nuint16_t mul8u_X(uint8_t A, uint8_t B)\n{\n  return A * undefined_thing;\n}\n")
     with pytest.raises(KernelSpecError) as info:
-        multipliers.resolve_multiplier(str(path))
+        kernels.resolve_multiplier(str(path))
     message = str(info.value)
     assert "cannot compile multiplier" in message
     assert "undefined_thing" in message and "error" in message  # the compiler's own diagnostic
@@ -215,7 +215,7 @@ def test_c_syntax_garbage_shows_compiler_message(tmp_path):
     path = tmp_path / "garbage.c"
     path.write_text("this is not C at all ((\n")
     with pytest.raises(KernelSpecError, match="(?s)cannot compile multiplier.*error"):
-        multipliers.resolve_multiplier(str(path))
+        kernels.resolve_multiplier(str(path))
 
 
 @pytest.mark.parametrize("source,fragment", [
@@ -228,12 +228,12 @@ def test_unsupported_signatures(tmp_path, source, fragment):
     path = tmp_path / "f.c"
     path.write_text(source)
     with pytest.raises(KernelSpecError, match=fragment):
-        multipliers.resolve_multiplier(str(path))
+        kernels.resolve_multiplier(str(path))
 
 
 def test_missing_file(tmp_path):
     with pytest.raises(KernelSpecError, match="not found"):
-        multipliers.resolve_multiplier(str(tmp_path / "nope.c"))
+        kernels.resolve_multiplier(str(tmp_path / "nope.c"))
 
 
 # ---------------------------------------------------------------------------- shared libraries
@@ -261,19 +261,19 @@ def user_library(tmp_path_factory):
 
 def test_so_symbols(user_library):
     lib = str(user_library)
-    np.testing.assert_array_equal(table_2d(multipliers.resolve_multiplier(f"{lib}:mul8u_so")),
+    np.testing.assert_array_equal(table_2d(kernels.resolve_multiplier(f"{lib}:mul8u_so")),
                                   expected_asym_unsigned())
-    ms = multipliers.resolve_multiplier(f"{lib}:mul8s_so")
+    ms = kernels.resolve_multiplier(f"{lib}:mul8s_so")
     assert ms.signed
     np.testing.assert_array_equal(table_2d(ms), expected_asym_signed())
-    bug = multipliers.resolve_multiplier(f"{lib}:mul8s_sobug:s8u")
+    bug = kernels.resolve_multiplier(f"{lib}:mul8s_sobug:s8u")
     assert bug.signed
     np.testing.assert_array_equal(table_2d(bug), expected_asym_signed())
-    legacy = multipliers.resolve_multiplier(f"{lib}:mul8u_legacy:u64")
+    legacy = kernels.resolve_multiplier(f"{lib}:mul8u_legacy:u64")
     np.testing.assert_array_equal(table_2d(legacy), expected_asym_unsigned())  # default order ba
-    swapped = multipliers.resolve_multiplier(f"{lib}:mul8u_so:ba")
+    swapped = kernels.resolve_multiplier(f"{lib}:mul8u_so:ba")
     np.testing.assert_array_equal(table_2d(swapped), expected_asym_unsigned().T)
-    plain = multipliers.resolve_multiplier(f"{lib}:plain:u8")
+    plain = kernels.resolve_multiplier(f"{lib}:plain:u8")
     np.testing.assert_array_equal(table_2d(plain), expected_asym_unsigned())
     assert plain.to_config()["sha256"] and plain.spec.endswith("libmul.so:plain:u8")
 
@@ -281,11 +281,11 @@ def test_so_symbols(user_library):
 def test_so_errors(user_library):
     lib = str(user_library)
     with pytest.raises(KernelSpecError, match="symbol 'mul8u_missing' not found in .*nm -D"):
-        multipliers.resolve_multiplier(f"{lib}:mul8u_missing")
+        kernels.resolve_multiplier(f"{lib}:mul8u_missing")
     with pytest.raises(KernelSpecError, match="cannot tell the C signature of 'plain'"):
-        multipliers.resolve_multiplier(f"{lib}:plain")
+        kernels.resolve_multiplier(f"{lib}:plain")
     with pytest.raises(KernelSpecError, match="unknown option"):
-        multipliers.resolve_multiplier(f"{lib}:mul8u_so:float")
+        kernels.resolve_multiplier(f"{lib}:mul8u_so:float")
 
 
 # ---------------------------------------------------------------------------- table files
@@ -295,7 +295,7 @@ def test_lut_file_roundtrip_code_and_value_order(tmp_path):
     multipliers.write_lut(tmp_path / "c.lut", table, signed=True)
     multipliers.write_lut(tmp_path / "v.lut", table, signed=True, value_order=True)
     for name in ("c.lut", "v.lut"):
-        m = multipliers.resolve_multiplier(str(tmp_path / name))
+        m = kernels.resolve_multiplier(str(tmp_path / name))
         assert m.signed
         np.testing.assert_array_equal(m.table, table)
     raw = (tmp_path / "v.lut").read_bytes()
@@ -307,21 +307,21 @@ def test_lut_file_roundtrip_code_and_value_order(tmp_path):
 def test_lut_file_errors(tmp_path):
     (tmp_path / "short.lut").write_bytes(b"GSWAPLUT" + bytes(100))
     with pytest.raises(KernelSpecError, match="wrong size.*262160"):
-        multipliers.resolve_multiplier(str(tmp_path / "short.lut"))
+        kernels.resolve_multiplier(str(tmp_path / "short.lut"))
     (tmp_path / "magic.lut").write_bytes(b"NOTALUT!" + bytes(8 + 4 * 65536))
     with pytest.raises(KernelSpecError, match="not a graphswap .lut file"):
-        multipliers.resolve_multiplier(str(tmp_path / "magic.lut"))
+        kernels.resolve_multiplier(str(tmp_path / "magic.lut"))
 
 
 def test_tfapprox_bin(tmp_path):
     expected = expected_asym_unsigned()
     (tmp_path / "m.bin").write_bytes(expected.astype("<u2").tobytes())
-    m = multipliers.resolve_multiplier(str(tmp_path / "m.bin"))
+    m = kernels.resolve_multiplier(str(tmp_path / "m.bin"))
     assert not m.signed
     np.testing.assert_array_equal(table_2d(m), expected)
     (tmp_path / "bad.bin").write_bytes(bytes(1000))
     with pytest.raises(KernelSpecError, match="wrong size for a TFApprox"):
-        multipliers.resolve_multiplier(str(tmp_path / "bad.bin"))
+        kernels.resolve_multiplier(str(tmp_path / "bad.bin"))
 
 
 # ---------------------------------------------------------------------------- metrics and checks
@@ -368,7 +368,7 @@ def test_check_flags_wrong_header_and_nonzero_at_zero(tmp_path):
 
 def test_check_flags_implausible_signedness(tmp_path):
     # a signed multiplier's table stored as an unsigned .lut (values as 16-bit patterns)
-    signed_table = table_2d(multipliers.resolve_multiplier("mul8s_exact")).reshape(-1) & 0xFFFF
+    signed_table = table_2d(kernels.resolve_multiplier("mul8s_exact")).reshape(-1) & 0xFFFF
     multipliers.write_lut(tmp_path / "wrong.lut", signed_table.astype(np.int32), signed=False)
     result = multipliers.check(str(tmp_path / "wrong.lut"))
     names = {c["check"]: c for c in result["checks"]}
@@ -401,7 +401,7 @@ def test_header_agreement_accepts_rounding_and_truncation(computed, printed, agr
 
 def test_write_lut_of_a_lut_result_round_trips(tmp_path):
     """kernels.lut() returns a signed table ordered by value; writing it back must say so."""
-    drum = multipliers.resolve_multiplier("mul8s_drum4")
+    drum = kernels.resolve_multiplier("mul8s_drum4")
     by_value = multipliers.lut("mul8s_drum4")
     with pytest.raises(ValueError, match="ambiguous: pass table_order='value'"):
         multipliers.write_lut(tmp_path / "x.lut", by_value, signed=True)
@@ -410,8 +410,8 @@ def test_write_lut_of_a_lut_result_round_trips(tmp_path):
                           table_order="code")
     for name in ("v.lut", "c.lut"):
         np.testing.assert_array_equal(
-            multipliers.resolve_multiplier(str(tmp_path / name)).table, drum.table)
+            kernels.resolve_multiplier(str(tmp_path / name)).table, drum.table)
     unsigned = multipliers.lut("mul8u_mitchell")  # unsigned: one order, no argument needed
     multipliers.write_lut(tmp_path / "u.lut", unsigned, signed=False)
-    np.testing.assert_array_equal(multipliers.resolve_multiplier(str(tmp_path / "u.lut")).table,
-                                  multipliers.resolve_multiplier("mul8u_mitchell").table)
+    np.testing.assert_array_equal(kernels.resolve_multiplier(str(tmp_path / "u.lut")).table,
+                                  kernels.resolve_multiplier("mul8u_mitchell").table)

@@ -9,7 +9,7 @@ import pytest
 
 from graphswap import native
 from graphswap.geometry import conv_geometry
-from graphswap.multipliers import resolve_multiplier
+from graphswap.kernels import resolve_multiplier
 from graphswap.quantized import LutKernel
 
 import reference

@@ -155,9 +155,11 @@ def test_fuzz_swapped_conv2d_against_tensorflow(batch, height, width, in_channel
     stock.set_weights(weights)
     swapped.set_weights(weights)
     x = rng.standard_normal((batch, height, width, in_channels)).astype(np.float32)
-    expected = stock(x).numpy()
     got = swapped(x).numpy()
-    assert got.shape == expected.shape
+    assert got.shape == tuple(stock.compute_output_shape(x.shape))
+    if batch == 0:
+        return  # (some oneDNN builds give an empty batch the input's channel count: not compared)
+    expected = stock(x).numpy()
     scale = kh * kw * in_channels * np.abs(weights[0]).max() * max(np.abs(x).max(initial=0), 1)
     np.testing.assert_allclose(got, expected, atol=2e-6 * scale, rtol=0)
 
@@ -190,7 +192,7 @@ def test_fuzz_lut_conv2d_against_numpy_reference(name, batch, height, width, in_
                                                  seed):
     import reference
     from graphswap.geometry import conv_geometry
-    from graphswap.multipliers import resolve_multiplier
+    from graphswap.kernels import resolve_multiplier
     from graphswap.quantized import LutKernel
 
     if padding == "valid" and (height < (kh - 1) * dilation + 1 or width < (kw - 1) * dilation + 1):
@@ -213,7 +215,7 @@ def test_fuzz_lut_conv2d_against_numpy_reference(name, batch, height, width, in_
        seed=st.integers(0, 2**31 - 1))
 def test_fuzz_lut_matmul_against_numpy_reference(name, m, k, n, seed):
     import reference
-    from graphswap.multipliers import resolve_multiplier
+    from graphswap.kernels import resolve_multiplier
     from graphswap.quantized import LutKernel
 
     rng = np.random.default_rng(seed)

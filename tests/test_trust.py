@@ -18,7 +18,7 @@ def saved_with_user_library(tmp_path):
     library = compile_library(tmp_path, "usermm", MATMUL_ONLY_LIBRARY)
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, name="d")])
     swapped = graphswap.rewrite_model(model, kernel=str(library))
-    config = swapped.get_layer("d").get_config()["swap_kernel"]
+    config = swapped.get_layer("d").get_config()["arithmetic"]
     assert config["path"] == str(library.resolve())
     assert config["sha256"] == graphswap.native.file_sha256(library)
     path = tmp_path / "user.keras"
@@ -111,13 +111,13 @@ def test_tampered_cached_binary_is_rebuilt_not_loaded(tmp_path, monkeypatch):
     import os
     import stat
 
-    from graphswap import multipliers
+    from graphswap import kernels
 
     monkeypatch.setenv("GRAPHSWAP_CACHE_DIR", str(tmp_path / "cache"))
     source = tmp_path / "mul8u_cached.c"
     source.write_text("#include <stdint.h>\n"
                       "uint16_t mul8u_cached(uint8_t a, uint8_t b) { return (uint16_t)(a * b); }\n")
-    first = multipliers._from_c(str(source), None)
+    first = kernels.evaluate_anew(str(source))
     built = [p for p in (tmp_path / "cache").rglob("mul8u_cached-*.so")]
     assert len(built) == 1
     assert stat.S_IMODE(os.stat(tmp_path / "cache").st_mode) == 0o700
@@ -128,6 +128,6 @@ def test_tampered_cached_binary_is_rebuilt_not_loaded(tmp_path, monkeypatch):
     """)
     built[0].unlink()  # (a new file: overwriting the loaded one in place would crash this process)
     built[0].write_bytes(evil.read_bytes())
-    second = multipliers._from_c(str(source), None)
+    second = kernels.evaluate_anew(str(source))
     np.testing.assert_array_equal(second.table, first.table)  # rebuilt from the source
     assert built[0].read_bytes() != evil.read_bytes()
