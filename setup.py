@@ -17,8 +17,9 @@ HERE = Path(__file__).resolve().parent
 
 
 def _load_compiler():
-    # Load graphswap/compiler.py without importing the package (which needs TensorFlow).
-    spec = importlib.util.spec_from_file_location("_graphswap_compiler", HERE / "graphswap" / "compiler.py")
+    # Load graphswap/native/compiler.py without importing the package (which needs TensorFlow).
+    spec = importlib.util.spec_from_file_location("_graphswap_compiler",
+                                                  HERE / "graphswap" / "native" / "compiler.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -43,7 +43,7 @@ def gemm_part(multiplier_spec, rounds):
 
     from graphswap import native
     from graphswap.kernels import resolve_multiplier
-    from graphswap.quantized import LutKernel
+    from graphswap.kernels import LutKernel
 
     library = native.shipped_library()
     multiplier = resolve_multiplier(multiplier_spec)

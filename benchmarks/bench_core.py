@@ -33,7 +33,7 @@ def kernel_section(args, rng) -> list[tuple[str, float]]:
     import tensorflow as tf
 
     from graphswap import native
-    from graphswap.geometry import conv_geometry
+    from graphswap.native import conv_geometry
 
     lib = native.shipped_library()
     print(f"library: {lib.path}")
@@ -112,7 +112,7 @@ def training_step_section(args) -> float:
 def overhead_section(args) -> None:
     import tensorflow as tf
 
-    from graphswap import ops
+    from graphswap.swap import ops
     from graphswap.kernels import resolve_kernel
 
     kernel = resolve_kernel("exact")

@@ -43,10 +43,10 @@ def main() -> None:
     import tensorflow as tf
 
     from benchmarks._timing import machine_line
-    from graphswap import modelio
-    from graphswap.data import load_data
-    from graphswap.rewrite import rewrite_model
-    from graphswap.train import finetune
+    from graphswap import io as modelio
+    from graphswap.research import load_data
+    from graphswap.swap import rewrite_model
+    from graphswap.research import finetune
 
     machine = machine_line()  # load average before the runs
     model_path = REPO / "sample_models" / "lenet5.keras"

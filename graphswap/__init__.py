@@ -6,6 +6,9 @@ TensorFlow's gradients, fine-tune, save, export.
 
 Importing graphswap registers SwappedDense / SwappedConv2D with Keras, so
 keras.models.load_model() reads rewritten models after a plain `import graphswap`.
+
+The package reads as the pipeline, top to bottom (docs/ARCHITECTURE.md): cli -> research -> io ->
+surgery -> swap -> kernels -> multipliers -> native; a module imports only from layers below it.
 """
 
 from graphswap._quiet_import import import_tensorflow_quietly as _import_tensorflow_quietly
@@ -17,26 +20,26 @@ from graphswap._version import __version__  # noqa: E402
 from graphswap.errors import (  # noqa: E402
     CustomGradientError, DataError, ExportError, GraphswapError, KernelExecutionError,
     KernelLoadError, KernelSpecError, KernelTrustError, ModelLoadError, OutputPathError,
-    RuleMatchError, UnknownRuleError, UnsupportedLayerError)
-from graphswap.data import Data, load_data  # noqa: E402
-from graphswap.evaluate import EvaluationResult, evaluate  # noqa: E402
-from graphswap.gradients import (  # noqa: E402 - importing also registers the layers
-    GradientClip, GradientOverride, GradientReversal, GradientScale, GuidedReLU)
-from graphswap.kernel_trust import trust, untrust  # noqa: E402
+    RuleMatchError, ShapeError, UnknownRuleError, UnsupportedLayerError)
+from graphswap.io import (ConvertResult, ExportResult, convert, export_model,  # noqa: E402
+                          load_model, onnx_session)
 from graphswap.kernels import available_kernels, resolve_kernel  # noqa: E402
-from graphswap.layers import SwappedConv2D, SwappedDense  # noqa: E402
-from graphswap.modelio import load_model  # noqa: E402
-from graphswap.overrides import OverrideReport, OverrideWarning, override  # noqa: E402
-from graphswap.rewrite import RewriteReport, plan, rewrite_model, transform_model  # noqa: E402
-from graphswap.saliency import saliency_map, write_saliency_png  # noqa: E402
-from graphswap.sweep import SweepResult, sweep  # noqa: E402
-from graphswap.train import FinetuneResult, finetune  # noqa: E402
+from graphswap.kernels.trust import trust, untrust  # noqa: E402
+from graphswap.research import (Data, EvaluationResult, FinetuneResult, SweepResult,  # noqa: E402
+                                evaluate, finetune, load_data, saliency_map, sweep,
+                                write_saliency_png)
+from graphswap.surgery import (GradientClip, GradientOverride, GradientReversal,  # noqa: E402
+                               GradientScale, GuidedReLU, OverrideReport, OverrideWarning,
+                               override)
+from graphswap.swap import (RewriteReport, SwappedConv2D, SwappedDense, plan,  # noqa: E402
+                            rewrite_model, transform_model)
 
 __all__ = [
-    "__version__", "trust", "untrust", "load_model", "rewrite_model", "transform_model", "plan", "RewriteReport",
-    "SwappedDense", "SwappedConv2D", "resolve_kernel", "available_kernels",
+    "__version__", "trust", "untrust", "load_model", "convert", "ConvertResult", "rewrite_model",
+    "transform_model", "plan", "RewriteReport", "SwappedDense", "SwappedConv2D",
+    "resolve_kernel", "available_kernels", "export_model", "ExportResult", "onnx_session",
     "GraphswapError", "ExportError", "KernelSpecError", "KernelLoadError", "KernelTrustError",
-    "KernelExecutionError", "UnsupportedLayerError", "ModelLoadError", "DataError",
+    "KernelExecutionError", "UnsupportedLayerError", "ShapeError", "ModelLoadError", "DataError",
     "OutputPathError", "UnknownRuleError", "RuleMatchError", "CustomGradientError",
     "GradientScale", "GradientClip", "GradientReversal", "GuidedReLU", "GradientOverride",
     "override", "OverrideReport", "OverrideWarning", "saliency_map", "write_saliency_png",

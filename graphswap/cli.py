@@ -1,8 +1,12 @@
 """The `graphswap` command line: thin click commands over the Python API.
 
-Every command parses its options, calls the API, and prints.  Errors graphswap raises on bad input
-(GraphswapError) print as one `Error: ...` line with exit code 1; usage errors exit 2 (click's
-convention); anything unexpected prints one line too (set GRAPHSWAP_DEBUG=1 for the traceback).
+Every command parses its options (validation in click types and callbacks), calls the API, and
+prints.  Errors graphswap raises on bad input (GraphswapError) print as one `Error: ...` line with
+exit code 1; usage errors exit 2 (click's convention); anything unexpected prints one line too
+(set GRAPHSWAP_DEBUG=1 for the traceback).
+
+One file, longer than the package's other modules, because it is nothing but the click
+declarations of every command (options, help texts); all the logic is in the API it calls.
 """
 
 from __future__ import annotations
@@ -15,52 +19,67 @@ from pathlib import Path
 
 import click
 
+from graphswap import io, kernels, research, swap
 from graphswap._version import __version__
+from graphswap.errors import GraphswapError, KernelTrustError, OutputPathError
+from graphswap.kernels import trust as trust_store
+from graphswap.tables import format_table
 
 EXIT_ERROR = 1
 
 
-def handle_errors(command):
-    """Turn exceptions into one clear line and a non-zero exit code."""
-
-    @functools.wraps(command)
-    def wrapper(*args, **kwargs):
-        from graphswap.errors import GraphswapError
-
-        try:
-            return command(*args, **kwargs)
-        except click.exceptions.Exit:
+def report_errors(run):
+    """Run `run()`, turning exceptions into one clear line and a non-zero exit code: graphswap's
+    own errors (bad input) exit 1 with their message; click's usage errors keep exit 2."""
+    try:
+        return run()
+    except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort):
+        raise
+    except GraphswapError as exc:
+        click.echo(f"Error: {exc}", err=True)
+        sys.exit(EXIT_ERROR)
+    except KeyboardInterrupt:
+        click.echo("Interrupted; no output was written.", err=True)
+        sys.exit(130)
+    except Exception as exc:  # noqa: BLE001 - last resort: one line, no traceback
+        if os.environ.get("GRAPHSWAP_DEBUG"):
             raise
-        except click.ClickException:
-            raise
-        except GraphswapError as exc:
-            click.echo(f"Error: {exc}", err=True)
-            sys.exit(EXIT_ERROR)
-        except KeyboardInterrupt:
-            click.echo("Interrupted; no output was written.", err=True)
-            sys.exit(130)
-        except Exception as exc:  # noqa: BLE001 - last resort: one line, no traceback
-            if os.environ.get("GRAPHSWAP_DEBUG"):
-                raise
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-            if type(exc).__module__.startswith("tensorflow"):
-                from graphswap.checks import tensorflow_reason
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        if type(exc).__module__.startswith("tensorflow"):
+            first = swap.tensorflow_reason(exc)  # not Keras' "Exception encountered when ..."
+        click.echo(f"Error: unexpected {type(exc).__name__}: {first} "
+                   f"(set GRAPHSWAP_DEBUG=1 to see the traceback)", err=True)
+        sys.exit(EXIT_ERROR)
 
-                first = tensorflow_reason(exc)  # not Keras' "Exception encountered when ..."
-            click.echo(f"Error: unexpected {type(exc).__name__}: {first} "
-                       f"(set GRAPHSWAP_DEBUG=1 to see the traceback)", err=True)
-            sys.exit(EXIT_ERROR)
 
-    return wrapper
+class ReportingGroup(click.Group):
+    """A click group whose commands - their option parsing included - report errors in one line
+    (see report_errors)."""
+
+    def invoke(self, ctx):
+        return report_errors(lambda: super(ReportingGroup, self).invoke(ctx))
+
+
+class OutputFile(click.Path):
+    """An output file path whose ending is one of `suffixes` (checked while parsing, before any
+    work is done)."""
+
+    def __init__(self, suffixes):
+        super().__init__(dir_okay=False)
+        self.suffixes = tuple(suffixes)
+
+    def convert(self, value, param, ctx):
+        value = super().convert(value, param, ctx)
+        if Path(value).suffix.lower() not in self.suffixes:
+            option = "/".join(param.opts) if param is not None else "output"
+            raise OutputPathError(f"{option} {value} must end in {' or '.join(self.suffixes)}")
+        return value
 
 
 def _trust_kernels(ctx, param, paths):
-    from graphswap.errors import GraphswapError
-    from graphswap.kernel_trust import trust
-
     for path in paths:
         try:
-            trust(path)
+            trust_store.trust(path)
         except GraphswapError as exc:
             raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
     return paths
@@ -69,12 +88,10 @@ def _trust_kernels(ctx, param, paths):
 def _remember_named_kernels(specs, err: bool = False) -> None:
     """A kernel file named on the command line is the user's approval: record it in the trust
     store (one line each, with how to undo it), so later commands need no --trust-kernel."""
-    from graphswap.kernels import remember_named_file
-
     for spec in specs:
         if spec is None:
             continue
-        remembered = remember_named_file(spec)
+        remembered = kernels.remember_named_file(spec)
         if remembered is not None and remembered[1]:
             content = remembered[0]
             click.echo(f"trusted {content.path} (sha256 {content.sha256[:16]}...) for later "
@@ -90,8 +107,8 @@ def model_loading_options(command):
     command = click.option(
         "--trust-kernel", multiple=True, type=click.Path(dir_okay=False), expose_value=False,
         callback=_trust_kernels, metavar="PATH",
-        help="Trust this kernel library / multiplier source named by the model (repeatable); "
-             "without it, a model naming a non-built-in native kernel is refused.")(command)
+        help="Trust this kernel library / multiplier source named by the model, for this "
+             "command (repeatable); to trust it for good: 'graphswap trust add PATH'.")(command)
     command = click.option(
         "--unsafe", is_flag=True,
         help="Allow loading Lambda layers (runs Python code stored in the model: only for files "
@@ -100,12 +117,10 @@ def model_loading_options(command):
 
 
 def _load(path, custom_objects=None, unsafe=False):
-    from graphswap import modelio
-
-    return modelio.load_model(path, custom_objects=custom_objects, safe_mode=not unsafe)
+    return io.load_model(path, custom_objects=custom_objects, safe_mode=not unsafe)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=ReportingGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "--version", prog_name="graphswap")
 def main():
     """Rewrite Keras models so Dense/Conv2D forward passes run your C arithmetic.
@@ -121,7 +136,7 @@ def main():
 
 @main.command()
 @click.argument("model_path", metavar="MODEL", type=click.Path())
-@click.option("-o", "--output", type=click.Path(dir_okay=False),
+@click.option("-o", "--output", type=OutputFile(io.MODEL_OUTPUT_SUFFIXES),
               help="Where to write the rewritten model [default: MODEL's name + .swapped.keras].")
 @click.option("-k", "--kernel", default=None,
               help="Kernel for every selected layer: 'exact', 'bf16', 'fp32_m{m}', a built-in "
@@ -141,59 +156,21 @@ def main():
               show_default=True,
               help="'native': TensorFlow's exact gradients (straight-through); 'kernel': backward "
                    "products through the kernel too.")
-@click.option("--check-batch", default=8, show_default=True,
+@click.option("--check-batch", default=8, show_default=True, type=click.IntRange(min=0),
               help="Size of the random batch used to compare outputs with the original (0: skip).")
 @click.option("-f", "--force", is_flag=True, help="Overwrite the output if it exists.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @model_loading_options
-@handle_errors
 def convert(model_path, output, kernel, kernel_map, include, exclude, layer_types, backward,
             check_batch, force, as_json, custom_objects, unsafe):
     """Rewrite MODEL (.keras, .h5) so its Dense/Conv2D layers run KERNEL; save it and report."""
-    from graphswap import checks, modelio
-    from graphswap.rewrite import rewrite_model
-
-    source = Path(model_path)
-    if output is None:
-        output = source.with_name(f"{source.stem}.swapped.keras")
-    modelio.check_output_path(output, force, inputs=[source])
-    if kernel is None and kernel_map is None:
-        kernel = "exact"
-    model = _load(source, custom_objects, unsafe)
-    swapped, report = rewrite_model(
-        model, kernel=kernel, include=list(include) or None, exclude=list(exclude) or None,
-        kernel_map=kernel_map, layer_types=tuple(layer_types) or ("Dense", "Conv2D"),
-        backward=backward, return_report=True)
-    if not report.swapped:
-        from graphswap.errors import GraphswapError
-
-        raise GraphswapError(
-            f"nothing to swap in {source}: no Dense/Conv2D layer was selected "
-            f"({len(report.layers)} layers inspected); see 'graphswap inspect {source}'")
-    difference = None
-    skipped = None
-    if check_batch > 0:
-        batch = checks.sample_inputs(model, check_batch)
-        try:
-            difference = checks.max_output_difference(model, swapped, batch)
-        except checks.OriginalCannotRunError as exc:
-            skipped = f"comparison with the original skipped: {exc}"
-    modelio.save_model(swapped, output, force=force)
+    result = io.convert(model_path, kernel, kernel_map=kernel_map, include=list(include) or None,
+                        exclude=list(exclude) or None,
+                        layer_types=tuple(layer_types) or ("Dense", "Conv2D"), backward=backward,
+                        check_batch=check_batch, output=output, force=force,
+                        custom_objects=custom_objects, safe_mode=not unsafe)
     _remember_named_kernels([kernel], err=as_json)
-    if as_json:
-        payload = report.to_dict()
-        payload.update({"output": str(output), "max_abs_difference": difference})
-        if skipped:
-            payload["note"] = skipped
-        click.echo(json.dumps(payload, indent=2))
-        return
-    click.echo(report.format_table())
-    if difference is not None:
-        click.echo(f"max |original - rewritten| on a random batch of {check_batch}: "
-                   f"{difference:.3g}")
-    if skipped:
-        click.echo(skipped)
-    click.echo(f"wrote {output}")
+    click.echo(json.dumps(result.to_dict(), indent=2) if as_json else result.format_text())
 
 
 @main.command()
@@ -204,13 +181,10 @@ def convert(model_path, output, kernel, kernel_map, include, exclude, layer_type
 @click.option("--exclude", multiple=True, metavar="REGEX", help="As for convert.")
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 @model_loading_options
-@handle_errors
 def inspect(model_path, kernel, include, exclude, as_json, custom_objects, unsafe):
     """List MODEL's layers and what `convert` would swap (nothing is written)."""
-    from graphswap.rewrite import plan
-
     model = _load(model_path, custom_objects, unsafe)
-    report = plan(model, kernel=kernel, include=list(include) or None,
+    report = swap.plan(model, kernel=kernel, include=list(include) or None,
                   exclude=list(exclude) or None)
     if as_json:
         click.echo(report.to_json())
@@ -221,17 +195,14 @@ def inspect(model_path, kernel, include, exclude, as_json, custom_objects, unsaf
         click.echo(report.format_table())
 
 
-@main.group(invoke_without_command=True)
+@main.group("kernels", cls=ReportingGroup, invoke_without_command=True)
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 @click.pass_context
-@handle_errors
-def kernels(ctx, as_json):
+def kernels_group(ctx, as_json):
     """List the built-in kernels (or use a subcommand: check)."""
     if ctx.invoked_subcommand is not None:
         return
-    from graphswap.kernels import available_kernels
-
-    listing = available_kernels()
+    listing = kernels.available_kernels()
     if as_json:
         click.echo(json.dumps(listing, indent=2))
         return
@@ -242,7 +213,6 @@ def kernels(ctx, as_json):
                "256x256 table (.lut, TFApprox .bin), an operation-level library (.so).")
 
 
-# ---- export (issue 6) -------------------------------------------------------------------------
 @main.command("export")
 @click.argument("model_path", metavar="MODEL", type=click.Path())
 @click.option("--format", "export_format", type=click.Choice(["onnx", "savedmodel"]),
@@ -255,12 +225,11 @@ def kernels(ctx, as_json):
               help="Output file (onnx) or directory (savedmodel) [default: MODEL's name + .onnx, "
                    ".kept.onnx or _savedmodel].")
 @click.option("--opset", default=17, show_default=True, help="ONNX opset.")
-@click.option("--check-batch", default=8, show_default=True,
+@click.option("--check-batch", default=8, show_default=True, type=click.IntRange(min=1),
               help="Size of the random batch the export is verified on (at least 1).")
 @click.option("-f", "--force", is_flag=True, help="Overwrite the output if it exists.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @model_loading_options
-@handle_errors
 def export_command(model_path, export_format, keep_kernels, output, opset, check_batch, force,
                    as_json, custom_objects, unsafe):
     """Export MODEL (.keras, .h5, Keras 2 SavedModel) to ONNX or an inference SavedModel.
@@ -281,23 +250,18 @@ def export_command(model_path, export_format, keep_kernels, output, opset, check
     Every export is run on a sample batch and compared with the Keras model before it
     is written (see docs/EXPORT.md).
     """
-    from graphswap import export, modelio
-
-    source = Path(model_path)
     if keep_kernels and export_format != "onnx":
         raise click.UsageError(
             "--keep-kernels needs --format onnx: a SavedModel cannot hold the C kernels (a "
             "tf.numpy_function body is not serialized), so it could not serve")
     if output is None:
-        stem = source.stem
-        if export_format == "onnx":
-            output = source.with_name(f"{stem}.kept.onnx" if keep_kernels else f"{stem}.onnx")
-        else:
-            output = source.with_name(f"{stem}_savedmodel")
-    modelio.check_output_path(output, force, inputs=[source])
-    model = _load(source, custom_objects, unsafe)
-    result = export.export_model(model, output, format=export_format, keep_kernels=keep_kernels,
-                                 opset=opset, force=force, check_batch=check_batch)
+        kind = export_format if export_format == "savedmodel" else (
+            "onnx-kept-kernels" if keep_kernels else "onnx")
+        output = io.default_output_path(model_path, kind)
+    io.check_output_path(output, force, inputs=[model_path])
+    model = _load(model_path, custom_objects, unsafe)
+    result = io.export_model(model, output, format=export_format, keep_kernels=keep_kernels,
+                             opset=opset, force=force, check_batch=check_batch)
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2))
         return
@@ -315,7 +279,7 @@ def export_command(model_path, export_format, keep_kernels, output, opset, check
 @main.command()
 @click.argument("model_path", metavar="MODEL", type=click.Path())
 @click.argument("image_path", metavar="IMAGE", type=click.Path())
-@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
+@click.option("-o", "--output", required=True, type=OutputFile((".png",)),
               help="PNG to write: the input and its saliency heat map side by side.")
 @click.option("--class", "class_index", type=int, default=None,
               help="Class whose score is differentiated [default: the predicted class].")
@@ -330,34 +294,29 @@ def export_command(model_path, export_format, keep_kernels, output, opset, check
                    "x_train, whichever is present].")
 @click.option("-f", "--force", is_flag=True, help="Overwrite the output if it exists.")
 @model_loading_options
-@handle_errors
 def saliency(model_path, image_path, output, class_index, method, index, key, force,
              custom_objects, unsafe):
     """Saliency map of MODEL for IMAGE (a PNG/JPEG, or an .npz with --index), written as a PNG.
 
     An image file is converted to the model's channels and resized to its input size.
     """
-    from graphswap import modelio
-    from graphswap import saliency as saliency_module
-
-    modelio.check_output_path(output, force, inputs=[model_path, image_path])
+    io.check_output_path(output, force, inputs=[model_path, image_path])
     model = _load(model_path, custom_objects, unsafe)
-    image, label, notes = saliency_module.load_sample(model, image_path, index=index, key=key)
+    image, label, notes = research.load_sample(model, image_path, index=index, key=key)
     for note in notes:
         click.echo(note)
-    result = saliency_module.saliency_map(model, image, class_index=class_index, method=method)
+    result = research.saliency_map(model, image, class_index=class_index, method=method)
     probability = float(result.probabilities[result.class_index])
     click.echo(f"predicted class {result.predicted}"
                + (f" (label {label})" if label is not None else "")
                + f"; {method} saliency of class {result.class_index} (p={probability:.3f}, "
                  f"gradient of its {result.score})")
-    saliency_module.write_saliency_png(result, output, force=force,
-                                       title=f"{Path(model_path).name}: {Path(image_path).name}"
-                                             + (f"[{index}]" if index is not None else ""))
+    research.write_saliency_png(result, output, force=force,
+                                title=f"{Path(model_path).name}: {Path(image_path).name}"
+                                      + (f"[{index}]" if index is not None else ""))
     click.echo(f"wrote {output}")
 
 
-# ---- finetune / evaluate / sweep (issue 4) -----------------------------------------------------
 def _data_options(command):
     """--split, --resize/--pad and --scale, shared by finetune, evaluate and sweep."""
     command = click.option(
@@ -404,13 +363,12 @@ def _echo_notes(notes, err=False):
               help="Metric choosing the best epoch [default: val accuracy, else val_loss].")
 @click.option("--seed", default=0, show_default=True, help="Seed for weights, shuffling, splits.")
 @_data_options
-@click.option("-o", "--output", type=click.Path(dir_okay=False),
+@click.option("-o", "--output", type=OutputFile(io.MODEL_OUTPUT_SUFFIXES),
               help="Where to write the fine-tuned model [default: MODEL's name + .ft.keras].")
 @click.option("-f", "--force", is_flag=True,
               help="Overwrite the output (and restart an existing checkpoint directory).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @model_loading_options
-@handle_errors
 def finetune(model_path, data_path, val_data, val_split, epochs, batch_size, learning_rate,
              strategy, checkpoint_dir, resume, patience, monitor, seed, scale, pad, resize,
              output, force, as_json, custom_objects, unsafe):
@@ -419,29 +377,23 @@ def finetune(model_path, data_path, val_data, val_split, epochs, batch_size, lea
     Uses the loss/metrics saved with the model (else a stated classifier default), keeps the
     best epoch by the validation metric, and saves atomically.
     """
-    from graphswap import modelio
-    from graphswap import train as train_module
-
-    source = Path(model_path)
     if output is None:
-        output = source.with_name(f"{source.stem}.ft.keras")
-    modelio.check_output_path(output, force, inputs=[source])
-    result = train_module.finetune(
-        str(source), data_path, val_data=val_data, val_split=val_split, epochs=epochs,
+        output = io.default_output_path(model_path, "finetune")
+    result = research.finetune(
+        model_path, data_path, val_data=val_data, val_split=val_split, epochs=epochs,
         batch_size=batch_size, learning_rate=learning_rate, strategy=strategy,
         checkpoint_dir=checkpoint_dir, resume=resume, patience=patience, monitor=monitor,
         seed=seed, verbose=2 if as_json or not sys.stdout.isatty() else 1,
         resize=resize, pad=pad, scale=scale, custom_objects=custom_objects,
-        safe_mode=not unsafe, force=force,
+        safe_mode=not unsafe, force=force, output=output,
         log=None if as_json else (lambda note: click.echo(f"  {note}")))
     if not result.chief:  # a non-chief worker of a multi-worker run: the chief saves
         click.echo(f"worker done (epochs {result.epochs_run}); the chief writes {output}")
         return
-    modelio.save_model(result.model, output, force=force)
     if as_json:
-        click.echo(json.dumps({**result.to_dict(), "output": str(output)}, indent=2))
+        click.echo(json.dumps(result.to_dict(), indent=2))
         return
-    click.echo(train_module.format_history(result))
+    click.echo(research.format_history(result))
     if result.best_epoch is not None:
         click.echo(f"best epoch {result.best_epoch} by {result.monitor} "
                    f"({result.best_value:.4f}; marked *)")
@@ -466,9 +418,9 @@ def finetune(model_path, data_path, val_data, val_split, epochs, batch_size, lea
 @click.option("--include", multiple=True, metavar="REGEX", help="As for convert.")
 @click.option("--exclude", multiple=True, metavar="REGEX", help="As for convert.")
 @_data_options
-@click.option("-o", "--output", type=click.Path(dir_okay=False),
+@click.option("-o", "--output", type=OutputFile((".json", ".csv")),
               help="Write the results as JSON or CSV (by the file's suffix).")
-@click.option("--plot", type=click.Path(dir_okay=False),
+@click.option("--plot", type=OutputFile((".png",)),
               help="Write a bar chart of the accuracies (PNG).")
 @click.option("-f", "--force", is_flag=True, help="Overwrite output files.")
 @click.option("--json", "json_target", is_flag=False, flag_value="-", default=None,
@@ -476,39 +428,27 @@ def finetune(model_path, data_path, val_data, val_split, epochs, batch_size, lea
               help="Print the results as JSON; with a PATH (ending in .json), write them there "
                    "instead (like -o).")
 @model_loading_options
-@handle_errors
 def evaluate_command(model_path, data_path, kernel_specs, finetune_data, epochs, batch_size,
                      learning_rate, seed, include, exclude, scale, pad, resize, output, plot,
                      force, json_target, custom_objects, unsafe):
     """Evaluate MODEL and one rewritten copy per --kernel on the same data, side by side."""
-    from graphswap import modelio
-    from graphswap.evaluate import evaluate
-    from graphswap.errors import GraphswapError
-
     as_json = json_target == "-"
     if json_target not in (None, "-"):
         if output is not None and output != json_target:
-            raise GraphswapError(f"--json {json_target} and -o {output} name two outputs; use one")
+            raise OutputPathError(f"--json {json_target} and -o {output} name two outputs; "
+                                  f"use one")
         if Path(json_target).suffix.lower() != ".json":
-            raise GraphswapError(f"--json {json_target} must end in .json")
+            raise OutputPathError(f"--json {json_target} must end in .json")
         output = json_target
-    if output is not None:
-        if Path(output).suffix.lower() not in (".json", ".csv"):
-            raise GraphswapError(f"--output {output} must end in .json or .csv")
-        modelio.check_output_path(output, force, inputs=[model_path, data_path])
-    if plot is not None:
-        if Path(plot).suffix.lower() != ".png":
-            raise GraphswapError(f"--plot {plot} must end in .png")
-        modelio.check_output_path(plot, force, inputs=[model_path, data_path])
-    from graphswap.train import swapped_layers
-
-    model = _load(model_path, custom_objects, unsafe)
-    # a converted model is evaluated as it is unless kernels are asked for
-    default_kernels = [] if swapped_layers(model) else ["exact"]
-    result = evaluate(model, data_path, list(kernel_specs) or default_kernels,
-                      finetune_data=finetune_data, epochs=epochs, batch_size=batch_size,
-                      learning_rate=learning_rate, seed=seed, include=list(include) or None,
-                      exclude=list(exclude) or None, resize=resize, pad=pad, scale=scale)
+    for path in (output, plot):
+        if path is not None:
+            io.check_output_path(path, force, inputs=[model_path, data_path])
+    result = research.evaluate(model_path, data_path, list(kernel_specs) or None,
+                               finetune_data=finetune_data, epochs=epochs, batch_size=batch_size,
+                               learning_rate=learning_rate, seed=seed,
+                               include=list(include) or None, exclude=list(exclude) or None,
+                               resize=resize, pad=pad, scale=scale,
+                               custom_objects=custom_objects, safe_mode=not unsafe)
     if output is not None:
         result.write(output, force=force)
     if plot is not None:
@@ -537,7 +477,8 @@ def evaluate_command(model_path, data_path, kernel_specs, finetune_data, epochs,
               help="Power of the exact multiplier [default: 0.391 mW, EvoApproxLib mul8u_1JFF; "
                    "0.425 mW, mul8s_1KV6, for signed multipliers].")
 @click.option("--max-drop", default=1.0, show_default=True, metavar="POINTS",
-              help="Accuracy budget in percentage points for the written kernel map.")
+              type=click.FloatRange(0, 100),
+              help="Accuracy budget in percentage points (0..100) for the written kernel map.")
 @click.option("--include", multiple=True, metavar="REGEX", help="As for convert.")
 @click.option("--exclude", multiple=True, metavar="REGEX", help="As for convert.")
 @click.option("--type", "layer_types", multiple=True, type=click.Choice(["Dense", "Conv2D"]),
@@ -545,40 +486,31 @@ def evaluate_command(model_path, data_path, kernel_specs, finetune_data, epochs,
 @click.option("--batch-size", default=128, show_default=True,
               help="Evaluation batch size (as evaluate's, so the numbers compare).")
 @_data_options
-@click.option("-o", "--output", type=click.Path(dir_okay=False),
+@click.option("-o", "--output", type=OutputFile((".json",)),
               help="Where to write the kernel map for 'convert --kernel-map' "
                    "[default: MODEL's name + .kernel_map.json].")
-@click.option("--plot", type=click.Path(dir_okay=False),
+@click.option("--plot", type=OutputFile((".png",)),
               help="Write the Pareto plot (accuracy vs relative multiply energy) as PNG.")
 @click.option("-f", "--force", is_flag=True, help="Overwrite output files.")
 @click.option("--json", "as_json", is_flag=True, help="Print the full sweep as JSON.")
 @model_loading_options
-@handle_errors
 def sweep_command(model_path, data_path, kernel_spec, power_options, reference_power, max_drop,
                   include, exclude, layer_types, batch_size, scale, pad, resize, output, plot,
                   force, as_json, custom_objects, unsafe):
     """Swap one layer at a time to KERNEL: accuracy drop, MACs, energy, Pareto plot, kernel map."""
-    from graphswap import modelio
-    from graphswap.errors import GraphswapError
-    from graphswap.sweep import parse_power_options, sweep
-
-    source = Path(model_path)
     if output is None:
-        output = source.with_name(f"{source.stem}.kernel_map.json")
-    modelio.check_output_path(output, force, inputs=[model_path, data_path])
-    if plot is not None:
-        if Path(plot).suffix.lower() != ".png":
-            raise GraphswapError(f"--plot {plot} must end in .png")
-        modelio.check_output_path(plot, force, inputs=[model_path, data_path])
-    if not 0 <= max_drop <= 100:
-        raise GraphswapError(f"--max-drop is in percentage points (0..100), got {max_drop}")
-    power = parse_power_options(power_options)
-    model = _load(model_path, custom_objects, unsafe)
-    result = sweep(model, data_path, kernel_spec, power=power or None,
-                   reference_power=reference_power, max_accuracy_drop=max_drop / 100.0,
-                   layer_types=tuple(layer_types) or ("Dense", "Conv2D"),
-                   include=list(include) or None, exclude=list(exclude) or None,
-                   batch_size=batch_size, resize=resize, pad=pad, scale=scale)
+        output = io.default_output_path(model_path, "sweep")
+    for path in (output, plot):
+        if path is not None:
+            io.check_output_path(path, force, inputs=[model_path, data_path])
+    result = research.sweep(model_path, data_path, kernel_spec,
+                            power=research.parse_power_options(power_options) or None,
+                            reference_power=reference_power,
+                            max_accuracy_drop=max_drop / 100.0,
+                            layer_types=tuple(layer_types) or ("Dense", "Conv2D"),
+                            include=list(include) or None, exclude=list(exclude) or None,
+                            batch_size=batch_size, resize=resize, pad=pad, scale=scale,
+                            custom_objects=custom_objects, safe_mode=not unsafe)
     result.write_kernel_map(output, force=force)
     if plot is not None:
         result.plot(plot, force=force)
@@ -594,7 +526,7 @@ def sweep_command(model_path, data_path, kernel_spec, power_options, reference_p
         click.echo(f"wrote {plot}")
 
 
-@main.group("trust")
+@main.group("trust", cls=ReportingGroup)
 def trust_group():
     """Approve native kernel files once: a model, kernel map or ONNX file that names a kernel
     file loads it only if you trust that file's content (its SHA-256).
@@ -612,78 +544,60 @@ def trust_group():
 @trust_group.command("add")
 @click.argument("paths", metavar="FILE...", nargs=-1, required=True,
                 type=click.Path(dir_okay=False))
-@handle_errors
 def trust_add(paths):
     """Trust the current content of each kernel FILE (.c, .so), for later sessions too."""
-    from graphswap import kernel_trust
-
     for path in paths:
-        digest = kernel_trust.trust(path, persist=True)
+        digest = trust_store.trust(path, persist=True)
         click.echo(f"trusted {os.path.realpath(path)} (sha256 {digest})")
-    click.echo(f"trust store: {kernel_trust.store_path()}")
+    click.echo(f"trust store: {trust_store.store_path()}")
 
 
 @trust_group.command("list")
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
-@handle_errors
 def trust_list(as_json):
     """List the trusted kernel files (path, SHA-256, when added, and whether the file still
     has that content)."""
-    from graphswap import kernel_trust
-    from graphswap.tables import format_table
-
-    entries = kernel_trust.stored_trust()
+    entries = trust_store.stored_trust()
     for entry in entries:
         entry["current"] = _file_state(entry)
     if as_json:
-        click.echo(json.dumps({"store": str(kernel_trust.store_path()), "kernels": entries},
+        click.echo(json.dumps({"store": str(trust_store.store_path()), "kernels": entries},
                               indent=2))
         return
     if not entries:
-        click.echo(f"no trusted kernel files (store: {kernel_trust.store_path()})")
+        click.echo(f"no trusted kernel files (store: {trust_store.store_path()})")
         return
     rows = [(e["path"], e["sha256"][:16] + "...", e["added"], e["current"]) for e in entries]
     click.echo("\n".join(format_table(("path", "sha256", "added", "file now"), rows)))
-    click.echo(f"store: {kernel_trust.store_path()}")
+    click.echo(f"store: {trust_store.store_path()}")
 
 
 def _file_state(entry) -> str:
-    from graphswap import kernel_trust
-    from graphswap.errors import GraphswapError
-
-    try:
-        content = kernel_trust.read_file(entry["path"], "kernel file")
-    except GraphswapError:
-        return "missing"
-    return "same content" if content.sha256 == entry["sha256"] else "changed (not trusted)"
+    state = trust_store.file_state(entry)
+    return {"same": "same content", "changed": "changed (not trusted)", "missing": "missing"}[state]
 
 
 @trust_group.command("remove")
 @click.argument("keys", metavar="FILE|SHA256...", nargs=-1, required=True)
-@handle_errors
 def trust_remove(keys):
     """Stop trusting a kernel file (every recorded content of that path) or one SHA-256."""
-    from graphswap import kernel_trust
-    from graphswap.errors import KernelTrustError
-
     for key in keys:
-        removed = kernel_trust.untrust(key)
+        removed = trust_store.untrust(key)
         if not removed:
             raise KernelTrustError(f"{key} is not in the trust store "
-                                   f"({kernel_trust.store_path()}); see 'graphswap trust list'")
+                                   f"({trust_store.store_path()}); see 'graphswap trust list'")
         for entry in removed:
             click.echo(f"no longer trusted: {entry['path']} (sha256 {entry['sha256']})")
 
 
-@kernels.command("check")
+@kernels_group.command("check")
 @click.argument("spec")
-@click.option("--plot", type=click.Path(dir_okay=False),
+@click.option("--plot", type=OutputFile((".png",)),
               help="Write an error heat map (approx - exact over all operand pairs) as PNG.")
 @click.option("--timeout", default=120.0, show_default=True,
               help="Seconds before a hanging kernel is killed and reported.")
 @click.option("-f", "--force", is_flag=True, help="Overwrite the --plot file if it exists.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-@handle_errors
 def kernels_check(spec, plot, timeout, force, as_json):
     """Check a kernel: sanity checks and error metrics of a multiplier (with its header's values
     beside them), determinism, re-entrancy, guard regions and NaN/Inf behaviour.
@@ -691,18 +605,11 @@ def kernels_check(spec, plot, timeout, force, as_json):
     The kernel runs in a child process: a segfault, abort or hang is reported as a failed check.
     Exit code 1 when a check fails.
     """
-    from graphswap import kernel_check, modelio
-    from graphswap.kernels import resolve_kernel
-
-    if not os.path.exists(spec.split(":", 1)[0]):
-        # Not a file: a built-in (safe to resolve here) or a typo / missing file, which gets one
-        # clear error instead of a table of failed checks.
-        resolve_kernel(spec)
     if plot:
-        modelio.check_output_path(plot, force)
-    result = kernel_check.check_kernel(spec, plot=plot, timeout=timeout)
+        io.check_output_path(plot, force)
+    result = kernels.check_kernel(spec, plot=plot, timeout=timeout)
     click.echo(json.dumps(result, indent=2, default=float) if as_json
-               else kernel_check.format_result(result))
+               else kernels.format_check_result(result))
     if plot and result.get("plot"):
         click.echo(f"wrote {plot}")
     if not result["passed"]:

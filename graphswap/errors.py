@@ -26,6 +26,10 @@ class UnsupportedLayerError(GraphswapError, ValueError):
     """A layer uses an option graphswap cannot reproduce; the message names the layer and option."""
 
 
+class ShapeError(GraphswapError, ValueError):
+    """Operand shapes or a convolution geometry that do not fit together."""
+
+
 class ModelLoadError(GraphswapError):
     """A model file could not be loaded (missing, corrupt, weights-only, unsupported format)."""
 

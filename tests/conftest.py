@@ -28,7 +28,7 @@ HEADER_DIR = REPO / "native_kernels" / "include"
 @pytest.fixture(autouse=True)
 def _fresh_session_trust():
     """Each test starts with nothing trusted for the session (as a new process would)."""
-    from graphswap import kernel_trust
+    from graphswap.kernels import trust as kernel_trust
 
     kernel_trust.clear_session_trust()
     yield
@@ -143,3 +143,69 @@ def run_python(code: str, timeout: int = 600, env=None) -> subprocess.CompletedP
         [package_root] + ([full_env["PYTHONPATH"]] if full_env.get("PYTHONPATH") else []))
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
                           text=True, timeout=timeout, env=full_env, cwd=str(REPO))
+
+
+# --------------------------------------------------------------------------------------------
+# helpers shared by several test modules
+# --------------------------------------------------------------------------------------------
+
+MATMUL_ONLY_LIBRARY = """
+    #include "graphswap_kernels.h"
+    GRAPHSWAP_EXPORT int32_t graphswap_abi_version(void) { return GRAPHSWAP_ABI_VERSION; }
+    /* a user's op-level library: plain triple loop, no conv entry point */
+    GRAPHSWAP_EXPORT int32_t graphswap_matmul_f32(const float *a, const float *b, float *c,
+                                                  int64_t m, int64_t k, int64_t n) {
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t j = 0; j < n; j++) {
+                double s = 0;
+                for (int64_t p = 0; p < k; p++) s += (double)a[i * k + p] * b[p * n + j];
+                c[i * n + j] = (float)s;
+            }
+        return GRAPHSWAP_OK;
+    }
+"""
+
+
+def tf_keras_lenet(weights_from=None):
+    """sample_models' LeNet-5 built with tf_keras (Keras 2), optionally with a Keras 3 model's
+    weights copied layer by layer."""
+    import tf_keras
+
+    layers = tf_keras.layers
+    model = tf_keras.Sequential([
+        tf_keras.Input((32, 32, 1), name="pixels"),
+        layers.Rescaling(1.0 / 255.0, name="rescale"),
+        layers.Conv2D(6, 5, activation="relu", name="conv1"),
+        layers.MaxPooling2D(2, name="pool1"),
+        layers.Conv2D(16, 5, activation="relu", name="conv2"),
+        layers.MaxPooling2D(2, name="pool2"),
+        layers.Flatten(name="flatten"),
+        layers.Dense(120, activation="relu", name="fc1"),
+        layers.Dense(84, activation="relu", name="fc2"),
+        layers.Dense(10, activation="softmax", name="predictions"),
+    ], name="lenet5_k2")
+    if weights_from is not None:
+        for target in model.layers:
+            target.set_weights(weights_from.get_layer(target.name).get_weights())
+    return model
+
+
+def small_model(compiled=True, softmax=True, seed=0):
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential([
+        keras.Input((6, 6, 1), name="pixels"),
+        keras.layers.Conv2D(3, 3, activation="relu", name="conv"),
+        keras.layers.Flatten(name="flat"),
+        keras.layers.Dense(3, activation="softmax" if softmax else None, name="out"),
+    ], name="small")
+    if compiled:
+        model.compile(loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    return model
+
+
+def small_data(n=48, seed=0):
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 3, n)
+    x = rng.normal(size=(n, 6, 6, 1)).astype(np.float32) * 0.3
+    x[:, 1:5, 1:5, 0] += y[:, None, None] - 1.0  # learnable: the class shifts the centre
+    return x, y

@@ -11,7 +11,7 @@ import pytest
 
 from graphswap import kernels, multipliers
 from graphswap.errors import KernelSpecError
-from graphswap.quantized import LutKernel
+from graphswap.kernels import LutKernel
 
 import reference
 
@@ -172,7 +172,7 @@ def test_newer_generation_unsigned_and_signed(tmp_path):
     v = signed_values()
     np.testing.assert_array_equal(table_2d(ms), expected_asym_signed())
     # lut(): rows = first operand, signed rows/cols ordered -128..127
-    lut = multipliers.lut(str(tmp_path / "s.c"))
+    lut = kernels.lut(str(tmp_path / "s.c"))
     order = np.argsort(v)
     np.testing.assert_array_equal(lut, expected_asym_signed()[np.ix_(order, order)])
     assert lut[0, 128] == 0 and lut[0, 129] == 0 and lut[0, 132] == -128 * 4
@@ -186,7 +186,7 @@ def test_misdeclared_signed_file_is_detected(tmp_path):
     assert any("declared with unsigned" in note for note in m.notes)
     np.testing.assert_array_equal(table_2d(m), expected_asym_signed())
     assert table_2d(m)[255, 4] == -4  # (-1) * 4, not 255 * 4 and not 65532
-    report = multipliers.check(str(path))
+    report = kernels.check(str(path))
     assert next(c for c in report["checks"] if c["check"] == "signedness plausibility")["passed"]
 
 
@@ -329,21 +329,21 @@ def test_tfapprox_bin(tmp_path):
 def test_metrics_trunc8_by_hand():
     a = np.arange(256)[:, None] * np.arange(256)[None, :]
     err = (a >> 8 << 8) - a
-    got = multipliers.metrics("mul8u_trunc8")
+    got = kernels.metrics("mul8u_trunc8")
     assert got["MAE"] == pytest.approx(np.abs(err).mean())
     assert got["MAE%"] == pytest.approx(np.abs(err).mean() / 65536 * 100)
     assert got["WCE"] == 255 and got["WCE%"] == pytest.approx(255 / 65536 * 100)
     assert got["EP%"] == pytest.approx(np.mean(err != 0) * 100)
     assert got["bias"] == pytest.approx(err.mean())
     assert got["MSE"] == pytest.approx((err.astype(float) ** 2).mean())
-    exact = multipliers.metrics("mul8s_exact")
+    exact = kernels.metrics("mul8s_exact")
     assert all(v == 0 for v in exact.values())
 
 
 def test_check_agrees_with_evoapprox_header(tmp_path):
     path = tmp_path / "mul8u_LEG.c"
     path.write_text(legacy_source())
-    result = multipliers.check(str(path))
+    result = kernels.check(str(path))
     agreed = {e["metric"]: e["agrees"] for e in result["header_comparison"]}
     assert agreed["MAE%"] and agreed["WCE%"] and agreed["EP%"] and agreed["MAE"]
     assert result["passed"]
@@ -356,12 +356,12 @@ def test_check_agrees_with_evoapprox_header(tmp_path):
 def test_check_flags_wrong_header_and_nonzero_at_zero(tmp_path):
     path = tmp_path / "mul8u_LEG.c"
     path.write_text(legacy_source(header_ok=False))
-    result = multipliers.check(str(path))
+    result = kernels.check(str(path))
     assert not result["passed"]
     assert "DIFFERS" in multipliers.format_check(result)
     table = np.arange(65536, dtype=np.int32) % 7 + 1  # never zero
     multipliers.write_lut(tmp_path / "nz.lut", table, signed=False)
-    result = multipliers.check(str(tmp_path / "nz.lut"))
+    result = kernels.check(str(tmp_path / "nz.lut"))
     names = {c["check"]: c for c in result["checks"]}
     assert names["f(a, 0) = 0"]["passed"] is False and names["f(0, b) = 0"]["passed"] is False
 
@@ -370,14 +370,14 @@ def test_check_flags_implausible_signedness(tmp_path):
     # a signed multiplier's table stored as an unsigned .lut (values as 16-bit patterns)
     signed_table = table_2d(kernels.resolve_multiplier("mul8s_exact")).reshape(-1) & 0xFFFF
     multipliers.write_lut(tmp_path / "wrong.lut", signed_table.astype(np.int32), signed=False)
-    result = multipliers.check(str(tmp_path / "wrong.lut"))
+    result = kernels.check(str(tmp_path / "wrong.lut"))
     names = {c["check"]: c for c in result["checks"]}
     assert names["signedness plausibility"]["passed"] is False
     assert "looks signed" in names["signedness plausibility"]["detail"]
 
 
 def test_plot_error_heatmap(tmp_path):
-    out = multipliers.plot_error_heatmap("mul8s_drum3", tmp_path / "heat.png")
+    out = kernels.plot_error_heatmap("mul8s_drum3", tmp_path / "heat.png")
     data = (tmp_path / "heat.png").read_bytes()
     assert out.endswith("heat.png") and data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
 
@@ -402,7 +402,7 @@ def test_header_agreement_accepts_rounding_and_truncation(computed, printed, agr
 def test_write_lut_of_a_lut_result_round_trips(tmp_path):
     """kernels.lut() returns a signed table ordered by value; writing it back must say so."""
     drum = kernels.resolve_multiplier("mul8s_drum4")
-    by_value = multipliers.lut("mul8s_drum4")
+    by_value = kernels.lut("mul8s_drum4")
     with pytest.raises(ValueError, match="ambiguous: pass table_order='value'"):
         multipliers.write_lut(tmp_path / "x.lut", by_value, signed=True)
     multipliers.write_lut(tmp_path / "v.lut", by_value, signed=True, table_order="value")
@@ -411,7 +411,7 @@ def test_write_lut_of_a_lut_result_round_trips(tmp_path):
     for name in ("v.lut", "c.lut"):
         np.testing.assert_array_equal(
             kernels.resolve_multiplier(str(tmp_path / name)).table, drum.table)
-    unsigned = multipliers.lut("mul8u_mitchell")  # unsigned: one order, no argument needed
+    unsigned = kernels.lut("mul8u_mitchell")  # unsigned: one order, no argument needed
     multipliers.write_lut(tmp_path / "u.lut", unsigned, signed=False)
     np.testing.assert_array_equal(kernels.resolve_multiplier(str(tmp_path / "u.lut")).table,
                                   kernels.resolve_multiplier("mul8u_mitchell").table)

@@ -17,11 +17,12 @@ from hypothesis import strategies as st
 
 import graphswap
 from conftest import SAMPLE_MODEL, compile_library
-from graphswap import SwappedConv2D, SwappedDense, modelio, native
+from graphswap import SwappedConv2D, SwappedDense, native
+from graphswap import io as gsio
 from graphswap.cli import main
 from graphswap.errors import ModelLoadError, OutputPathError
 from graphswap.kernels import resolve_kernel
-from test_native import MATMUL_ONLY_LIBRARY
+from conftest import MATMUL_ONLY_LIBRARY
 
 
 def test_truncated_keras_file(tmp_path):
@@ -29,7 +30,7 @@ def test_truncated_keras_file(tmp_path):
     path = tmp_path / "truncated.keras"
     path.write_bytes(data[: len(data) // 2])
     with pytest.raises(ModelLoadError, match="corrupt or truncated"):
-        modelio.load_model(path)
+        gsio.load_model(path)
     result = CliRunner().invoke(main, ["convert", str(path)])
     assert result.exit_code == 1 and "corrupt or truncated" in result.output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["truncated.keras"]
@@ -55,7 +56,7 @@ def test_disk_full_during_save_leaves_nothing_behind(tmp_path, monkeypatch):
 
     monkeypatch.setattr(keras.Model, "save", failing_save)
     with pytest.raises(OutputPathError, match="No space left on device"):
-        modelio.save_model(model, target, force=True)
+        gsio.save_model(model, target, force=True)
     assert target.read_bytes() == b"previous version"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.keras"]
 
@@ -110,7 +111,7 @@ def test_concurrent_calls_equal_sequential_ones(tmp_path):
              rng.standard_normal((70, 33)).astype(np.float32)) for m in rng.integers(1, 200, 24)]
     conv_x = rng.standard_normal((3, 12, 12, 4)).astype(np.float32)
     conv_w = rng.standard_normal((3, 3, 4, 8)).astype(np.float32)
-    geometry = graphswap.geometry.conv_geometry(conv_x.shape, conv_w.shape, padding="same")
+    geometry = graphswap.native.conv_geometry(conv_x.shape, conv_w.shape, padding="same")
     for kernel in (exact, user):
         sequential = [kernel.matmul(a, b) for a, b in jobs]
         conv_sequential = kernel.conv2d(conv_x, conv_w, geometry)
@@ -191,9 +192,9 @@ def test_fuzz_lut_conv2d_against_numpy_reference(name, batch, height, width, in_
                                                  out_channels, kh, kw, stride, dilation, padding,
                                                  seed):
     import reference
-    from graphswap.geometry import conv_geometry
+    from graphswap.native import conv_geometry
     from graphswap.kernels import resolve_multiplier
-    from graphswap.quantized import LutKernel
+    from graphswap.kernels import LutKernel
 
     if padding == "valid" and (height < (kh - 1) * dilation + 1 or width < (kw - 1) * dilation + 1):
         padding = "same"
@@ -216,7 +217,7 @@ def test_fuzz_lut_conv2d_against_numpy_reference(name, batch, height, width, in_
 def test_fuzz_lut_matmul_against_numpy_reference(name, m, k, n, seed):
     import reference
     from graphswap.kernels import resolve_multiplier
-    from graphswap.quantized import LutKernel
+    from graphswap.kernels import LutKernel
 
     rng = np.random.default_rng(seed)
     a = rng.normal(0.3, 1.0, (m, k)).astype(np.float32)

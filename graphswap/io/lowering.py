@@ -1,0 +1,215 @@
+"""Lowering swapped layers for export: back to stock Dense/Conv2D (same weights), or to layers
+whose kernel call is one marked PyFunc that tf2onnx turns into a custom ONNX node.
+
+`lower_model(model)` computes what `model` computes with the exact kernel; `kept_kernel_model`
+keeps the kernels.  Both return the per-layer records the export metadata stores.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import keras
+import tensorflow as tf
+
+from graphswap.native import conv_geometry
+from graphswap.swap import SwappedConv2D, SwappedDense, iter_layers, transform_model
+
+MARKER = "graphswap_export_{index}"
+MARKER_RE = re.compile(r"graphswap_export_(\d+)(?![0-9])")
+
+
+@dataclasses.dataclass
+class SwappedLayer:
+    """One swapped layer of an exported model, as recorded in the export's metadata."""
+
+    index: int
+    path: str             # nested path, "outer/inner/fc1"
+    name: str
+    layer_type: str       # "Dense" or "Conv2D" (the layer it stands for)
+    kernel: dict          # the kernel config stored in the layer ({"spec": ...}, + path/sha256)
+    description: str
+    backward: str
+    onnx_nodes: list = dataclasses.field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        record = {"layer": self.path, "name": self.name, "type": self.layer_type,
+                  "kernel": self.kernel, "kernel_spec": self.kernel.get("spec"),
+                  "description": self.description, "backward": self.backward}
+        if self.onnx_nodes:
+            record["onnx_nodes"] = list(self.onnx_nodes)
+        return record
+
+
+def _plain_config(layer) -> dict:
+    config = layer.get_config()
+    config.pop("arithmetic", None)
+    config.pop("swap_kernel", None)
+    config.pop("backward", None)
+    return config
+
+
+class MarkedDense(keras.layers.Dense):
+    """Dense whose ops sit in a name scope that marks the swapped layer it stands for."""
+
+    graphswap_marker = ""
+
+    def call(self, inputs, training=None):
+        with tf.name_scope(self.graphswap_marker):
+            return super().call(inputs, training=training)
+
+
+class MarkedConv2D(keras.layers.Conv2D):
+    """Conv2D in a marking name scope (grouped / channels_first ones as NHWC Conv2D ops)."""
+
+    graphswap_marker = ""
+
+    def call(self, inputs):
+        with tf.name_scope(self.graphswap_marker):
+            return super().call(inputs)
+
+    def convolution_op(self, inputs, kernel):
+        # Keras runs grouped convolutions inside a jit_compile tf.function, which tf2onnx
+        # cannot convert (a StatefulPartitionedCall is left), and NCHW Conv2D does not run on
+        # CPU: compute those in NHWC, one plain Conv2D per group (what the kernels compute).
+        if self.groups == 1 and self.data_format != "channels_first":
+            return super().convolution_op(inputs, kernel)
+        channels_first = self.data_format == "channels_first"
+        x = tf.transpose(inputs, [0, 2, 3, 1]) if channels_first else inputs
+        parts = [tf.nn.convolution(x_group, w_group, strides=list(self.strides),
+                                   padding=str(self.padding).upper(),
+                                   dilations=list(self.dilation_rate))
+                 for x_group, w_group in zip(tf.split(x, self.groups, axis=3),
+                                             tf.split(kernel, self.groups, axis=3))]
+        y = parts[0] if len(parts) == 1 else tf.concat(parts, axis=3)
+        return tf.transpose(y, [0, 3, 1, 2]) if channels_first else y
+
+
+class KeptDense(SwappedDense):
+    """A swapped Dense whose kernel call is one numpy_function named by its marker (only ever
+    traced for tf2onnx: never trained, never saved)."""
+
+    graphswap_marker = ""
+
+    def call(self, inputs, training=None):
+        dtype = inputs.dtype
+        x = tf.cast(inputs, tf.float32)
+        w = tf.cast(self.kernel, tf.float32)
+        k, n = int(w.shape[0]), int(w.shape[1])
+        x2d = tf.reshape(x, [-1, k]) if x.shape.rank != 2 else x
+        arithmetic = self.arithmetic
+        y = tf.numpy_function(lambda a, b: arithmetic.matmul(a, b), [x2d, w], tf.float32,
+                              stateful=False, name=self.graphswap_marker)
+        # ensure_shape, not set_shape: tf2onnx re-infers shapes from the GraphDef, where a
+        # PyFunc's output shape is unknown; ops needing it downstream (a Concat with axis -1)
+        # would be left half-converted.  EnsureShape carries it and becomes an Identity.
+        y = tf.ensure_shape(y, [x2d.shape[0], n])
+        if x.shape.rank != 2:
+            y = tf.reshape(y, tf.concat([tf.shape(x)[:-1], [n]], axis=0))
+            y.set_shape(x.shape[:-1].concatenate([n]))
+        if self.bias is not None:
+            y = tf.add(y, tf.cast(self.bias, tf.float32))
+        if self.activation is not None:
+            y = self.activation(y)
+        return tf.cast(y, dtype) if dtype != tf.float32 else y
+
+
+class KeptConv2D(SwappedConv2D):
+    """A swapped Conv2D whose kernel call is one marked numpy_function (traced only)."""
+
+    graphswap_marker = ""
+
+    def convolution_op(self, inputs, kernel):
+        channels_first = self.data_format == "channels_first"
+        x = tf.cast(inputs, tf.float32)
+        if channels_first:
+            x = tf.transpose(x, [0, 2, 3, 1])
+        w = tf.cast(kernel, tf.float32)
+        filter_shape = tuple(int(d) for d in w.shape)
+        strides, dilations = tuple(self.strides), tuple(self.dilation_rate)
+        padding, groups, arithmetic = self.padding, self.groups, self.arithmetic
+
+        def forward(x_array, w_array):
+            geometry = conv_geometry(x_array.shape, filter_shape, strides, dilations, padding,
+                                     groups)
+            return arithmetic.conv2d(x_array, w_array, geometry)
+
+        y = tf.numpy_function(forward, [x, w], tf.float32, stateful=False,
+                              name=self.graphswap_marker)
+        static = x.shape
+        if None not in static[1:]:
+            g = conv_geometry((1, *static[1:]), filter_shape, strides, dilations, padding,
+                              groups)
+            y = tf.ensure_shape(y, [static[0], g.out_height, g.out_width, filter_shape[3]])
+        if channels_first:
+            y = tf.transpose(y, [0, 3, 1, 2])
+        return tf.cast(y, inputs.dtype) if inputs.dtype != tf.float32 else y
+
+
+def swapped_layers(model) -> list[SwappedLayer]:
+    """The swapped layers of `model` (nested models included), in traversal order."""
+    records = []
+    for path, layer in iter_layers(model):
+        if isinstance(layer, (SwappedDense, SwappedConv2D)):
+            records.append(_record(len(records), path, layer))
+    return records
+
+
+def _record(index, path, layer) -> SwappedLayer:
+    return SwappedLayer(index=index, path=path, name=layer.name,
+                        layer_type="Dense" if isinstance(layer, SwappedDense) else "Conv2D",
+                        kernel=layer.arithmetic.to_config(),
+                        description=getattr(layer.arithmetic, "description", ""),
+                        backward=layer.backward)
+
+
+def lower_model(model, marked: bool = False):
+    """A copy of `model` with every swapped layer replaced by a plain Dense/Conv2D (same weights).
+
+    Returns (lowered_model, [SwappedLayer, ...]).  The lowered model computes what `model` computes
+    with the exact kernel.  With `marked=True` the replacements put their ops in a name scope
+    "graphswap_export_<index>" (used to find them in the ONNX graph).
+    """
+    dense_cls, conv_cls = (MarkedDense, MarkedConv2D) if marked else (keras.layers.Dense,
+                                                                      keras.layers.Conv2D)
+    return _replace_swapped(model, dense_cls, conv_cls, _plain_config)
+
+
+def kept_kernel_model(model):
+    """A copy of `model` whose swapped layers call their kernel through one marked PyFunc each."""
+    return _replace_swapped(model, KeptDense, KeptConv2D, _config_keeping_arithmetic)
+
+
+def _replace_swapped(model, dense_cls, conv_cls, config_of):
+    records: list[SwappedLayer] = []
+
+    def replace(path, layer):
+        if not isinstance(layer, (SwappedDense, SwappedConv2D)):
+            return None
+        record = _record(len(records), path, layer)
+        records.append(record)
+        cls = dense_cls if isinstance(layer, SwappedDense) else conv_cls
+        new_layer = cls.from_config(config_of(layer))
+        if hasattr(cls, "graphswap_marker"):
+            new_layer.graphswap_marker = MARKER.format(index=record.index)
+        return new_layer
+
+    new_model, _ = transform_model(model, replace)
+    return new_model, records
+
+
+def _config_keeping_arithmetic(layer) -> dict:
+    """The swapped layer's config with its resolved arithmetic (no second trip through the gate)."""
+    return {**layer.get_config(), "arithmetic": layer.arithmetic}
+
+
+def layers_by_marker(traced) -> dict:
+    """{record index: layer} of the marked layers of a lowered/kept model."""
+    layers = {}
+    for _, layer in iter_layers(traced):
+        marker = getattr(layer, "graphswap_marker", "")
+        match = MARKER_RE.fullmatch(marker) if marker else None
+        if match:
+            layers[int(match.group(1))] = layer
+    return layers

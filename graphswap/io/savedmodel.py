@@ -1,0 +1,89 @@
+"""The inference SavedModel export: the lowered model behind a `serving_default` signature with
+named inputs and outputs, only standard TensorFlow ops, so it serves without graphswap (the
+approximate arithmetic does not run in it: a tf.numpy_function body is not serialized)."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import tensorflow as tf
+
+from graphswap.errors import ExportError
+from graphswap.io.export_result import ASSET_NAME, ExportResult, metadata_document, verify_export
+from graphswap.io.lowering import lower_model
+from graphswap.io.onnx_export import PYTHON_OPS
+from graphswap.io.paths import atomic_output, check_output_path
+from graphswap.io.signatures import feeds, input_specs, serving_function, signature_names
+from graphswap.swap import run_model, sample_inputs
+
+
+def python_ops_in(concrete) -> list[str]:
+    found = []
+    graph_def = concrete.graph.as_graph_def()
+    for node in graph_def.node:
+        if node.op in PYTHON_OPS:
+            found.append(node.name)
+    for function in graph_def.library.function:
+        for node in function.node_def:
+            if node.op in PYTHON_OPS:
+                found.append(f"{function.signature.name}/{node.name}")
+    return found
+
+
+def export_saved_model(model, path, force: bool = False, check_batch: int = 8) -> ExportResult:
+    """Export the lowered `model` as an inference SavedModel directory at `path`.
+
+    Signature `serving_default`: named inputs (the model's input names) -> dict of named outputs.
+    The swapped layers run as standard float32 MatMul/Conv2D (exact arithmetic), so the SavedModel
+    needs only TensorFlow.  Refuses (ExportError, nothing written) a model that would still contain
+    Python ops.  Verified by loading the written SavedModel and comparing with the lowered Keras
+    model on a sample batch.
+    """
+    path = Path(path)
+    check_output_path(path, force)
+    if check_batch < 1:
+        raise ExportError("check_batch must be at least 1: every export is verified")
+    # marked: grouped / channels_first convolutions as plain NHWC Conv2D ops (no XLA function,
+    # runs on CPU); the name scopes are harmless here
+    lowered, records = lower_model(model, marked=True)
+    input_names, output_names = signature_names(model)
+    specs = input_specs(model, input_names)
+    fn = serving_function(lowered, specs, output_names)
+    concrete = fn.get_concrete_function()
+    python_ops = python_ops_in(concrete)
+    if python_ops:
+        raise ExportError(
+            f"cannot export a SavedModel that serves: op(s) {', '.join(python_ops[:5])} run Python "
+            f"code (tf.numpy_function / tf.py_function), whose body is not serialized into a "
+            f"SavedModel, so it would fail when served. Replace that layer with TensorFlow ops, or "
+            f"export ONNX instead")
+    module = tf.Module()
+    module.model = lowered
+    module.serve = fn
+    doc = metadata_document(records, "savedmodel", model.name, input_names, output_names)
+    batch = sample_inputs(model, check_batch)
+    reference = run_model(lowered, batch)
+    with tempfile.TemporaryDirectory(prefix="graphswap-export-") as scratch:
+        asset_file = Path(scratch) / ASSET_NAME
+        asset_file.write_text(json.dumps(doc, indent=2, sort_keys=True), encoding="utf-8")
+        module.graphswap_metadata = tf.saved_model.Asset(str(asset_file))
+        with atomic_output(path, force, suffix="") as tmp:
+            try:
+                tf.saved_model.save(module, str(tmp), signatures={"serving_default": concrete})
+            except Exception as exc:  # noqa: BLE001 - one clear line
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+                raise ExportError(f"writing the SavedModel failed: {type(exc).__name__}: "
+                                  f"{first}") from None
+            loaded = tf.saved_model.load(str(tmp))
+            serving = loaded.signatures["serving_default"]
+            inputs = {name: tf.constant(value, dtype=spec.dtype)
+                      for (name, value), spec in zip(feeds(batch, input_names).items(), specs)}
+            result = serving(**inputs)
+            actual = [np.asarray(result[name]) for name in output_names]
+            difference = verify_export(reference, actual, 1e-4, "SavedModel")
+    return ExportResult(path, "savedmodel", records, input_names, output_names, difference,
+                        "Keras model with the swapped layers lowered (exact kernel)")
+

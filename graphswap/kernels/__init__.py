@@ -1,0 +1,33 @@
+"""Kernels: the arithmetic a swapped layer runs, resolved from a spec once.
+
+    spec (what a user types: "mul8u_drum4", "mymul.c")
+      -> Kernel (resolve_kernel / open_record; the layer's `arithmetic`)
+      -> record (Kernel.to_config(): what a saved model stores)
+
+Modules: base (the Kernel interface), float_kernels (exact, bf16, fp32_m{m}, operation-level
+libraries), quantized (LutKernel: 8-bit quantization around the table-driven C kernels), specs
+(built-in names, specs that name files), trust (the trust sources and the gate every file-named
+kernel passes), registry (resolving), check (`graphswap kernels check` in a child process).
+"""
+
+from graphswap.kernels import trust
+from graphswap.kernels.base import Kernel
+from graphswap.kernels.check import check_kernel, format_result as format_check_result
+from graphswap.kernels.float_kernels import (FLOAT_KERNELS, LibraryKernel, OperandRoundingKernel,
+                                             round_to_bfloat16, truncate_mantissa)
+from graphswap.kernels.quantized import LutKernel, quantize_asymmetric, quantize_symmetric
+from graphswap.kernels.registry import (available_kernels, check, clear_cache, evaluate_anew, lut,
+                                        metrics, open_record, plot_error_heatmap,
+                                        remember_named_file, require_multiplier, resolve_file_named,
+                                        resolve_kernel, resolve_multiplier)
+from graphswap.kernels.specs import FileSpec, builtin_names, parse_file_spec
+from graphswap.kernels.trust import trust as trust_file, untrust
+
+__all__ = ["FLOAT_KERNELS", "FileSpec", "Kernel", "LibraryKernel", "LutKernel",
+           "OperandRoundingKernel", "available_kernels", "builtin_names", "check", "check_kernel",
+           "clear_cache", "format_check_result",
+           "evaluate_anew", "lut", "metrics", "open_record", "parse_file_spec",
+           "plot_error_heatmap", "quantize_asymmetric", "quantize_symmetric",
+           "remember_named_file", "require_multiplier", "resolve_file_named", "resolve_kernel",
+           "resolve_multiplier", "round_to_bfloat16", "trust", "trust_file", "truncate_mantissa",
+           "untrust"]

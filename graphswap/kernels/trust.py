@@ -1,0 +1,302 @@
+"""Which native code graphswap may run, and the one gate that every file-named kernel passes.
+
+Two kinds of origin:
+
+* **Named by the user** - a spec string given to the API (`rewrite_model(kernel="mymul.c")`) or on
+  the command line (`--kernel mymul.c`).  Naming a file is approving it: the API trusts it for the
+  session, the CLI also records it in the trust store (see below).
+* **Named by a file** - a saved model's layer config, a kernel map, a kept-kernel ONNX node, a
+  fine-tuning checkpoint.  A file never adds trust.  What it names must be a built-in (a closed
+  list of names) or a complete record ``{"spec", "path", "sha256"}`` whose spec refers to exactly
+  that (absolute, normalised) path.  `admit_recorded_file` checks the record, reads the file once,
+  hashes what it read, compares the hash with the record and - for native code - with the trust
+  sources, all **before** anything is compiled or loaded; what is then compiled or loaded is a
+  private, owner-only copy of exactly the bytes that were hashed (`native.private_copy`), so the
+  file cannot be swapped between the check and the load.
+
+Trust sources (any one suffices; trust is always of a content hash, so editing a file revokes it):
+
+* the session: `trust(path)`, `--trust-kernel PATH`, and every kernel the user names;
+* the per-user trust store, `trust(path, persist=True)` / `graphswap trust add FILE`: a JSON file
+  in the user's config directory ($GRAPHSWAP_CONFIG_DIR, else $XDG_CONFIG_HOME/graphswap, else
+  ~/.config/graphswap), owner-only, keyed by SHA-256 and recording the path (like Jupyter's
+  notebook signatures or `direnv allow`);
+* the environment variable GRAPHSWAP_TRUSTED_KERNELS: entries separated by os.pathsep, each a
+  SHA-256 hex digest or a file path (a path trusts whatever that path holds).
+
+Multiplier tables (.lut/.bin) are data, not code: they need no trust, but they pass the same
+record checks and their hash must match.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import os
+import re
+import stat
+import threading
+from pathlib import Path
+
+from graphswap.errors import KernelTrustError
+from graphswap.native.files import FileContent, read_file
+
+ENV_VAR = "GRAPHSWAP_TRUSTED_KERNELS"
+CONFIG_ENV_VAR = "GRAPHSWAP_CONFIG_DIR"
+STORE_NAME = "trusted_kernels.json"
+STORE_VERSION = 1
+_HEX = re.compile(r"^[0-9a-f]{64}$")
+
+_session: dict[str, str] = {}   # sha256 -> path it was trusted under
+_lock = threading.Lock()
+
+
+# --------------------------------------------------------------------------------------------
+# the trust store
+# --------------------------------------------------------------------------------------------
+
+def config_dir() -> Path:
+    """The user's graphswap configuration directory (not created here)."""
+    if os.environ.get(CONFIG_ENV_VAR):
+        return Path(os.environ[CONFIG_ENV_VAR])
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return Path(base) / "graphswap"
+
+
+def store_path() -> Path:
+    return config_dir() / STORE_NAME
+
+
+def _check_private(path: Path, what: str) -> None:
+    """Refuse a store (or its directory) that another user owns or could write."""
+    info = path.stat()
+    if info.st_uid != os.getuid():
+        raise KernelTrustError(
+            f"the trust store {what} {path} belongs to another user (uid {info.st_uid}); "
+            f"graphswap only reads a trust store you own. Remove it, or point "
+            f"${CONFIG_ENV_VAR} at a directory of yours")
+    mode = stat.S_IMODE(info.st_mode)
+    if mode & 0o077:
+        fix = "700" if path.is_dir() else "600"
+        raise KernelTrustError(
+            f"the trust store {what} {path} has permissions {mode:04o}; it must be owner-only "
+            f"(others could add trust to it). Fix it with: chmod {fix} {path}")
+
+
+def _read_store() -> dict[str, dict]:
+    """{sha256: entry} from the store file ({} when there is none)."""
+    path = store_path()
+    if not path.exists():
+        return {}
+    _check_private(path.parent, "directory")
+    _check_private(path, "file")
+    def unreadable(reason):
+        return KernelTrustError(
+            f"the trust store {path} is unreadable ({reason}); remove it and trust your kernels "
+            f"again with 'graphswap trust add FILE'")
+
+    try:
+        entries = json.loads(path.read_text(encoding="utf-8"))["kernels"]
+        store = {}
+        for entry in entries:
+            if not isinstance(entry.get("sha256"), str) or not _HEX.match(entry["sha256"]):
+                raise unreadable(f"bad sha256 {entry.get('sha256')!r}")
+            store[entry["sha256"]] = {"sha256": entry["sha256"], "path": str(entry["path"]),
+                                      "added": str(entry.get("added", ""))}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise unreadable(f"{type(exc).__name__}: {exc}") from None
+    return store
+
+
+def _write_store(store: dict[str, dict]) -> None:
+    path = store_path()
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    _check_private(path.parent, "directory")
+    document = {"version": STORE_VERSION,
+                "kernels": sorted(store.values(), key=lambda e: (e["path"], e["sha256"]))}
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(document, handle, indent=2)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+@contextlib.contextmanager
+def _store_lock():
+    """Serialise read-modify-write of the store between processes."""
+    import fcntl
+
+    directory = config_dir()
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(directory / f".{STORE_NAME}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def stored_trust() -> list[dict]:
+    """The trust store's entries: [{"sha256", "path", "added"}], sorted by path."""
+    return sorted(_read_store().values(), key=lambda e: (e["path"], e["sha256"]))
+
+
+def file_state(entry: dict) -> str:
+    """Whether a store entry's file still holds the trusted content: "same", "changed", "missing"."""
+    try:
+        content = read_file(entry["path"], "kernel file")
+    except KernelTrustError:
+        return "missing"
+    return "same" if content.sha256 == entry["sha256"] else "changed"
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat()
+
+
+def trust(path, persist: bool = False) -> str:
+    """Trust the kernel file at `path` with its current content; returns its SHA-256.
+
+    For this process, or (persist=True) for later sessions too, through the trust store.  A later
+    change of the file revokes the trust: its new hash is not trusted.
+    """
+    real = os.path.realpath(os.fspath(path))
+    if not os.path.isfile(real):
+        raise KernelTrustError(f"cannot trust {path}: no such file")
+    content = read_file(real, "kernel file")
+    approve(content, persist=persist)
+    return content.sha256
+
+
+def approve(content: FileContent, persist: bool = False) -> bool:
+    """Trust `content` (by its hash) for the session, and with persist=True in the store.
+
+    Returns True if the store gained an entry (it was not there before)."""
+    with _lock:
+        _session[content.sha256] = content.path
+    if not persist:
+        return False
+    with _store_lock():
+        store = _read_store()
+        known = content.sha256 in store and store[content.sha256]["path"] == content.path
+        if not known:
+            store[content.sha256] = {"sha256": content.sha256, "path": content.path,
+                                     "added": _now()}
+            _write_store(store)
+        return not known
+
+
+def untrust(path_or_hash) -> list[dict]:
+    """Remove trust: a SHA-256, or a path (every entry recorded under it, and its current hash).
+
+    Removes from the store and from this session; returns the store entries removed."""
+    key = os.fspath(path_or_hash)
+    digests: set[str] = set()
+    real = None
+    if _HEX.match(key.lower()):
+        digests.add(key.lower())
+    else:
+        real = os.path.realpath(key)
+        if os.path.isfile(real):
+            digests.add(read_file(real, "kernel file").sha256)
+    with _store_lock():
+        store = _read_store()
+        removed = [e for e in store.values()
+                   if e["sha256"] in digests or (real is not None and e["path"] == real)]
+        for entry in removed:
+            del store[entry["sha256"]]
+        if removed:
+            _write_store(store)
+    with _lock:
+        for digest in list(_session):
+            if digest in digests or (real is not None and _session[digest] == real):
+                del _session[digest]
+    return removed
+
+
+def clear_session_trust() -> None:
+    """Forget everything trusted for this process (the store and the environment stay)."""
+    with _lock:
+        _session.clear()
+
+
+def _env_entries() -> list[str]:
+    return [entry.strip() for entry in os.environ.get(ENV_VAR, "").split(os.pathsep)
+            if entry.strip()]
+
+
+def trusted_by(sha256: str, path: str) -> str | None:
+    """How (path, sha256) is trusted - 'session', 'trust store', the env var - or None."""
+    with _lock:
+        if sha256 in _session:
+            return "session"
+    real = os.path.realpath(path)
+    for entry in _env_entries():
+        if _HEX.match(entry.lower()):
+            if entry.lower() == sha256:
+                return ENV_VAR
+        elif os.path.realpath(os.path.expanduser(entry)) == real:
+            return ENV_VAR
+    if sha256 in _read_store():
+        return "trust store"
+    return None
+
+
+def how_to_trust(path: str) -> str:
+    return (f"If you trust it, run 'graphswap trust add {path}' (remembered), or pass "
+            f"--trust-kernel {path} (this command), or call graphswap.trust('{path}') before "
+            f"loading, or add its sha256 to ${ENV_VAR}")
+
+
+# --------------------------------------------------------------------------------------------
+# the gate for files named by files
+# --------------------------------------------------------------------------------------------
+
+def check_record_path(path, where: str) -> str:
+    """A recorded path must be an absolute, normalised path (no '..', no relative resolution)."""
+    if not isinstance(path, str) or not path:
+        raise KernelTrustError(f"{where}: the kernel record has no path; re-convert the model")
+    if not os.path.isabs(path) or os.path.normpath(path) != path:
+        raise KernelTrustError(
+            f"{where}: the kernel record's path {path!r} is not an absolute, normalised path; "
+            f"graphswap never resolves a path a file names against the current directory. "
+            f"Re-convert the model")
+    return path
+
+
+def admit_recorded_file(path, sha256, what: str, where: str, executable: bool) -> FileContent:
+    """Read a file a record names and check it before anything opens it.
+
+    Refuses (KernelTrustError naming `where`, the file, its hash and how to trust it) a malformed
+    path or hash, a missing file, content whose hash differs from the record, and - for native
+    code - content nobody trusted.  Returns the bytes that were checked.
+    """
+    path = check_record_path(path, where)
+    if not isinstance(sha256, str) or not _HEX.match(sha256):
+        raise KernelTrustError(f"{where}: the {what} {path} has no valid recorded sha256 "
+                               f"(got {sha256!r}); re-convert the model")
+    try:
+        content = read_file(path, what)
+    except KernelTrustError as exc:
+        raise KernelTrustError(f"{where}: {exc}; put the file back at that path, or re-convert "
+                               f"the model with its new location") from None
+    if content.sha256 != sha256:
+        raise KernelTrustError(
+            f"{where}: the {what} {path} has changed since the model was saved: recorded sha256 "
+            f"{sha256}, file now has {content.sha256}. Restore the original file, or re-convert "
+            f"the model with the new one")
+    if executable:
+        require_trusted(content, what, where)
+    return content
+
+
+def require_trusted(content: FileContent, what: str, where: str) -> None:
+    if trusted_by(content.sha256, content.path) is None:
+        raise KernelTrustError(
+            f"{where}: refusing to load the {what} {content.path} (sha256 {content.sha256}): it "
+            f"is not trusted. {how_to_trust(content.path)}")

@@ -1,0 +1,281 @@
+"""Multipliers written in C (EvoApproxLib style): find the function and its signature by parsing
+the source, generate a wrapper that fills the table, compile both into the per-user cache (keyed
+by the source's hash; a cached binary is reused only if its recorded hash matches), evaluate.
+
+Signature generations understood (see graphswap.multipliers for the rules):
+  legacy   uint64_t mul8u_X(const uint64_t B, const uint64_t A)  (order B, A)
+  newer    uint16_t f(uint8_t A, uint8_t B) / int16_t mul8s_X(int8_t A, int8_t B)
+  upstream bug: a signed multiplier (mul8s_*) declared with unsigned types.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import hashlib
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+
+from graphswap.errors import KernelSpecError
+from graphswap.multipliers.metrics import parse_header_metrics
+from graphswap.multipliers.record import TABLE_SIZE, Multiplier, table_from_products
+from graphswap.native import FileContent, cache_dir, compiler, file_sha256, owner_only_directory
+
+_C_TYPES = {
+    "uint8_t": (8, False), "unsigned char": (8, False), "int8_t": (8, True), "signed char": (8, True),
+    "uint16_t": (16, False), "unsigned short": (16, False), "int16_t": (16, True), "short": (16, True),
+    "uint32_t": (32, False), "unsigned": (32, False), "unsigned int": (32, False),
+    "int32_t": (32, True), "int": (32, True),
+    "uint64_t": (64, False), "unsigned long": (64, False), "unsigned long long": (64, False),
+    "int64_t": (64, True), "long": (64, True), "long long": (64, True),
+}
+_FUNCTION = re.compile(
+    r"(?P<ret>\b(?:(?:const|static|inline|extern|unsigned|signed)\s+)*[A-Za-z_]\w*(?:\s+(?:int|char|short|long))*)"
+    r"\s+(?P<name>[A-Za-z_]\w*)\s*\((?P<params>[^()]*)\)\s*\{")
+ACCEPTED_SIGNATURES = (
+    "uint64_t mul8u_NAME(const uint64_t B, const uint64_t A)  (EvoApproxLib legacy), "
+    "uint16_t f(uint8_t A, uint8_t B), int16_t mul8s_NAME(int8_t A, int8_t B), or any integer "
+    "return type with two 8/16/32/64-bit integer operands")
+
+
+def _strip_comments(source: str) -> str:
+    source = re.sub(r"/\*.*?\*/", " ", source, flags=re.DOTALL)
+    return re.sub(r"//[^\n]*", " ", source)
+
+
+def _normalise_type(text: str) -> str:
+    words = [w for w in text.split() if w not in ("const", "static", "inline", "extern", "volatile",
+                                                    "register")]
+    if words[-1:] == ["int"] and len(words) > 1 and words[0] in ("unsigned", "signed", "short", "long"):
+        words = words[:-1] if words != ["signed", "int"] else ["int"]
+    if words[:1] == ["signed"] and words[1:] and words[1] != "char":
+        words = words[1:]
+    return " ".join(words)
+
+
+@dataclasses.dataclass
+class _CFunction:
+    name: str
+    ret: str
+    params: list  # [(type, name)]
+
+
+def _find_functions(source: str) -> list[_CFunction]:
+    found = []
+    for match in _FUNCTION.finditer(_strip_comments(source)):
+        ret = _normalise_type(match.group("ret"))
+        if ret in ("if", "while", "for", "switch", "return", "else"):
+            continue
+        params = []
+        for part in match.group("params").split(","):
+            words = part.replace("*", " * ").split()
+            if not words:
+                continue
+            if "*" in words or len(words) < 2:
+                params.append((" ".join(words), ""))
+                continue
+            params.append((_normalise_type(" ".join(words[:-1])), words[-1]))
+        found.append(_CFunction(match.group("name"), ret, params))
+    return found
+
+
+@dataclasses.dataclass
+class _Signature:
+    """How to call a parsed multiplier: argument C types, order, and how to read the result."""
+
+    signed: bool
+    arg_type: str          # C type the operands are converted to
+    swap: bool             # call f(second, first)
+    result_16bit_twos: bool  # signed result read from the low 16 bits as two's complement
+    generation: str
+    notes: tuple
+
+
+def _classify(fn: _CFunction, path: str) -> _Signature:
+    unsupported = (f"{path}: function {fn.name}({', '.join(' '.join(p) for p in fn.params)}) "
+                   f"returning {fn.ret} has an unsupported signature; a multiplier takes two integer "
+                   f"operands and returns an integer, e.g. {ACCEPTED_SIGNATURES}")
+    if len(fn.params) != 2:
+        raise KernelSpecError(unsupported)
+    (t1, n1), (t2, n2) = fn.params
+    if t1 not in _C_TYPES or t2 not in _C_TYPES or fn.ret not in _C_TYPES or t1 != t2 or not n1 or not n2:
+        raise KernelSpecError(unsupported)
+    bits, type_signed = _C_TYPES[t1]
+    ret_bits, ret_signed = _C_TYPES[fn.ret]
+    prefix = "s" if fn.name.startswith("mul8s") else "u" if fn.name.startswith("mul8u") else None
+    notes = []
+    if prefix == "s" and not type_signed:
+        signed = True
+        notes.append(f"{fn.name} is named as a signed multiplier (mul8s_) but declared with unsigned "
+                     f"{t1} operands (a known EvoApproxLib upstream issue): operands are passed as "
+                     f"two's-complement bit patterns and the result's low 16 bits are read as int16")
+    elif prefix == "u" and type_signed:
+        raise KernelSpecError(
+            f"{path}: {fn.name} is named as an unsigned multiplier (mul8u_) but takes signed {t1} "
+            f"operands; graphswap will not guess which is right: rename it mul8s_... if it is "
+            f"signed, or declare its operands unsigned (uint8_t) if it is unsigned")
+    elif bits == 8:
+        signed = type_signed
+        notes.append(f"signedness from the operand type {t1}")
+    elif prefix is not None:
+        signed = prefix == "s"
+        notes.append(f"signedness from the name prefix mul8{prefix}_ ({t1} operands)")
+    else:
+        raise KernelSpecError(
+            f"{path}: cannot tell whether {fn.name}({t1}, {t2}) multiplies signed or unsigned 8-bit "
+            f"operands; use uint8_t / int8_t operands, or name it mul8u_... / mul8s_...")
+    if bits == 8 and type_signed:
+        arg_type = "int8_t"
+    elif bits == 8:
+        arg_type = "uint8_t"
+    else:
+        arg_type = t1
+    names = (n1.lower(), n2.lower())
+    if names == ("a", "b"):
+        swap = False
+        notes.append("operand order by parameter names: f(A = first, B = second)")
+    elif names == ("b", "a"):
+        swap = True
+        notes.append("operand order by parameter names: f(B = second, A = first) (EvoApproxLib legacy)")
+    else:
+        swap = False
+        notes.append(f"operand order positional: {fn.name}({n1} = first, {n2} = second)")
+    # signed results narrower than int32, or delivered in an unsigned type, are 16-bit patterns
+    result_twos = signed and (ret_bits <= 16 or not ret_signed)
+    if bits == 64 and not type_signed:
+        generation = "EvoApproxLib legacy (uint64_t operands)"
+    elif bits == 8:
+        generation = "8-bit operands"
+    else:
+        generation = f"{bits}-bit operands"
+    return _Signature(signed, arg_type, swap, result_twos, generation, tuple(notes))
+
+
+_WRAPPER_VERSION = "1"
+
+
+def _wrapper_source(fn: _CFunction, sig: _Signature, include_name: str) -> str:
+    operand = {"int8_t": "(int8_t)(uint8_t)", "uint8_t": "(uint8_t)"}.get(sig.arg_type, None)
+    if operand is None:
+        # wider operand types: unsigned multipliers get 0..255, signed ones -128..127
+        operand = f"({sig.arg_type})(int8_t)(uint8_t)" if sig.signed else f"({sig.arg_type})"
+    first, second = f"{operand}x", f"{operand}y"
+    args = f"{second}, {first}" if sig.swap else f"{first}, {second}"
+    if sig.result_16bit_twos:
+        value = f"(int64_t)(int16_t)(uint16_t)({fn.name}({args}))"
+    else:
+        value = f"(int64_t)({fn.name}({args}))"
+    return (
+        "/* generated by graphswap: evaluates the multiplier into a 256x256 table */\n"
+        "#include <stdint.h>\n"
+        f'#include "{include_name}"\n'
+        "__attribute__((visibility(\"default\"))) void graphswap_fill_multiplier_table(int64_t *t)\n"
+        "{\n"
+        "    for (unsigned x = 0; x < 256; ++x)\n"
+        "        for (unsigned y = 0; y < 256; ++y)\n"
+        f"            t[(x << 8) | y] = {value};\n"
+        "}\n")
+
+
+
+def _compile_error(path: str, exc: Exception) -> KernelSpecError:
+    return KernelSpecError(f"cannot compile multiplier {path}: {exc}\nFix the C source (it must "
+                           f"compile with 'cc -c'), or pass a prebuilt 'lib.so:symbol' or a .lut table")
+
+
+def _hash_record(library_path: Path) -> Path:
+    return library_path.with_name(library_path.name + ".sha256")
+
+
+def _record_binary_hash(library_path: Path) -> None:
+    """Remember the hash of a binary we just built, to detect later tampering with the cache."""
+    record = _hash_record(library_path)
+    tmp = record.with_name(record.name + f".{os.getpid()}.tmp")
+    tmp.write_text(file_sha256(library_path))
+    os.replace(tmp, record)
+
+
+def _cached_binary_intact(library_path: Path) -> bool:
+    """A cached binary is reused only if it is the one we built (its recorded hash matches);
+    anything else - missing record, modified or replaced file - is rebuilt, never trusted."""
+    record = _hash_record(library_path)
+    if not library_path.is_file() or not record.is_file():
+        return False
+    return record.read_text().strip() == file_sha256(library_path)
+
+
+def from_c_source(content: FileContent, function: str | None) -> Multiplier:
+    """Compile and evaluate the multiplier in a C source whose bytes were read (and checked) once.
+
+    The compiler sees a copy of exactly `content.data` in the owner-only cache, never the file."""
+    path = content.path
+    raw = content.data
+    sha = content.sha256
+    source = raw.decode("utf-8", "replace")
+    # per-user cache: nobody else may plant binaries in it
+    workdir = owner_only_directory(owner_only_directory(cache_dir() / "multipliers") / sha[:24])
+    include_name = "source_" + re.sub(r"[^A-Za-z0-9_.-]", "_", os.path.basename(path))
+    copied = workdir / include_name
+    if not copied.is_file() or copied.read_bytes() != raw:
+        tmp = workdir / (include_name + f".{os.getpid()}.tmp")
+        tmp.write_bytes(raw)
+        os.replace(tmp, copied)
+
+    functions = [f for f in _find_functions(source) if len(f.params) == 2]
+    if function is not None:
+        chosen = [f for f in functions if f.name == function]
+        if not chosen:
+            all_names = [f.name for f in _find_functions(source)]
+            raise KernelSpecError(
+                f"{path}: no two-operand function named {function!r}; functions found: "
+                f"{', '.join(all_names) or 'none'}")
+    else:
+        chosen = [f for f in functions if f.name.startswith(("mul8u", "mul8s"))] or functions
+    if not chosen:
+        # Maybe the source does not even compile: the compiler's message is the useful one then.
+        try:
+            compiler.compile_shared([copied], workdir / "syntax-check.so")
+        except compiler.CompilerError as exc:
+            raise _compile_error(path, exc) from None
+        found = [f"{f.ret} {f.name}({', '.join(' '.join(p) for p in f.params)})"
+                 for f in _find_functions(source)]
+        raise KernelSpecError(
+            f"{path}: no multiplier function found (functions seen: {'; '.join(found) or 'none'}); "
+            f"expected one of: {ACCEPTED_SIGNATURES}")
+    if len(chosen) > 1:
+        raise KernelSpecError(
+            f"{path} defines several candidate multipliers ({', '.join(f.name for f in chosen)}); "
+            f"pick one with '{path}:FUNCTION'")
+    fn = chosen[0]
+    sig = _classify(fn, path)
+    wrapper = _wrapper_source(fn, sig, include_name)
+    key = hashlib.sha256((sha + fn.name + _WRAPPER_VERSION + wrapper).encode()).hexdigest()[:16]
+    library_path = workdir / f"{fn.name}-{key}.so"
+    if not _cached_binary_intact(library_path):
+        wrapper_path = workdir / f"wrapper-{key}.c"
+        wrapper_path.write_text(wrapper)
+        try:
+            compiler.compile_shared([wrapper_path], library_path, include_dirs=[workdir])
+        except compiler.CompilerError as exc:
+            raise _compile_error(path, exc) from None
+        _record_binary_hash(library_path)
+    library = ctypes.CDLL(str(library_path))
+    fill = library.graphswap_fill_multiplier_table
+    fill.restype = None
+    fill.argtypes = [ctypes.POINTER(ctypes.c_int64)]
+    values = np.empty(TABLE_SIZE, dtype=np.int64)
+    fill(values.ctypes.data_as(ctypes.POINTER(ctypes.c_int64)))
+    table = table_from_products(values, path)
+    header, header_text = parse_header_metrics(source)
+    absolute = path
+    spec = absolute + (f":{function}" if function else "")
+    kind = "signed" if sig.signed else "unsigned"
+    return Multiplier(spec=spec, name=fn.name, signed=sig.signed, table=table,
+                      description=f"{kind} multiplier {fn.name} from {os.path.basename(path)} "
+                                  f"({sig.generation})",
+                      kind="c", path=absolute, sha256=sha, header_metrics=header,
+                      header_metrics_text=header_text, notes=sig.notes)
+

@@ -1,0 +1,58 @@
+"""Evaluated multipliers, cached per process: built-ins by name, files by kind and content hash
+(so a file is compiled or evaluated once per process, and a changed file is a new entry)."""
+
+from __future__ import annotations
+
+import threading
+
+from graphswap.multipliers.builtins import builtin_multiplier
+from graphswap.multipliers.csource import from_c_source
+from graphswap.multipliers.record import Multiplier
+from graphswap.multipliers.shared_library import from_shared_library
+from graphswap.multipliers.table_files import from_bin_file, from_lut_file
+from graphswap.native import FileContent
+
+FILE_KINDS = ("c", "so", "lut", "bin")
+
+_cache: dict[tuple, Multiplier] = {}
+_cache_lock = threading.Lock()
+
+
+def builtin(name: str) -> Multiplier:
+    """The built-in multiplier `name` (cached)."""
+    return _cached(("builtin", name), lambda: builtin_multiplier(name))
+
+
+def from_file(kind: str, content: FileContent, extra: tuple = ()) -> Multiplier:
+    """The multiplier in checked file `content` of `kind` ("c", "so", "lut", "bin"): `extra` is
+    (FUNCTION or None,) for "c" and (symbol, options) for "so"."""
+    builders = {"c": lambda: from_c_source(content, *extra),
+                "so": lambda: from_shared_library(content, *extra),
+                "lut": lambda: from_lut_file(content),
+                "bin": lambda: from_bin_file(content)}
+    return _cached((kind, content.path, content.sha256, tuple(extra)), builders[kind])
+
+
+def evaluate_anew(kind: str, content: FileContent, extra: tuple = ()) -> Multiplier:
+    """Evaluate a multiplier file again, bypassing the cache (determinism checks)."""
+    if kind == "c":
+        return from_c_source(content, *extra)
+    if kind == "so":
+        return from_shared_library(content, *extra)
+    return from_file(kind, content, extra)
+
+
+def _cached(key, build) -> Multiplier:
+    with _cache_lock:
+        multiplier = _cache.get(key)
+    if multiplier is None:
+        multiplier = build()
+        with _cache_lock:
+            _cache[key] = multiplier
+    return multiplier
+
+
+def clear_cache() -> None:
+    """Forget the evaluated tables (the next resolution evaluates anew)."""
+    with _cache_lock:
+        _cache.clear()

@@ -1,0 +1,290 @@
+"""ctypes bridge to kernel libraries that follow native_kernels/include/graphswap_kernels.h.
+
+Responsibilities: load a library (graphswap's own, or a user's .so), check its ABI version and
+symbols, declare argument types, call it on numpy buffers (ctypes releases the GIL for the call), and
+turn non-zero return codes into KernelExecutionError with the library's own message.  One C call per
+layer call covers the whole batch.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import threading
+from pathlib import Path
+
+import numpy as np
+
+from graphswap.errors import GraphswapError, KernelExecutionError, KernelLoadError
+from graphswap.native import compiler
+from graphswap.native.cache import cache_dir
+from graphswap.native.files import file_sha256
+from graphswap.native.geometry import ConvGeometry
+
+ABI_VERSION = 1
+
+ERROR_NAMES = {
+    -1: "invalid argument",
+    -2: "out of memory",
+    -3: "overflow",
+    -4: "unsupported",
+    -5: "internal error",
+}
+
+# Idle OpenMP workers must sleep, not spin: spinning workers steal the cores TensorFlow's own pool
+# needs for the rest of the training step (see docs/ARCHITECTURE.md).  Must be set before libgomp
+# initialises, i.e. before the first kernel library is loaded.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+_i64 = ctypes.c_int64
+_f32p = ctypes.POINTER(ctypes.c_float)
+_u8p = ctypes.POINTER(ctypes.c_uint8)
+_i32p = ctypes.POINTER(ctypes.c_int32)
+_i64p = ctypes.POINTER(ctypes.c_int64)
+
+
+class Conv2DParams(ctypes.Structure):
+    """ctypes mirror of graphswap_conv2d_params (field order is the ABI)."""
+
+    _fields_ = [(name, ctypes.c_int64) for name in (
+        "batch", "in_height", "in_width", "in_channels",
+        "filter_height", "filter_width", "out_channels",
+        "out_height", "out_width",
+        "stride_height", "stride_width",
+        "dilation_height", "dilation_width",
+        "pad_top", "pad_bottom", "pad_left", "pad_right",
+        "groups")]
+
+    @classmethod
+    def from_geometry(cls, g: ConvGeometry) -> "Conv2DParams":
+        return cls(*(getattr(g, name) for name, _ in cls._fields_))
+
+
+def _ptr(array: np.ndarray, ctype):
+    return array.ctypes.data_as(ctype)
+
+
+def _as_input(array: np.ndarray, dtype) -> np.ndarray:
+    """C-contiguous array of `dtype` (copies only when needed: strided views, other dtypes)."""
+    return np.ascontiguousarray(array, dtype=dtype)
+
+
+class KernelLibrary:
+    """A loaded kernel library.  Construct through load_library() / shipped_library()."""
+
+    REQUIRED = ("graphswap_abi_version", "graphswap_matmul_f32")
+
+    def __init__(self, path: str | os.PathLike, sha256: str | None = None):
+        self.path = str(Path(path).resolve())
+        if not os.path.isfile(self.path):
+            raise KernelLoadError(f"kernel library not found: {self.path}")
+        self.sha256 = sha256 or file_sha256(self.path)
+        try:
+            self._lib = ctypes.CDLL(self.path)
+        except OSError as exc:
+            raise KernelLoadError(
+                f"cannot load kernel library {self.path}: {exc}. It must be a shared library "
+                f"(.so) built for this machine, e.g. 'cc -O3 -shared -fPIC mykernel.c -o libmykernel.so'"
+            ) from None
+        missing = [name for name in self.REQUIRED if not hasattr(self._lib, name)]
+        if missing:
+            raise KernelLoadError(
+                f"kernel library {self.path} does not export {', '.join(missing)}; an operation-level "
+                f"kernel library must export graphswap_abi_version and graphswap_matmul_f32 as "
+                f"declared in graphswap_kernels.h (for a scalar multiplier pass 'LIB.so:SYMBOL')")
+        self._lib.graphswap_abi_version.restype = ctypes.c_int32
+        self._lib.graphswap_abi_version.argtypes = []
+        version = self._lib.graphswap_abi_version()
+        if version != ABI_VERSION:
+            raise KernelLoadError(
+                f"kernel library {self.path} was built for graphswap ABI version {version}, but this "
+                f"graphswap speaks version {ABI_VERSION}; rebuild it against this graphswap's "
+                f"graphswap_kernels.h")
+        self._declare()
+
+    def _optional(self, name, restype, argtypes):
+        function = getattr(self._lib, name, None)
+        if function is not None:
+            function.restype = restype
+            function.argtypes = argtypes
+        return function
+
+    def _declare(self):
+        i32 = ctypes.c_int32
+        self._matmul = self._optional("graphswap_matmul_f32", i32,
+                                      [_f32p, _f32p, _f32p, _i64, _i64, _i64])
+        self._conv = self._optional("graphswap_conv2d_f32", i32,
+                                    [_f32p, _f32p, _f32p, ctypes.POINTER(Conv2DParams)])
+        self._last_error = self._optional("graphswap_last_error", ctypes.c_char_p, [])
+        self._set_threads = self._optional("graphswap_set_num_threads", i32, [i32])
+        self._lut_matmul = self._optional("graphswap_lut_matmul", i32,
+                                          [_u8p, _u8p, _i32p, _i64p, _i64, _i64, _i64])
+        self._lut_conv = self._optional("graphswap_lut_conv2d", i32,
+                                        [_u8p, _u8p, _i32p, ctypes.c_uint8, _i64p, _i64p,
+                                         ctypes.POINTER(Conv2DParams)])
+
+    # -- capabilities ------------------------------------------------------------------------
+    @property
+    def has_conv2d(self) -> bool:
+        return self._conv is not None
+
+    @property
+    def has_lut(self) -> bool:
+        return self._lut_matmul is not None and self._lut_conv is not None
+
+    def set_num_threads(self, n: int) -> None:
+        if self._set_threads is not None:
+            self._set_threads(int(n))
+
+    # -- calls -------------------------------------------------------------------------------
+    def _check(self, function_name: str, code: int) -> None:
+        if code == 0:
+            return
+        message = ""
+        if self._last_error is not None:
+            raw = self._last_error()
+            message = raw.decode("utf-8", "replace") if raw else ""
+        raise KernelExecutionError(
+            f"kernel {function_name} in {os.path.basename(self.path)} failed with code {code} "
+            f"({ERROR_NAMES.get(code, 'unknown code')})" + (f": {message}" if message else ""))
+
+    def matmul_f32_into(self, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> int:
+        """Raw call: (m,k) x (k,n) into the C-contiguous float32 buffer `out` (m,n); returns the
+        library's code (0 = ok) without raising.  For checks that watch the buffers themselves
+        (`graphswap kernels check`'s guard regions)."""
+        m, k = a.shape
+        n = b.shape[1]
+        return int(self._matmul(_ptr(a, _f32p), _ptr(b, _f32p), _ptr(out, _f32p), m, k, n))
+
+    def conv2d_f32_into(self, x: np.ndarray, w: np.ndarray, out: np.ndarray,
+                        geometry: ConvGeometry) -> int:
+        """Raw call of graphswap_conv2d_f32 into `out`; returns the library's code."""
+        params = Conv2DParams.from_geometry(geometry)
+        return int(self._conv(_ptr(x, _f32p), _ptr(w, _f32p), _ptr(out, _f32p),
+                              ctypes.byref(params)))
+
+    def matmul_f32(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """(m,k) x (k,n) -> (m,n), float32."""
+        a = _as_input(a, np.float32)
+        b = _as_input(b, np.float32)
+        m, k = a.shape
+        k2, n = b.shape
+        if k != k2:
+            raise GraphswapError(f"matmul shapes do not agree: {a.shape} x {b.shape}; the inner "
+                                 f"dimensions must be equal")
+        c = np.empty((m, n), dtype=np.float32)
+        self._check("graphswap_matmul_f32",
+                    self._matmul(_ptr(a, _f32p), _ptr(b, _f32p), _ptr(c, _f32p), m, k, n))
+        return c
+
+    def conv2d_f32(self, x: np.ndarray, w: np.ndarray, geometry: ConvGeometry) -> np.ndarray:
+        if self._conv is None:
+            raise KernelLoadError(f"{self.path} has no graphswap_conv2d_f32")
+        x = _as_input(x, np.float32)
+        w = _as_input(w, np.float32)
+        out = np.empty(geometry.output_shape, dtype=np.float32)
+        params = Conv2DParams.from_geometry(geometry)
+        self._check("graphswap_conv2d_f32",
+                    self._conv(_ptr(x, _f32p), _ptr(w, _f32p), _ptr(out, _f32p), ctypes.byref(params)))
+        return out
+
+    def lut_matmul(self, a_codes: np.ndarray, b_codes: np.ndarray, table: np.ndarray) -> np.ndarray:
+        """int64 sums of table[(a<<8)|b] over k; a (m,k) and b (k,n) are uint8 codes."""
+        a = _as_input(a_codes, np.uint8)
+        b = _as_input(b_codes, np.uint8)
+        table = _as_input(table, np.int32)
+        if table.size != 65536:
+            raise GraphswapError(f"a multiplier table has 65536 entries, got {table.size}")
+        m, k = a.shape
+        n = b.shape[1]
+        acc = np.empty((m, n), dtype=np.int64)
+        self._check("graphswap_lut_matmul",
+                    self._lut_matmul(_ptr(a, _u8p), _ptr(b, _u8p), _ptr(table, _i32p),
+                                     _ptr(acc, _i64p), m, k, n))
+        return acc
+
+    def lut_conv2d(self, x_codes: np.ndarray, w_codes: np.ndarray, table: np.ndarray, pad_code: int,
+                   geometry: ConvGeometry, window_sums: bool = False):
+        """Table-driven conv; returns (acc int64 NHWC, window sums [N,OH,OW,groups] or None)."""
+        x = _as_input(x_codes, np.uint8)
+        w = _as_input(w_codes, np.uint8)
+        table = _as_input(table, np.int32)
+        acc = np.empty(geometry.output_shape, dtype=np.int64)
+        sums = None
+        sums_ptr = None
+        if window_sums:
+            sums = np.empty((geometry.batch, geometry.out_height, geometry.out_width,
+                             geometry.groups), dtype=np.int64)
+            sums_ptr = _ptr(sums, _i64p)
+        params = Conv2DParams.from_geometry(geometry)
+        self._check("graphswap_lut_conv2d",
+                    self._lut_conv(_ptr(x, _u8p), _ptr(w, _u8p), _ptr(table, _i32p), int(pad_code),
+                                   _ptr(acc, _i64p), sums_ptr, ctypes.byref(params)))
+        return acc, sums
+
+    # -- built-in multipliers (native_kernels/src/multipliers.c) --------------------------------
+    def builtin_multiplier_table(self, name: str) -> np.ndarray:
+        """The 65536-entry int32 table of built-in multiplier `name`, indexed (a_code << 8) | b_code."""
+        function = getattr(self._lib, "graphswap_builtin_multiplier_table", None)
+        if function is None:
+            raise KernelLoadError(f"{self.path} has no graphswap_builtin_multiplier_table")
+        function.restype = ctypes.c_int32
+        function.argtypes = [ctypes.c_char_p, _i32p]
+        table = np.empty(65536, dtype=np.int32)
+        self._check("graphswap_builtin_multiplier_table", function(name.encode("ascii"), _ptr(table, _i32p)))
+        return table
+
+
+_libraries: dict[str, KernelLibrary] = {}
+_lock = threading.Lock()
+
+
+def load_library(path: str | os.PathLike, sha256: str | None = None) -> KernelLibrary:
+    """Load (once per resolved path and content hash) an operation-level kernel library.
+
+    `sha256`, when given, is the hash of the file's content as already verified by the caller
+    (a private copy made by private_copy()); it is not hashed again.
+    """
+    resolved = str(Path(path).resolve())
+    with _lock:
+        library = _libraries.get(resolved)
+        if library is not None and os.path.isfile(resolved) and \
+                (sha256 or file_sha256(resolved)) == library.sha256:
+            return library
+        library = KernelLibrary(resolved, sha256)
+        _libraries[resolved] = library
+        return library
+
+
+def shipped_library_path() -> Path:
+    """Path of graphswap's own kernel library, building it from a source checkout if needed.
+
+    An installed package carries the library built by `pip install`; a source checkout (tests run
+    from the repository) builds native_kernels/ into the user cache, keyed by the sources' hash.
+    """
+    packaged = Path(__file__).resolve().parent.parent / compiler.LIBRARY_NAME
+    if packaged.is_file():
+        return packaged
+    native_dir = compiler.native_source_dir()
+    if native_dir is None:
+        raise KernelLoadError(
+            f"graphswap's kernel library {packaged} is missing and no native_kernels/ sources were "
+            f"found to build it; reinstall graphswap with 'pip install .' from its source tree")
+    digest = hashlib.sha256()
+    for source in sorted([*native_dir.glob("src/*.c"), *native_dir.glob("src/*.h"),
+                          *native_dir.glob("include/*.h")]):
+        digest.update(source.name.encode())
+        digest.update(source.read_bytes())
+    target = cache_dir() / "shipped" / f"{digest.hexdigest()[:16]}-{compiler.LIBRARY_NAME}"
+    if not target.is_file():
+        try:
+            compiler.build_shipped_library(native_dir, target)
+        except compiler.CompilerError as exc:
+            raise KernelLoadError(f"building graphswap's kernel library from {native_dir} "
+                                  f"failed: {exc}") from None
+    return target
+
+
+def shipped_library() -> KernelLibrary:
+    return load_library(shipped_library_path())

@@ -1,0 +1,24 @@
+"""Research workflows on top of the rest: data, fine-tuning with the kernels in the loop
+(strategies, checkpoints), evaluation of kernels side by side, the per-layer sensitivity sweep,
+and saliency maps.
+
+Modules: data (what a model expects, the Data container), loading (reading .npz / image folders /
+tf.data / arrays), scoring, strategies, checkpoints, finetune, evaluate, sweep, saliency (it reads
+images and writes PNGs, so it sits here rather than in surgery/, whose `override` it uses).
+"""
+
+from graphswap.research.data import Data, ModelExpectation, model_expectation
+from graphswap.research.evaluation import EvaluationResult, evaluate
+from graphswap.research.finetuning import (CompileSettings, FinetuneResult, compile_settings,
+                                         finetune, format_history, swapped_layers)
+from graphswap.research.loading import load_data
+from graphswap.research.saliency import (SaliencyResult, input_gradients, load_sample,
+                                         saliency_map, write_saliency_png)
+from graphswap.research.strategies import STRATEGIES, is_chief, resolve_strategy
+from graphswap.research.sweeping import SweepResult, parse_power_options, sweep
+
+__all__ = ["CompileSettings", "Data", "EvaluationResult", "FinetuneResult", "ModelExpectation",
+           "STRATEGIES", "SaliencyResult", "SweepResult", "compile_settings", "evaluate",
+           "finetune", "format_history", "input_gradients", "is_chief", "load_data",
+           "load_sample", "model_expectation", "parse_power_options", "resolve_strategy",
+           "saliency_map", "swapped_layers", "sweep", "write_saliency_png"]

@@ -1,0 +1,221 @@
+"""Evaluating kernels side by side: the original model and one rewritten copy per kernel, on the
+same data, in one table - top-1 accuracy (and top-5 when there are more than 10 classes), loss,
+agreement with the original's predictions, and optionally the accuracy after fine-tuning each
+rewritten copy.  Results serialise to JSON (schema "graphswap.evaluate/1") and CSV, and plot as a
+bar chart.
+
+Metrics are computed here from the models' predictions (not with model.evaluate), so accuracy,
+top-5, loss and agreement all come from the same forward pass and can be checked by hand.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import json
+import os
+
+import numpy as np
+
+from graphswap.errors import DataError, GraphswapError
+from graphswap.io import atomic_output, load_model
+from graphswap.research.finetuning import compile_settings, finetune, swapped_layers
+from graphswap.research.loading import load_data
+from graphswap.research.scoring import classification_metrics, predict, takes_logits
+from graphswap.swap import rewrite_model
+from graphswap.tables import format_table
+
+EVALUATE_SCHEMA = "graphswap.evaluate/1"
+
+
+# --------------------------------------------------------------------------------------------
+# evaluate
+# --------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class EvaluationResult:
+    model_name: str
+    data_source: str
+    examples: int
+    classes: int
+    loss_name: str
+    rows: list            # one dict per model: original first, then one per kernel
+    finetune: dict | None = None
+    notes: list = dataclasses.field(default_factory=list)
+
+    COLUMNS = ("name", "kernel", "swapped_layers", "accuracy", "top5_accuracy", "loss",
+               "agreement", "finetuned_accuracy", "finetuned_top5_accuracy", "finetuned_loss",
+               "finetuned_agreement")
+
+    def to_dict(self) -> dict:
+        return {"schema": EVALUATE_SCHEMA, "model": self.model_name,
+                "data": {"source": self.data_source, "examples": self.examples,
+                         "classes": self.classes},
+                "loss": self.loss_name, "top5": self.classes > 10,
+                "finetune": self.finetune,
+                "rows": [{key: row.get(key) for key in self.COLUMNS} for row in self.rows],
+                "notes": self.notes}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    def to_csv(self) -> str:
+        buffer = io.StringIO()
+        writer = csv.DictWriter(buffer, fieldnames=self.COLUMNS, lineterminator="\n")
+        writer.writeheader()
+        for row in self.rows:
+            writer.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in self.COLUMNS})
+        return buffer.getvalue()
+
+    def format_table(self) -> str:
+        def pct(value):
+            return "" if value is None else f"{100 * value:.2f}%"
+
+        headers = ["model", "swapped", "accuracy"]
+        top5 = self.classes > 10
+        if top5:
+            headers.append("top-5")
+        headers += ["loss", "agreement"]
+        if self.finetune is not None:
+            headers.append(f"after {self.finetune['epochs']} epoch(s) fine-tuning")
+        rows = []
+        for row in self.rows:
+            cells = [row["name"], str(row["swapped_layers"]), pct(row["accuracy"])]
+            if top5:
+                cells.append(pct(row["top5_accuracy"]))
+            cells += ["" if row["loss"] is None else f"{row['loss']:.4f}", pct(row["agreement"])]
+            if self.finetune is not None:
+                cells.append(pct(row.get("finetuned_accuracy")) or "-")
+            rows.append(cells)
+        lines = format_table(headers, rows)
+        lines.append(f"{self.examples} examples from {self.data_source}; {self.classes} classes; "
+                     f"loss {self.loss_name}; agreement = share of examples whose top-1 class "
+                     f"matches the original model's")
+        return "\n".join(lines)
+
+    def write(self, path, force: bool = False) -> None:
+        """Write JSON or CSV, chosen by the suffix (.json / .csv), atomically."""
+        suffix = os.path.splitext(str(path))[1].lower()
+        if suffix not in (".json", ".csv"):
+            raise GraphswapError(f"results file {path} must end in .json or .csv")
+        text = self.to_json() + "\n" if suffix == ".json" else self.to_csv()
+        with atomic_output(path, force) as tmp:
+            tmp.write_text(text, encoding="utf-8")
+
+    def plot(self, path, force: bool = False) -> None:
+        """Bar chart PNG: accuracy per model (and after fine-tuning), written atomically."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        names = [row["name"] for row in self.rows]
+        before = [100 * row["accuracy"] for row in self.rows]
+        positions = np.arange(len(names))
+        figure, axes = plt.subplots(figsize=(max(5.0, 1.4 * len(names) + 2), 4.0))
+        if self.finetune is not None:
+            after = [100 * row["finetuned_accuracy"] if row.get("finetuned_accuracy") is not None
+                     else np.nan for row in self.rows]
+            width = 0.38
+            bars = axes.bar(positions - width / 2, before, width, label="as converted")
+            bars_after = axes.bar(positions + width / 2, after, width,
+                                  label=f"after {self.finetune['epochs']} epoch(s) fine-tuning")
+            groups = [bars, bars_after]
+            axes.legend(loc="lower right")
+        else:
+            groups = [axes.bar(positions, before, 0.6)]
+        for group in groups:
+            for bar in group:
+                height = bar.get_height()
+                if np.isfinite(height):
+                    axes.annotate(f"{height:.1f}", (bar.get_x() + bar.get_width() / 2, height),
+                                  ha="center", va="bottom", fontsize=8)
+        low = min(v for v in before if np.isfinite(v))
+        axes.set_ylim(max(0.0, low - 10.0), 100.5)
+        axes.set_xticks(positions, [os.path.basename(n) for n in names], rotation=20, ha="right")
+        axes.set_ylabel("top-1 accuracy (%)")
+        axes.set_title(f"{self.model_name}: {self.examples} examples")
+        figure.tight_layout()
+        with atomic_output(path, force, suffix=".png") as tmp:
+            figure.savefig(tmp, format="png", dpi=120)
+        plt.close(figure)
+
+
+def evaluate(model, data, kernels=None, *, finetune_data=None, epochs: int = 1,
+             batch_size: int = 128, learning_rate: float = 1e-4, seed: int | None = 0,
+             include=None, exclude=None, backward: str = "native", split: str | None = "test",
+             finetune_split: str | None = "train", resize: bool = False, pad: bool = False,
+             scale=None, verbose: int = 0, custom_objects=None,
+             safe_mode: bool = True) -> EvaluationResult:
+    """Evaluate `model` and one rewritten copy per kernel on `data`, side by side.
+
+    Args:
+      model: a keras.Model (never modified) or a model file.
+      data: evaluation data (anything graphswap.research.load_data accepts; .npz: x_test/y_test, else
+        x/y).
+      kernels: kernel specs, one row each (see graphswap.kernels) [default: "exact", or none
+        for a model that already has swapped layers: it is evaluated as it is].
+      finetune_data: when given, each rewritten copy is also fine-tuned for `epochs` epochs
+        (graphswap.finetune, same seed for every kernel) and re-evaluated.
+      include / exclude / backward: passed to rewrite_model.
+      batch_size: for evaluation and fine-tuning.  It can change the numbers of multipliers
+        whose activations are quantized per call (per batch).
+
+    Returns an EvaluationResult (rows: original first, then each kernel in order).
+    """
+    if finetune_data is not None:
+        # the fine-tuning settings are checked before any evaluation work, not after it
+        if epochs < 1:
+            raise GraphswapError(f"epochs must be at least 1, got {epochs}")
+        if learning_rate is not None and not learning_rate >= 0:
+            raise GraphswapError(f"learning rate must be positive (or 0 to freeze the weights), "
+                                 f"got {learning_rate}")
+    if isinstance(model, (str, os.PathLike)):
+        model = load_model(model, custom_objects=custom_objects, safe_mode=safe_mode)
+    test = load_data(data, model, split=split, resize=resize, pad=pad, scale=scale,
+                     name="evaluation data")
+    labels = test.labels()
+    settings = compile_settings(model, test.label_format)
+    from_logits = takes_logits(settings.loss)
+    notes = list(test.notes) + [settings.note.replace(
+        "compiled with the loss/metrics saved in the model", "loss saved in the model")]
+    already = swapped_layers(model)
+    kernels = list(kernels) if kernels is not None else ([] if already else ["exact"])
+    if already:
+        notes.append(f"{model.name!r} already has {len(already)} swapped layer(s) (kernel(s) "
+                     f"{', '.join(sorted(set(os.path.basename(k) for k in already.values())))}): "
+                     f"its 'original' row runs them, and each --kernel row swaps only the "
+                     f"remaining float Dense/Conv2D layers")
+    reference = predict(model, test, batch_size)
+    rows = [{"name": "original", "kernel": None, "swapped_layers": len(already),
+             **classification_metrics(reference, labels, test.label_format, settings.loss,
+                                      reference, from_logits)}]
+    finetune_info = None
+    train = None
+    if finetune_data is not None:
+        train = load_data(finetune_data, model, split=finetune_split, resize=resize, pad=pad,
+                          scale=scale, name="fine-tuning data")
+        finetune_info = {"data": train.source, "examples": len(train), "epochs": epochs,
+                         "batch_size": batch_size, "learning_rate": learning_rate, "seed": seed}
+        notes.extend(n for n in train.notes if n not in notes)
+    for spec in kernels:
+        swapped, report = rewrite_model(model, kernel=spec, include=include, exclude=exclude,
+                                        backward=backward, return_report=True)
+        outputs = predict(swapped, test, batch_size)
+        row = {"name": spec if isinstance(spec, str) else report.swapped[0].kernel,
+               "kernel": report.swapped[0].kernel if report.swapped else str(spec),
+               "swapped_layers": len(report.swapped),
+               **classification_metrics(outputs, labels, test.label_format, settings.loss,
+                                        reference, from_logits)}
+        if train is not None:
+            result = finetune(swapped, train, epochs=epochs, batch_size=batch_size,
+                              learning_rate=learning_rate, seed=seed, verbose=verbose,
+                              restore_best=False)
+            tuned = predict(result.model, test, batch_size)
+            metrics = classification_metrics(tuned, labels, test.label_format, settings.loss,
+                                             reference, from_logits)
+            row.update({f"finetuned_{k}": v for k, v in metrics.items()})
+        rows.append(row)
+    return EvaluationResult(model.name, test.source, len(test), test.classes,
+                            settings.loss_name, rows, finetune_info, notes)

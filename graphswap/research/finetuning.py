@@ -1,0 +1,358 @@
+"""Fine-tuning rewritten models: the swapped kernels stay in the forward pass while TensorFlow's
+gradients train the float weights (the straight-through estimator), so the network learns to live
+with its arithmetic.
+
+`finetune` compiles with the loss/metrics the model was saved with (or a stated default for a
+classifier's output), trains on validated data (graphswap.research.data), keeps the best weights by a
+validation metric, stops early on request, checkpoints every epoch and resumes from its own
+checkpoint, and runs under tf.distribute strategies:
+
+  - "mirrored":    MirroredStrategy over the local GPUs, or over the logical CPU devices when there
+                   are several and no GPU;
+  - "multiworker": MultiWorkerMirroredStrategy configured by the TF_CONFIG environment variable
+                   (every worker runs the same command; worker 0 is the chief and writes files).
+
+Checkpoints: graphswap.research.checkpoints; strategies: graphswap.research.strategies.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+import keras
+import tensorflow as tf
+
+from graphswap.errors import DataError, GraphswapError, OutputPathError
+from graphswap.io import MODEL_OUTPUT_SUFFIXES, check_output_path, load_model, save_model
+from graphswap.research.data import translate_errors
+from graphswap.research.loading import load_data
+from graphswap.research.checkpoints import (CHECKPOINT_BEST, CHECKPOINT_LAST, CheckpointTracker,
+                                            read_checkpoint_state)
+from graphswap.research.strategies import is_chief, patch_multiworker_build, resolve_strategy
+from graphswap.swap import copy_model, iter_layers
+from graphswap.tables import format_table
+
+
+def _output_activation(model) -> str | None:
+    """Name of the activation the model applies last ('softmax', 'sigmoid', ...), if visible."""
+    try:
+        layer = model.outputs[0]._keras_history.operation
+    except (AttributeError, IndexError):
+        layer = model.layers[-1] if model.layers else None
+    while isinstance(layer, keras.Model) and layer.layers:
+        layer = layer.layers[-1]
+    if isinstance(layer, keras.layers.Softmax):
+        return "softmax"
+    if isinstance(layer, keras.layers.Activation):
+        return getattr(layer.activation, "__name__", None)
+    activation = getattr(layer, "activation", None)
+    return getattr(activation, "__name__", None)
+
+
+@dataclasses.dataclass
+class CompileSettings:
+    loss: object
+    metrics: list
+    note: str
+
+    @property
+    def loss_name(self) -> str:
+        if isinstance(self.loss, str):
+            return self.loss
+        return getattr(self.loss, "name", None) or type(self.loss).__name__
+
+
+def compile_settings(model, label_format: str = "sparse") -> CompileSettings:
+    """Loss and metrics for `model`: its saved compile settings, else a classifier default."""
+    config = None
+    if getattr(model, "compiled", False):
+        try:
+            config = model.get_compile_config()
+        except Exception:  # noqa: BLE001 - a model without a compile config gets the default
+            config = None
+    if config and config.get("loss") is not None:
+        loss = config["loss"]
+        if isinstance(loss, dict):
+            loss = keras.saving.deserialize_keras_object(loss)
+        if isinstance(loss, (list, tuple, dict)):
+            raise GraphswapError("the model was compiled with several losses; graphswap fine-tunes "
+                                 "single-output classifiers")
+        metrics = [keras.saving.deserialize_keras_object(m) if isinstance(m, dict) else m
+                   for m in (config.get("metrics") or [])]
+        settings = CompileSettings(loss, metrics, "")
+        name = settings.loss_name.lower()
+        if label_format == "one_hot" and "sparse" in name:
+            raise DataError(f"the labels are one-hot rows but the model's loss "
+                            f"({settings.loss_name}) expects class indices; pass "
+                            f"y.argmax(axis=1) as labels")
+        if label_format == "sparse" and "categorical" in name and "sparse" not in name:
+            raise DataError(f"the labels are class indices but the model's loss "
+                            f"({settings.loss_name}) expects one-hot rows; pass one-hot labels")
+        shown = ", ".join([settings.loss_name] + [m if isinstance(m, str) else
+                                                  getattr(m, "name", str(m)) for m in metrics])
+        settings.note = f"compiled with the loss/metrics saved in the model: {shown}"
+        return settings
+    activation = _output_activation(model)
+    if label_format == "binary":
+        from_logits = activation != "sigmoid"
+        loss = keras.losses.BinaryCrossentropy(from_logits=from_logits)
+        metrics = [keras.metrics.BinaryAccuracy(name="accuracy",
+                                                threshold=0.0 if from_logits else 0.5)]
+    else:
+        from_logits = activation != "softmax"
+        if label_format == "one_hot":
+            loss = keras.losses.CategoricalCrossentropy(from_logits=from_logits)
+        else:
+            loss = keras.losses.SparseCategoricalCrossentropy(from_logits=from_logits)
+        metrics = ["accuracy"]
+    note = (f"the model carries no loss; using {type(loss).__name__}(from_logits={from_logits}) "
+            f"and accuracy (output activation: {activation or 'none'})")
+    return CompileSettings(loss, metrics, note)
+
+
+@dataclasses.dataclass
+class FinetuneResult:
+    """What `finetune` did. `model` holds the returned (best, when validated) weights."""
+
+    model: object
+    history: dict
+    initial_epoch: int
+    epochs: int
+    epochs_run: list
+    monitor: str | None
+    best_epoch: int | None
+    best_value: float | None
+    restored_best: bool
+    stopped_early: bool
+    notes: list
+    checkpoint_dir: str | None = None
+    chief: bool = True              # False on non-chief workers of a multi-worker run
+    output: str | None = None       # where the fine-tuned model was saved, if anywhere
+
+    def to_dict(self) -> dict:
+        return {"initial_epoch": self.initial_epoch, "epochs": self.epochs,
+                "epochs_run": self.epochs_run, "monitor": self.monitor,
+                "best_epoch": self.best_epoch, "best_value": self.best_value,
+                "restored_best": self.restored_best, "stopped_early": self.stopped_early,
+                "history": self.history, "notes": self.notes,
+                "checkpoint_dir": self.checkpoint_dir, "output": self.output}
+
+
+def swapped_layers(model) -> dict:
+    """{layer path: kernel spec} of the swapped layers in `model`."""
+    return {path: layer.arithmetic.spec for path, layer in iter_layers(model)
+            if hasattr(layer, "arithmetic")}
+
+
+def _make_optimizer(optimizer, learning_rate):
+    if isinstance(optimizer, keras.optimizers.Optimizer):
+        return optimizer
+    try:
+        opt = keras.optimizers.get(optimizer)
+    except ValueError as exc:
+        raise GraphswapError(f"unknown optimizer {optimizer!r}: {exc}") from None
+    if learning_rate is not None:
+        opt.learning_rate = learning_rate
+    return opt
+
+
+class _Notes(list):
+    """A list of notes that also hands each new note to `log` (the CLI prints them at once)."""
+
+    def __init__(self, log=None):
+        super().__init__()
+        self._log = log
+
+    def append(self, note):
+        super().append(note)
+        if self._log is not None:
+            self._log(note)
+
+    def extend(self, notes):
+        for note in notes:
+            self.append(note)
+
+
+def finetune(model, data, *, val_data=None, val_split: float | None = None, epochs: int = 1,
+             batch_size: int = 128, learning_rate: float | None = 1e-4, optimizer="adam",
+             strategy=None, checkpoint_dir=None, resume: bool = False,
+             patience: int | None = None, monitor: str | None = None,
+             restore_best: bool = True, seed: int | None = 0, verbose="auto", callbacks=(),
+             split: str | None = "train", val_split_name: str | None = "test",
+             resize: bool = False, pad: bool = False, scale=None, custom_objects=None,
+             safe_mode: bool = True, force: bool = False, output=None,
+             log=None) -> FinetuneResult:
+    """Fine-tune `model` (a keras.Model or a .keras path) on `data`, swapped kernels in the loop.
+
+    Args:
+      model: a (rewritten) keras.Model - never modified, a copy is trained - or a model file.
+      data / val_data: anything graphswap.research.load_data accepts (.npz, image directory,
+        tf.data, (x, y) arrays); `split`/`val_split_name` pick the .npz arrays (x_train/y_train
+        and x_test/y_test by default, x/y when those are absent).
+      val_split: hold out this fraction of `data` (seeded) for validation instead of val_data.
+      epochs: total epoch count (a resumed run continues up to it).
+      learning_rate / optimizer: a fresh optimizer (default Adam, 1e-4) for an un-resumed run.
+      strategy: None, "mirrored", "multiworker" or a tf.distribute.Strategy.
+      checkpoint_dir: write last/best checkpoints and state each epoch; `resume=True` continues
+        from them (weights, optimizer state, epoch count, best value).
+      patience: stop when the monitor has not improved for this many epochs.
+      monitor: metric deciding the best epoch [default: val accuracy, else val_loss, else the
+        training accuracy/loss]; restore_best returns the best epoch's weights.
+      seed: seeds Python, NumPy, TensorFlow and the shuffling (None: no seeding).
+      output: save the fine-tuned model there (.keras or .h5, atomically; checked before any
+        training; `force` replaces an existing file).  Only the chief of a multi-worker run saves.
+      log: called with each note (what was loaded, how it is compiled, ...) as it is made;
+        the notes are also returned in the result.
+
+    Returns a FinetuneResult; raises DataError for data problems, GraphswapError otherwise.
+    """
+    if epochs < 1:
+        raise GraphswapError(f"epochs must be at least 1, got {epochs}")
+    if batch_size < 1:
+        raise GraphswapError(f"batch size must be at least 1, got {batch_size}")
+    if learning_rate is not None and not learning_rate >= 0:  # also refuses NaN; 0 freezes
+        raise GraphswapError(f"learning rate must be positive (or 0 to freeze the weights), got "
+                             f"{learning_rate}")
+    if val_data is not None and val_split is not None:
+        raise GraphswapError("pass either validation data or a validation split, not both")
+    if patience is not None and patience < 1:
+        raise GraphswapError(f"patience must be at least 1 epoch, got {patience}")
+    if output is not None:
+        output = check_output_path(output, force, inputs=[model] if isinstance(
+            model, (str, os.PathLike)) else [], suffixes=MODEL_OUTPUT_SUFFIXES)
+    notes = _Notes(log)
+    strategy_obj = resolve_strategy(strategy)  # first: multi-worker must precede other TF work
+    chief = is_chief(strategy_obj)
+    if seed is not None:
+        keras.utils.set_random_seed(seed)
+
+    directory = Path(checkpoint_dir) if checkpoint_dir is not None else None
+    state = None
+    if directory is not None:
+        if directory.exists() and not directory.is_dir():
+            raise OutputPathError(f"checkpoint directory {directory} is a file")
+        state = read_checkpoint_state(directory) if directory.exists() else None
+        if state is not None and not resume:
+            if not force:
+                raise OutputPathError(
+                    f"{directory} holds a checkpoint of an earlier run ({state['epoch']} "
+                    f"epoch(s) done); pass resume=True (--resume) to continue it, force=True "
+                    f"(--force) to start over, or choose another directory")
+            state = None
+        if resume and state is None:
+            notes.append(f"no checkpoint in {directory}; starting from epoch 1")
+        if chief:
+            directory.mkdir(parents=True, exist_ok=True)
+    elif resume:
+        raise GraphswapError("resume needs a checkpoint directory (checkpoint_dir= / "
+                             "--checkpoint-dir)")
+
+    with strategy_obj.scope():
+        if state is not None:
+            source_model = load_model(directory / CHECKPOINT_LAST,
+                                              custom_objects=custom_objects, safe_mode=safe_mode)
+            notes.append(f"resumed from {directory / CHECKPOINT_LAST} after epoch "
+                         f"{state['epoch']} of {epochs}")
+        elif isinstance(model, (str, os.PathLike)):
+            source_model = load_model(model, custom_objects=custom_objects,
+                                              safe_mode=safe_mode)
+        else:
+            source_model = model
+        expectation_model = source_model
+        train = load_data(data, expectation_model, split=split, resize=resize,
+                                      pad=pad, scale=scale, name="training data")
+        validation = None
+        if val_data is not None:
+            validation = load_data(val_data, expectation_model, split=val_split_name,
+                                               resize=resize, pad=pad, scale=scale,
+                                               name="validation data")
+        elif val_split is not None:
+            train, validation = train.split(val_split, seed=seed or 0)
+        notes.extend(train.notes)
+        if validation is not None:
+            notes.extend(n for n in validation.notes if n not in train.notes)
+        if state is not None:
+            trained = source_model
+            if not getattr(trained, "compiled", False):
+                raise GraphswapError(f"checkpoint {directory / CHECKPOINT_LAST} has no compile "
+                                     f"settings; delete {directory} to start over")
+        else:
+            settings = compile_settings(source_model, train.label_format)
+            notes.append(settings.note)
+            trained = copy_model(source_model)
+            trained.compile(optimizer=_make_optimizer(optimizer, learning_rate),
+                            loss=settings.loss, metrics=settings.metrics)
+            if learning_rate is not None:
+                notes.append(f"optimizer {type(trained.optimizer).__name__}, learning rate "
+                             f"{learning_rate:g}")
+    swapped = swapped_layers(trained)
+    if swapped:
+        kernels = sorted(set(swapped.values()))
+        notes.append(f"{len(swapped)} swapped layer(s) in the loop, kernel(s): "
+                     f"{', '.join(os.path.basename(k) for k in kernels)}")
+    else:
+        notes.append("the model has no swapped layers: fine-tuning plain TensorFlow arithmetic")
+    if strategy_obj is not tf.distribute.get_strategy():
+        notes.append(f"strategy {type(strategy_obj).__name__} with "
+                     f"{strategy_obj.num_replicas_in_sync} replica(s) in sync")
+
+    initial_epoch = int(state["epoch"]) if state else 0
+    run_config = {"epochs": epochs, "batch_size": batch_size, "learning_rate": learning_rate,
+                  "seed": seed}
+    tracker = CheckpointTracker(monitor, patience, directory, chief, state, run_config)
+    if state is not None and restore_best and directory is not None \
+            and (directory / CHECKPOINT_BEST).is_file():
+        best_model = load_model(directory / CHECKPOINT_BEST, compile=False,
+                                        custom_objects=custom_objects, safe_mode=safe_mode)
+        tracker.best_weights = best_model.get_weights()
+        tracker.mode = state.get("mode") or ("max" if "acc" in (tracker.monitor or "") else "min")
+    if verbose == "auto":
+        verbose = 1
+    if initial_epoch >= epochs:
+        notes.append(f"the checkpoint already has {initial_epoch} epoch(s); nothing to train "
+                     f"for epochs={epochs}")
+    else:
+        if isinstance(strategy_obj, tf.distribute.MultiWorkerMirroredStrategy):
+            patch_multiworker_build(trained)
+        train_ds, steps = train.training_dataset(batch_size, seed, initial_epoch, epochs)
+        val_ds = validation.as_dataset(batch_size) if validation is not None else None
+        with translate_errors():
+            trained.fit(train_ds, validation_data=val_ds, epochs=epochs,
+                        initial_epoch=initial_epoch, steps_per_epoch=steps,
+                        callbacks=[tracker, *callbacks], shuffle=False, verbose=verbose)
+        if not tracker.epochs_run:
+            raise DataError("training ran no epoch: the training data produced no batches")
+    restored = False
+    if restore_best and tracker.best_weights is not None and tracker.best_epoch is not None \
+            and tracker.history.get("epoch") and tracker.best_epoch != tracker.history["epoch"][-1]:
+        trained.set_weights(tracker.best_weights)
+        restored = True
+        notes.append(f"restored the weights of epoch {tracker.best_epoch} "
+                     f"({tracker.monitor} = {tracker.best:.4f})")
+    if tracker.stopped_early:
+        notes.append(f"stopped early: {tracker.monitor} did not improve for {patience} epoch(s)")
+    if output is not None and chief:
+        save_model(trained, output, force=force)
+    return FinetuneResult(
+        model=trained, history=tracker.history, initial_epoch=initial_epoch, epochs=epochs,
+        epochs_run=tracker.epochs_run, monitor=tracker.monitor, best_epoch=tracker.best_epoch,
+        best_value=tracker.best, restored_best=restored, stopped_early=tracker.stopped_early,
+        notes=list(notes), checkpoint_dir=str(directory) if directory is not None else None,
+        chief=chief, output=str(output) if output is not None and chief else None)
+
+
+def format_history(result: FinetuneResult) -> str:
+    """A small table of the epochs recorded in `result.history`."""
+    history = result.history
+    epochs = history.get("epoch", [])
+    keys = [k for k in history if k != "epoch"]
+    if not epochs:
+        return "(no epochs)"
+    headers = ["epoch", *keys]
+    rows = [[str(e), *(f"{history[k][i]:.4f}" if i < len(history[k]) else "" for k in keys)]
+            for i, e in enumerate(epochs)]
+    markers = ["  *" if result.best_epoch is not None and row[0] == str(result.best_epoch) else ""
+               for row in rows]
+    return "\n".join(format_table(headers, rows, markers))

@@ -1,0 +1,400 @@
+"""Per-layer sensitivity sweep: where does an approximate multiplier cost accuracy, and how much
+multiply energy does it save there?
+
+`sweep` swaps one Dense/Conv2D layer at a time to the given kernel (the rest stay the original
+float layers) and measures accuracy, its drop from the original, and agreement with the original's
+predictions, next to each layer's multiply-accumulates per sample.  It then builds cumulative
+assignments greedily - least harmful layers first - and evaluates each, which traces the
+accuracy/energy trade-off; the Pareto-optimal points are marked, and the cheapest assignment whose
+drop stays within `max_accuracy_drop` is written as a kernel map that `graphswap convert
+--kernel-map` accepts.
+
+Energy model (multiplies only, as in EvoApproxLib's figures): a layer's multiplies cost its MACs x
+the power of its multiplier, so
+
+    relative multiply energy = sum over layers of MACs_l x P(kernel_l) / (total MACs x P_exact)
+
+with P from the kernel's hardware metrics (EvoApproxLib's `// PDK45_PWR = ... mW` header line) or
+the user's `power`, and P_exact the exact 8-bit multiplier's power: EvoApproxLib's mul8u_1JFF
+(exact 8x8 unsigned, PDK45_PWR = 0.391 mW) or, for signed kernels, mul8s_1KV6 (exact 8x8 signed,
+PDK45_PWR = 0.425 mW); overridable with `reference_power`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+
+import numpy as np
+
+from graphswap.errors import GraphswapError
+from graphswap.io import atomic_output, load_model
+from graphswap.kernels import resolve_kernel
+from graphswap.research.finetuning import compile_settings
+from graphswap.research.loading import load_data
+from graphswap.research.scoring import classification_metrics, predict, takes_logits
+from graphswap.swap import plan, rewrite_model
+from graphswap.tables import format_table
+
+SWEEP_SCHEMA = "graphswap.sweep/1"
+
+#: PDK45_PWR (mW) of EvoApproxLib's exact 8x8 multipliers, from the header comments of
+#: ehw-fit/evoapproxlib multiplers/8x8_unsigned/pareto_pwr_mse/mul8u_1JFF.c (unsigned) and
+#: multiplers/8x8_signed/pareto_pwr_wce/mul8s_1KV6.c (signed)
+EXACT_POWER_UNSIGNED_MW = 0.391
+EXACT_POWER_SIGNED_MW = 0.425
+POWER_METRIC = "PDK45_PWR"
+
+
+# --------------------------------------------------------------------------------------------
+# power
+# --------------------------------------------------------------------------------------------
+
+def _as_power(value, what: str) -> float:
+    if isinstance(value, str):
+        match = re.match(r"^\s*([0-9.eE+-]+)\s*(mW)?\s*$", value)
+        if not match:
+            raise GraphswapError(f"{what}: expected a power in mW such as 0.25, got {value!r}")
+        value = match.group(1)
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise GraphswapError(f"{what}: expected a power in mW such as 0.25, got {value!r}") \
+            from None
+    if not np.isfinite(number) or number < 0:
+        raise GraphswapError(f"{what}: power must be a finite number >= 0 (mW), got {value!r}")
+    return number
+
+
+def parse_power_options(values) -> dict:
+    """CLI `--power SPEC=VALUE` (or a bare VALUE for the swept kernel, key None) -> dict."""
+    result = {}
+    for item in values or ():
+        if "=" in item:
+            spec, _, value = item.rpartition("=")
+            result[spec.strip()] = _as_power(value, f"--power {item}")
+        else:
+            result[None] = _as_power(item, f"--power {item}")
+    return result
+
+
+def kernel_is_signed(kernel) -> bool | None:
+    """Whether a multiplier kernel multiplies signed operands (None: not an 8-bit multiplier)."""
+    for holder in (kernel, getattr(kernel, "multiplier", None)):
+        signed = getattr(holder, "signed", None)
+        if isinstance(signed, bool):
+            return signed
+    name = os.path.basename(str(getattr(kernel, "spec", "")))
+    if re.match(r"^mul\d+s", name):
+        return True
+    if re.match(r"^mul\d+u", name):
+        return False
+    return None
+
+
+def kernel_power(kernel, user_power: dict | None = None) -> tuple[float | None, str]:
+    """(power in mW or None, where it came from) for a resolved kernel."""
+    user_power = user_power or {}
+    for key in (kernel.spec, os.path.basename(kernel.spec), None):
+        if key in user_power:
+            return user_power[key], "--power"
+    for key, value in user_power.items():
+        if key is not None and os.path.abspath(key) == os.path.abspath(kernel.spec):
+            return value, "--power"
+    metrics = kernel.hardware_metrics or {}
+    if POWER_METRIC in metrics and metrics[POWER_METRIC] is not None:
+        return _as_power(metrics[POWER_METRIC], f"{kernel.spec} {POWER_METRIC}"), \
+            f"{POWER_METRIC} in the kernel's source"
+    return None, ""
+
+
+def reference_power_for(kernel, reference_power=None) -> tuple[float, str]:
+    if reference_power is not None:
+        return _as_power(reference_power, "reference power"), "--reference-power"
+    if kernel_is_signed(kernel):
+        return EXACT_POWER_SIGNED_MW, "EvoApproxLib mul8s_1KV6 (exact 8x8 signed), PDK45"
+    return EXACT_POWER_UNSIGNED_MW, "EvoApproxLib mul8u_1JFF (exact 8x8 unsigned), PDK45"
+
+
+def relative_energy(layer_macs: dict, approximate: set, power: float | None,
+                    reference: float) -> float | None:
+    """sum MACs_l x P_l / (total MACs x P_exact): approximate layers at `power`, others exact."""
+    if power is None:
+        return None
+    total = sum(layer_macs.values())
+    if total == 0:
+        return None
+    energy = sum(macs * (power if path in approximate else reference)
+                 for path, macs in layer_macs.items())
+    return energy / (total * reference)
+
+
+# --------------------------------------------------------------------------------------------
+# sweep
+# --------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class SweepResult:
+    model_name: str
+    kernel: str
+    data_source: str
+    examples: int
+    baseline: dict                 # metrics of the original model
+    layers: list                   # one dict per swappable layer (single-layer swap)
+    configurations: list           # evaluated assignments (baseline, greedy steps, all)
+    recommended: dict              # the configuration written as kernel map
+    max_accuracy_drop: float
+    power: float | None
+    power_source: str
+    reference_power: float
+    reference_source: str
+    notes: list = dataclasses.field(default_factory=list)
+
+    @property
+    def energy_available(self) -> bool:
+        return self.power is not None
+
+    def kernel_map(self, configuration: dict | None = None) -> dict:
+        configuration = configuration or self.recommended
+        chosen = set(configuration["layers"])
+        return {entry["layer"]: (self.kernel if entry["layer"] in chosen else None)
+                for entry in self.layers}
+
+    def kernel_map_document(self) -> dict:
+        """What `convert --kernel-map` reads (extra keys are ignored there)."""
+        rec = self.recommended
+        return {"kernel_map": self.kernel_map(), "kernel": self.kernel,
+                "model": self.model_name, "max_accuracy_drop": self.max_accuracy_drop,
+                "baseline_accuracy": self.baseline["accuracy"], "accuracy": rec["accuracy"],
+                "relative_energy": rec["relative_energy"],
+                "swapped_mac_share": rec["swapped_mac_share"],
+                "generated_by": "graphswap sweep"}
+
+    def to_dict(self) -> dict:
+        return {"schema": SWEEP_SCHEMA, "model": self.model_name, "kernel": self.kernel,
+                "data": {"source": self.data_source, "examples": self.examples},
+                "baseline": self.baseline, "layers": self.layers,
+                "configurations": self.configurations, "recommended": self.recommended,
+                "kernel_map": self.kernel_map(), "max_accuracy_drop": self.max_accuracy_drop,
+                "energy": {"power_mw": self.power, "power_source": self.power_source,
+                           "reference_power_mw": self.reference_power,
+                           "reference_source": self.reference_source},
+                "notes": self.notes}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    def format_table(self) -> str:
+        headers = ["layer", "type", "MACs/sample", "MAC share", "accuracy", "drop (pt)",
+                   "agreement", "rel. energy"]
+        rows = []
+        for entry in self.layers:
+            rows.append([entry["layer"], entry["type"], f"{entry['macs']:,}",
+                         f"{100 * entry['mac_share']:.1f}%", f"{100 * entry['accuracy']:.2f}%",
+                         f"{100 * entry['accuracy_drop']:.2f}", f"{100 * entry['agreement']:.2f}%",
+                         "" if entry["relative_energy"] is None
+                         else f"{entry['relative_energy']:.3f}"])
+        lines = [f"kernel {self.kernel}: one layer at a time (others original); original accuracy "
+                 f"{100 * self.baseline['accuracy']:.2f}% on {self.examples} examples",
+                 *format_table(headers, rows)]
+        lines.append("")
+        lines.append("cumulative assignments (least harmful layers first):")
+        for config in self.configurations:
+            energy = ("" if config["relative_energy"] is None
+                      else f", rel. energy {config['relative_energy']:.3f}")
+            flag = " [pareto]" if config["pareto"] else ""
+            chosen = " <- kernel map" if config["name"] == self.recommended["name"] else ""
+            lines.append(f"  {config['name']:<22} accuracy {100 * config['accuracy']:.2f}% "
+                         f"({100 * (config['accuracy'] - self.baseline['accuracy']):+.2f}), "
+                         f"{100 * config['swapped_mac_share']:.1f}% of MACs approximate"
+                         f"{energy}{flag}{chosen}")
+        if self.energy_available:
+            lines.append(f"energy: multiplier {self.power:g} mW ({self.power_source}), exact "
+                         f"reference {self.reference_power:g} mW ({self.reference_source})")
+        else:
+            lines.append(f"energy: no power figure for {self.kernel} (no {POWER_METRIC} in its "
+                         f"source); pass --power {self.kernel}=MILLIWATTS to estimate it")
+        return "\n".join(lines)
+
+    def write_kernel_map(self, path, force: bool = False) -> None:
+        with atomic_output(path, force) as tmp:
+            tmp.write_text(json.dumps(self.kernel_map_document(), indent=2) + "\n",
+                           encoding="utf-8")
+
+    def write_json(self, path, force: bool = False) -> None:
+        with atomic_output(path, force) as tmp:
+            tmp.write_text(self.to_json() + "\n", encoding="utf-8")
+
+    def plot(self, path, force: bool = False) -> None:
+        """Pareto plot PNG: accuracy vs relative multiply energy (or approximate MAC share)."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        key = "relative_energy" if self.energy_available else "swapped_mac_share"
+        label = ("relative multiply energy (exact = 1)" if self.energy_available
+                 else "share of MACs on the approximate multiplier")
+        figure, axes = plt.subplots(figsize=(6.4, 4.4))
+        singles_x = [entry[key] if self.energy_available else entry["mac_share"]
+                     for entry in self.layers]
+        singles_y = [100 * entry["accuracy"] for entry in self.layers]
+        axes.scatter(singles_x, singles_y, marker="o", color="tab:gray",
+                     label="one layer approximate")
+        for entry, x, y in zip(self.layers, singles_x, singles_y):
+            axes.annotate(entry["layer"].split("/")[-1], (x, y), fontsize=7,
+                          xytext=(3, 3), textcoords="offset points")
+        xs = [c[key] for c in self.configurations]
+        ys = [100 * c["accuracy"] for c in self.configurations]
+        axes.plot(xs, ys, "-", color="tab:blue", alpha=0.5, label="cumulative (greedy)")
+        pareto = [c for c in self.configurations if c["pareto"]]
+        axes.scatter([c[key] for c in pareto], [100 * c["accuracy"] for c in pareto],
+                     color="tab:blue", zorder=3, label="Pareto-optimal")
+        rec = self.recommended
+        axes.scatter([rec[key]], [100 * rec["accuracy"]], s=160, facecolors="none",
+                     edgecolors="tab:red", linewidths=2, zorder=4, label="kernel map")
+        axes.axhline(100 * (self.baseline["accuracy"] - self.max_accuracy_drop), color="tab:red",
+                     linestyle=":", linewidth=1,
+                     label=f"max drop {100 * self.max_accuracy_drop:g} pt")
+        axes.set_xlabel(label)
+        axes.set_ylabel("top-1 accuracy (%)")
+        axes.set_title(f"{self.model_name}: {os.path.basename(self.kernel)}")
+        axes.grid(True, alpha=0.3)
+        axes.legend(fontsize=8, loc="best")
+        figure.tight_layout()
+        with atomic_output(path, force, suffix=".png") as tmp:
+            figure.savefig(tmp, format="png", dpi=120)
+        plt.close(figure)
+
+
+def _mark_pareto(configurations: list, key: str) -> None:
+    """Mark configurations no other beats on both lower `key` and higher accuracy."""
+    for config in configurations:
+        dominated = any(
+            other is not config
+            and other[key] <= config[key] and other["accuracy"] >= config["accuracy"]
+            and (other[key] < config[key] or other["accuracy"] > config["accuracy"])
+            for other in configurations)
+        config["pareto"] = not dominated
+
+
+def sweep(model, data, kernel, *, power=None, reference_power=None,
+          max_accuracy_drop: float = 0.01, layer_types=("Dense", "Conv2D"), include=None,
+          exclude=None, backward: str = "native", batch_size: int = 128,
+          split: str | None = "test", resize: bool = False, pad: bool = False, scale=None,
+          custom_objects=None, safe_mode: bool = True) -> SweepResult:
+    """Per-layer sensitivity of `model` to `kernel` on `data`, with MACs and multiply energy.
+
+    Args:
+      model: a keras.Model (never modified) or a model file.
+      data: evaluation data (anything graphswap.research.load_data accepts).
+      kernel: one kernel spec (a multiplier, usually).
+      power: the kernel's multiplier power in mW (float), or {spec: mW}; default: the kernel's
+        PDK45_PWR hardware metric when its source carries one.
+      reference_power: the exact multiplier's power in mW [default: 0.391 (mul8u_1JFF) or, for
+        signed multipliers, 0.425 (mul8s_1KV6)].
+      max_accuracy_drop: accuracy budget (fraction, 0.01 = 1 point) for the kernel map.
+      layer_types / include / exclude: which layers are candidates (as for rewrite_model).
+      batch_size: evaluation batch size; it matters for multipliers whose activations are
+        quantized per call (per batch), so keep it equal to evaluate's to compare numbers.
+    """
+    if not 0 <= max_accuracy_drop <= 1:
+        raise GraphswapError(f"max accuracy drop is a fraction between 0 and 1 (0.01 = one "
+                             f"point), got {max_accuracy_drop}")
+    if isinstance(model, (str, os.PathLike)):
+        model = load_model(model, custom_objects=custom_objects, safe_mode=safe_mode)
+    resolved = resolve_kernel(kernel)
+    spec = kernel if isinstance(kernel, str) else resolved.spec
+    user_power = power if isinstance(power, dict) else ({None: power} if power is not None
+                                                         else {})
+    watts, power_source = kernel_power(resolved, user_power)
+    reference, reference_source = reference_power_for(resolved, reference_power)
+    if reference == 0:
+        raise GraphswapError("the reference (exact multiplier) power must be greater than 0")
+
+    test = load_data(data, model, split=split, resize=resize, pad=pad, scale=scale,
+                     name="evaluation data")
+    labels = test.labels()
+    settings = compile_settings(model, test.label_format)
+    from_logits = takes_logits(settings.loss)
+    original = predict(model, test, batch_size)
+
+    def measure(candidate):
+        outputs = predict(candidate, test, batch_size)
+        return classification_metrics(outputs, labels, test.label_format, settings.loss,
+                                      original, from_logits)
+
+    baseline = classification_metrics(original, labels, test.label_format, settings.loss,
+                                      original, from_logits)
+    report = plan(model, kernel=spec, include=include, exclude=exclude,
+                  layer_types=tuple(layer_types), backward=backward)
+    candidates = [entry for entry in report.swapped]
+    if not candidates:
+        raise GraphswapError(f"no Dense/Conv2D layer of {model.name!r} can be swapped with the "
+                             f"given selection; see 'graphswap inspect'")
+    # MACs of every Dense/Conv2D layer, swappable or not, so the energy covers the whole model
+    all_macs = {entry.path: entry.macs for entry in report.layers if entry.macs}
+    for entry in candidates:
+        all_macs.setdefault(entry.path, entry.macs)
+    total_macs = sum(all_macs.values())
+    if total_macs == 0:
+        raise GraphswapError(f"could not count the MACs of {model.name!r}'s layers (is the model "
+                             f"built with a known input shape?)")
+
+    layers = []
+    for entry in candidates:
+        swapped = rewrite_model(model, kernel=None, kernel_map={entry.path: spec},
+                                backward=backward)
+        metrics = measure(swapped)
+        layers.append({
+            "layer": entry.path, "type": entry.layer_type, "macs": entry.macs,
+            "mac_share": entry.macs / total_macs, "accuracy": metrics["accuracy"],
+            "accuracy_drop": baseline["accuracy"] - metrics["accuracy"],
+            "top5_accuracy": metrics["top5_accuracy"], "loss": metrics["loss"],
+            "agreement": metrics["agreement"],
+            "relative_energy": relative_energy(all_macs, {entry.path}, watts, reference)})
+
+    def configuration(name, paths, metrics):
+        paths = list(paths)
+        share = sum(all_macs[p] for p in paths) / total_macs
+        energy = relative_energy(all_macs, set(paths), watts, reference)
+        return {"name": name, "layers": paths, "accuracy": metrics["accuracy"],
+                "loss": metrics["loss"], "agreement": metrics["agreement"],
+                "swapped_mac_share": share,
+                "relative_energy": energy, "pareto": False}
+
+    # greedy: least accuracy lost first; among equals, the layer with more MACs (saves more)
+    order = sorted(layers, key=lambda e: (-e["accuracy"], -e["macs"]))
+    configurations = [configuration("original (all exact)", [], baseline)]
+    chosen: list[str] = []
+    single = {e["layer"]: e for e in layers}
+    for step, entry in enumerate(order, start=1):
+        chosen.append(entry["layer"])
+        if step == 1:
+            metrics = {k: single[entry["layer"]][k] for k in ("accuracy", "loss", "agreement")}
+        else:
+            swapped = rewrite_model(model, kernel=None, kernel_map={p: spec for p in chosen},
+                                    backward=backward)
+            metrics = measure(swapped)
+        name = "all swappable layers" if step == len(order) else f"+ {entry['layer']}"
+        configurations.append(configuration(name, chosen, metrics))
+    # lower energy is better; without energy, more approximate MACs is better
+    scored = [{**c, "_cost": (c["relative_energy"] if watts is not None
+                              else -c["swapped_mac_share"])} for c in configurations]
+    _mark_pareto(scored, "_cost")
+    for config, marked in zip(configurations, scored):
+        config["pareto"] = marked["pareto"]
+    within = [(c, s["_cost"]) for c, s in zip(configurations, scored)
+              if baseline["accuracy"] - c["accuracy"] <= max_accuracy_drop + 1e-12]
+    recommended = min(within, key=lambda item: (item[1], -item[0]["accuracy"]))[0]
+
+    notes = list(test.notes)
+    if watts is None:
+        notes.append(f"no power figure for {spec}: relative energy not estimated (pass "
+                     f"power= / --power {spec}=MILLIWATTS); the Pareto plot uses the share of "
+                     f"MACs on the approximate multiplier instead")
+    return SweepResult(model.name, spec, test.source, len(test), baseline, layers, configurations,
+                       recommended, max_accuracy_drop, watts, power_source, reference,
+                       reference_source, notes)

@@ -1,0 +1,128 @@
+"""Model surgery machinery: clone a Keras model, replacing selected layers, copying weights 1:1.
+
+`transform_model` clones Sequential and Functional models - nested models at any depth, shared
+layers (cloned once, still shared), multi-input/multi-output graphs - through
+keras.models.clone_model(recursive=True), lets a callback replace any layer, then copies every
+original layer's weights into its clone.  The input model is never modified.  Used by
+rewrite_model (swap Dense/Conv2D), graphswap.surgery.override (gradient rules) and the exports
+(lowering swapped layers back to stock ones).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from typing import Callable
+
+import keras
+from keras.src.models.functional import Functional  # not exported publicly by Keras 3
+
+from graphswap.errors import GraphswapError, UnsupportedLayerError
+from graphswap.kernels import Kernel
+
+
+def check_cloneable(model) -> None:
+    """Refuse what transform_model cannot clone (not a model; a subclassed model)."""
+    if not isinstance(model, keras.Model):
+        raise GraphswapError(f"expected a keras.Model, got {type(model).__name__}")
+    if not isinstance(model, (keras.Sequential,)) and not is_functional(model):
+        raise UnsupportedLayerError(
+            f"model {model.name!r} is a subclassed model ({type(model).__name__}); graphswap can "
+            f"rewrite Sequential and Functional models only, because a subclassed model's call() "
+            f"is Python code it cannot rewire. Rebuild it functionally (keras.Input + layer calls), "
+            f"or use SwappedDense/SwappedConv2D directly in its __init__")
+
+
+def is_functional(model) -> bool:
+    return isinstance(model, Functional)
+
+
+def iter_layers(model, prefix: str = ""):
+    """Yield (path, layer) for every leaf layer, depth first, each shared layer once."""
+    seen = set()
+
+    def walk(container, prefix):
+        for layer in container.layers:
+            if id(layer) in seen:
+                continue
+            seen.add(id(layer))
+            path = f"{prefix}{layer.name}"
+            if isinstance(layer, keras.Model) and (isinstance(layer, keras.Sequential)
+                                                   or is_functional(layer)):
+                yield path, layer
+                yield from walk(layer, path + "/")
+            else:
+                yield path, layer
+
+    yield from walk(model, prefix)
+
+
+def clone_layer(layer):
+    """A fresh copy of `layer` from its config.  A swapped layer keeps its resolved arithmetic
+    (already checked when it was built), so cloning reads no kernel file again."""
+    config = layer.get_config()
+    arithmetic = getattr(layer, "arithmetic", None)
+    if isinstance(arithmetic, Kernel):
+        config = {**config, "arithmetic": arithmetic}
+    return layer.__class__.from_config(config)
+
+
+def transform_model(model, replace: Callable, name_suffix: str = ""):
+    """Clone `model`, letting `replace(path, layer)` return a new layer (or None to clone as is).
+
+    Returns (new_model, {id(original_layer): new_layer}).  Weights of every layer are copied from
+    the original; a replacement layer must have the same weights layout as the layer it replaces.
+    """
+    check_cloneable(model)
+    paths = {id(layer): path for path, layer in iter_layers(model)}
+    pairs: list[tuple] = []
+
+    def clone_function(layer):
+        path = paths.get(id(layer), layer.name)
+        new_layer = replace(path, layer)
+        if new_layer is None:
+            new_layer = clone_layer(layer)
+        pairs.append((layer, new_layer))
+        return new_layer
+
+    # The model is already in memory (whoever loaded it decided whether to trust its Lambda
+    # layers); cloning it must not trip Keras' safe mode a second time.
+    with _unsafe_clone_scope():
+        new_model = keras.models.clone_model(model, clone_function=clone_function, recursive=True)
+    for original, clone in pairs:
+        if not isinstance(original, keras.layers.Layer):
+            continue  # a keras.ops call in a functional graph (e.g. ops.relu): no weights
+        weights = original.get_weights()
+        if weights:
+            if not clone.built:
+                raise GraphswapError(
+                    f"layer {original.name!r} was not built in the clone; is the model built?")
+            clone.set_weights(weights)
+    _copy_compile_config(model, new_model)
+    return new_model, {id(original): clone for original, clone in pairs}
+
+
+def _unsafe_clone_scope():
+    try:
+        from keras.src.saving.serialization_lib import SafeModeScope
+    except ImportError:  # pragma: no cover - Keras moved it; cloning Lambdas then needs the flag
+        return contextlib.nullcontext()
+    return SafeModeScope(False)
+
+
+def _copy_compile_config(model, new_model) -> None:
+    """Carry loss/metrics/optimizer settings over (not optimizer state), when the model has them."""
+    if not getattr(model, "compiled", False) or getattr(new_model, "compiled", False):
+        return
+    try:
+        config = model.get_compile_config()
+        if config:
+            new_model.compile_from_config(config)
+    except Exception as exc:  # noqa: BLE001 - a model without compile info still rewrites
+        warnings.warn(f"could not carry the compile settings over to the rewritten model: {exc}")
+
+
+def copy_model(model):
+    """A copy of `model` (same weights, same compile settings) built in the current scope - e.g.
+    so that its variables belong to the active distribution strategy."""
+    return transform_model(model, lambda path, layer: None)[0]

@@ -1,0 +1,114 @@
+"""Comparing a model's outputs with a reference's on a sample batch: the one place that runs two
+models (or a model and an export) side by side - convert's check, the Keras 2 translation check
+and every export's verification use it."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import warnings
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from graphswap.errors import GraphswapError, ShapeError
+
+
+def _input_range(model) -> tuple[float, float]:
+    """Value range for synthetic inputs: [0, 255] if the model rescales its input itself."""
+    for layer in model.layers[:3]:
+        if isinstance(layer, keras.layers.Rescaling):
+            return 0.0, 255.0
+    return 0.0, 1.0
+
+
+def sample_inputs(model, batch_size: int = 8, seed: int = 0):
+    """A deterministic random batch matching the model's input shapes (list for multi-input)."""
+    rng = np.random.default_rng(seed)
+    low, high = _input_range(model)
+    batches = []
+    for tensor in model.inputs:
+        shape = [batch_size if d is None else int(d) for d in tensor.shape]
+        if shape and shape[0] != batch_size and tensor.shape[0] is None:
+            shape[0] = batch_size
+        if None in tensor.shape[1:]:
+            raise ShapeError(f"input {tensor.name} has unknown dimensions {tensor.shape}; a sample "
+                             f"batch needs every dimension but the batch size")
+        batches.append(rng.uniform(low, high, size=shape).astype(np.float32))
+    return batches[0] if len(batches) == 1 else batches
+
+
+class OriginalCannotRunError(GraphswapError):
+    """The original model cannot run here (e.g. a channels_first Conv2D on a CPU), so there is
+    nothing to compare the rewritten model with."""
+
+
+def tensorflow_reason(exc: Exception) -> str:
+    """The one informative line of a TensorFlow error message."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))
+    match = re.search(r"\}\}\s*(.*?)\s*\[Op:", text, re.S)
+    reason = match.group(1) if match else (text.strip().splitlines() or [type(exc).__name__])[0]
+    return " ".join(reason.split())
+
+
+def run_model(model, batch) -> list[np.ndarray]:
+    """Outputs of a Keras model on `batch` (inference mode), flattened, as numpy arrays."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Keras' input-structure notice for array/list inputs
+        outputs = model(batch, training=False)
+    return [np.asarray(o) for o in keras.tree.flatten(outputs)]
+
+
+@dataclasses.dataclass
+class OutputComparison:
+    """Per output: the largest |reference - actual| and the output's scale max(1, max|reference|)."""
+
+    differences: list
+    scales: list
+
+    @property
+    def max_difference(self) -> float:
+        return max(self.differences, default=0.0)
+
+    @property
+    def scale(self) -> float:
+        return max(self.scales, default=1.0)
+
+    def within(self, relative: float) -> bool:
+        """Every output within `relative` of its own scale (NaN differences never are)."""
+        return all(d <= relative * s for d, s in zip(self.differences, self.scales))
+
+
+def compare_outputs(reference: list, actual: list, what: str = "the model") -> OutputComparison:
+    """Compare two lists of output arrays; ShapeError when their number or shapes differ."""
+    if len(reference) != len(actual):
+        raise ShapeError(f"{what} has {len(actual)} outputs, the reference {len(reference)}")
+    differences, scales = [], []
+    for ref, got in zip(reference, actual):
+        ref, got = np.asarray(ref), np.asarray(got)
+        if ref.shape != got.shape:
+            raise ShapeError(f"{what}'s output shape {got.shape} differs from the reference's "
+                             f"{ref.shape}")
+        if ref.size:
+            differences.append(float(np.max(np.abs(ref.astype(np.float64)
+                                                   - got.astype(np.float64)))))
+            scales.append(max(1.0, float(np.max(np.abs(ref)))))
+    return OutputComparison(differences, scales)
+
+
+def max_output_difference(original, rewritten, inputs) -> float:
+    """Largest absolute difference between the two models' outputs on `inputs` (all outputs).
+
+    Raises OriginalCannotRunError when TensorFlow cannot run the original model on this machine
+    (the rewritten one may well run: graphswap's kernels compute channels_first convolutions in
+    NHWC on any device).
+    """
+    try:
+        reference = run_model(original, inputs)
+    except tf.errors.UnimplementedError as exc:
+        raise OriginalCannotRunError(
+            f"TensorFlow cannot run the original model on this machine "
+            f"({tensorflow_reason(exc)})") from None
+    return compare_outputs(reference, run_model(rewritten, inputs),
+                           "the rewritten model").max_difference

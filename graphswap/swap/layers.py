@@ -1,0 +1,128 @@
+"""Keras layers whose forward pass runs a graphswap kernel: SwappedDense and SwappedConv2D.
+
+They subclass Keras' Dense and Conv2D, so weights (names, shapes, order), initialisers, regularisers,
+constraints, bias and activation behave exactly as in the layers they replace; only the product
+(`inputs @ kernel`, the convolution) is routed through graphswap.swap.ops.  The arithmetic's record
+and the backward mode are part of the config, so a saved model reloads with the same arithmetic
+- after the record has passed the trust gate (from_config -> kernels.open_record).
+"""
+
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+
+from graphswap.errors import UnsupportedLayerError
+from graphswap.kernels import Kernel, open_record, resolve_kernel
+from graphswap.swap import ops
+
+
+class _SwappedMixin:
+    """The arithmetic (a resolved Kernel) and its config, shared by the swapped layers.
+
+    Keras calls the weight matrix `kernel`, so the Kernel a swapped layer computes with is its
+    `arithmetic`; the config stores the Kernel's record under "arithmetic" (files written before
+    used "swap_kernel", which is still read)."""
+
+    def _init_swap(self, arithmetic, swap_kernel, backward):
+        if swap_kernel is not None:  # the older keyword
+            if arithmetic is not None:
+                raise UnsupportedLayerError(
+                    f"layer {self.name!r}: pass arithmetic= or its older name swap_kernel=, not both")
+            arithmetic = swap_kernel
+        # Resolve now, so a missing/untrusted/changed library fails when the model is built or
+        # loaded, not in the middle of training.  A spec string here is named by the user's code.
+        self.arithmetic = resolve_kernel("exact" if arithmetic is None else arithmetic)
+        self.backward = ops.check_backward_mode(backward)
+
+    @property
+    def swap_kernel(self) -> dict:
+        """The arithmetic's record (its older name)."""
+        return self.arithmetic.to_config()
+
+    def _swap_config(self) -> dict:
+        return {"arithmetic": self.arithmetic.to_config(), "backward": self.backward}
+
+    @classmethod
+    def from_config(cls, config):
+        """Rebuild from a config, where the arithmetic's record comes from a file: it passes the
+        trust gate (kernels.open_record) before anything is loaded."""
+        config = dict(config)
+        legacy = config.pop("swap_kernel", None)
+        arithmetic = config.pop("arithmetic", None)
+        if arithmetic is None:
+            arithmetic = legacy if legacy is not None else "exact"
+        if not isinstance(arithmetic, Kernel):
+            arithmetic = open_record(arithmetic, f"layer {config.get('name')!r}")
+        return super().from_config({**config, "arithmetic": arithmetic})
+
+
+@keras.saving.register_keras_serializable(package="graphswap")
+class SwappedDense(_SwappedMixin, keras.layers.Dense):
+    """Dense whose matmul runs a graphswap kernel (float32), with TensorFlow's MatMul gradient."""
+
+    def __init__(self, units, arithmetic=None, backward="native", swap_kernel=None, **kwargs):
+        super().__init__(units, **kwargs)
+        self._init_swap(arithmetic, swap_kernel, backward)
+
+    def build(self, input_shape):
+        super().build(input_shape)
+        if self.quantization_mode:
+            raise UnsupportedLayerError(
+                f"layer {self.name!r}: Keras-quantized Dense ({self.quantization_mode}) cannot be "
+                f"swapped; swap the float model instead")
+
+    def call(self, inputs, training=None):
+        outputs = ops.swapped_matmul(inputs, self.kernel, self.arithmetic, self.backward)
+        if self.bias is not None:
+            outputs = tf.add(outputs, tf.cast(self.bias, outputs.dtype))
+        if self.activation is not None:
+            outputs = self.activation(outputs)
+        return outputs
+
+    def get_config(self):
+        return {**super().get_config(), **self._swap_config()}
+
+
+@keras.saving.register_keras_serializable(package="graphswap")
+class SwappedConv2D(_SwappedMixin, keras.layers.Conv2D):
+    """Conv2D whose convolution runs a graphswap kernel (NHWC/HWIO, float32), TF's gradients."""
+
+    def __init__(self, filters, kernel_size, arithmetic=None, backward="native", swap_kernel=None,
+                 **kwargs):
+        super().__init__(filters, kernel_size, **kwargs)
+        check_conv_options(self)
+        self._init_swap(arithmetic, swap_kernel, backward)
+
+    def convolution_op(self, inputs, kernel):
+        channels_first = self.data_format == "channels_first"
+        if channels_first:
+            inputs = tf.transpose(inputs, [0, 2, 3, 1])
+        outputs = ops.swapped_conv2d(inputs, kernel, self.arithmetic, strides=self.strides,
+                                     padding=self.padding, dilations=self.dilation_rate,
+                                     groups=self.groups, backward=self.backward)
+        if channels_first:
+            outputs = tf.transpose(outputs, [0, 3, 1, 2])
+        return outputs
+
+    def get_config(self):
+        return {**super().get_config(), **self._swap_config()}
+
+
+def check_conv_options(layer) -> None:
+    """Raise UnsupportedLayerError, naming the layer and option, for Conv2D options we can't mirror."""
+    strides = tuple(layer.strides)
+    dilations = tuple(layer.dilation_rate)
+    if max(strides) > 1 and max(dilations) > 1:
+        raise UnsupportedLayerError(
+            f"layer {layer.name!r}: strides={strides} together with dilation_rate={dilations} is not "
+            f"supported (TensorFlow has no Conv2D gradient for it); allowed: strides=1 or "
+            f"dilation_rate=1")
+    if str(layer.padding).lower() not in ("valid", "same"):
+        raise UnsupportedLayerError(
+            f"layer {layer.name!r}: padding={layer.padding!r} is not supported; allowed: 'valid', "
+            f"'same'")
+    if getattr(layer, "quantization_mode", None):
+        raise UnsupportedLayerError(
+            f"layer {layer.name!r}: Keras-quantized Conv2D ({layer.quantization_mode}) cannot be "
+            f"swapped; swap the float model instead")

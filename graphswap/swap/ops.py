@@ -1,0 +1,206 @@
+"""TensorFlow ops whose forward pass runs a graphswap Kernel and whose backward pass is TensorFlow's.
+
+Forward: `tf.numpy_function` into the kernel (one C call for the whole batch), with the static
+output shape set.  Backward (`backward="native"`): the same computations TensorFlow registers as the
+gradients of MatMul and Conv2D (MatMul: dy @ w^T and x^T @ dy; Conv2D: Conv2DBackpropInput and
+Conv2DBackpropFilter with the forward's explicit paddings), against the float weights - the
+straight-through estimator for approximate forwards, and bit-for-bit TensorFlow's own gradient code
+for the exact kernel.  `backward="kernel"` sends the backward products through the same kernel (as
+ApproxTrain does): the matmuls directly, the convolution gradients as patches x matmul.
+
+Weights are explicit inputs of the custom-gradient functions (no captured variables), and all
+inputs are cast to float32 for the kernel; the casts' own gradients cast back, so float16,
+bfloat16 and mixed-precision policies work unchanged.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import tensorflow as tf
+
+from graphswap import native
+from graphswap.errors import UnsupportedLayerError
+from graphswap.kernels import Kernel
+from graphswap.native import conv_geometry
+
+BACKWARD_MODES = ("native", "kernel")
+
+_threads_configured = False
+
+
+def _configure_threads(arithmetic: Kernel) -> None:
+    """Size the kernel library's thread pool from TensorFlow's intra-op setting, once."""
+    global _threads_configured
+    if _threads_configured:
+        return
+    library = getattr(arithmetic, "library", None)
+
+    threads = tf.config.threading.get_intra_op_parallelism_threads() or (os.cpu_count() or 1)
+    try:
+        native.shipped_library().set_num_threads(threads)
+        if library is not None:
+            library.set_num_threads(threads)
+    except Exception:  # noqa: BLE001 - thread sizing is an optimisation, never a failure
+        pass
+    _threads_configured = True
+
+
+def check_backward_mode(backward: str) -> str:
+    if backward not in BACKWARD_MODES:
+        raise UnsupportedLayerError(f"backward must be one of {BACKWARD_MODES}, got {backward!r}")
+    return backward
+
+
+# --------------------------------------------------------------------------------------------
+# matmul
+# --------------------------------------------------------------------------------------------
+
+def _numpy_matmul(arithmetic: Kernel, a, b, m_static, n_static):
+    out = tf.numpy_function(lambda x, y: arithmetic.matmul(x, y), [a, b], tf.float32, stateful=False,
+                            name="graphswap_matmul")
+    out.set_shape([m_static, n_static])
+    return out
+
+
+def swapped_matmul(x, w, arithmetic: Kernel, backward: str = "native"):
+    """x (..., k) @ w (k, n) with the arithmetic's forward; returns x's dtype, shape (..., n)."""
+    _configure_threads(arithmetic)
+    dtype = x.dtype
+    x32 = tf.cast(x, tf.float32)
+    w32 = tf.cast(w, tf.float32)
+    k = w32.shape[0]
+    n = w32.shape[1]
+    leading_static = x32.shape[:-1]
+    x2d = tf.reshape(x32, [-1, k]) if x32.shape.rank != 2 else x32
+    m_static = x2d.shape[0]
+
+    @tf.custom_gradient
+    def matmul(a, b):
+        y = _numpy_matmul(arithmetic, a, b, m_static, n)
+
+        def grad(dy):
+            if backward == "native":
+                # what TensorFlow registers for MatMul(transpose_a=False, transpose_b=False)
+                return (tf.linalg.matmul(dy, b, transpose_b=True),
+                        tf.linalg.matmul(a, dy, transpose_a=True))
+            da = _numpy_matmul(arithmetic, dy, tf.transpose(b), m_static, k)
+            db = _numpy_matmul(arithmetic, tf.transpose(a), dy, k, n)
+            return da, db
+
+        return y, grad
+
+    y = matmul(x2d, w32)
+    if x32.shape.rank != 2:
+        y = tf.reshape(y, tf.concat([tf.shape(x32)[:-1], [n]], axis=0))
+        y.set_shape(leading_static.concatenate([n]))
+    return tf.cast(y, dtype) if dtype != tf.float32 else y
+
+
+# --------------------------------------------------------------------------------------------
+# conv2d
+# --------------------------------------------------------------------------------------------
+
+def _dilated_vjp(strides, dilations, padding):
+    def one_group(x, w, dy_group):
+        with tf.GradientTape() as tape:
+            tape.watch([x, w])
+            y = tf.nn.convolution(x, w, strides=list(strides), padding=padding.upper(),
+                                  dilations=list(dilations))
+        return tape.gradient(y, [x, w], output_gradients=dy_group)
+
+    return one_group
+
+
+def _native_conv_gradients(inputs, filters, dy, strides, dilations, explicit, groups,
+                           padding_string="valid"):
+    """TensorFlow's Conv2D gradient ops; grouped convolutions one group at a time, because
+    TensorFlow's CPU backprop kernels reject grouped filters."""
+    tf_strides = [1, strides[0], strides[1], 1]
+    tf_dilations = [1, dilations[0], dilations[1], 1]
+
+    def one_group(x, w, dy_group):
+        dx = tf.raw_ops.Conv2DBackpropInput(
+            input_sizes=tf.shape(x), filter=w, out_backprop=dy_group, strides=tf_strides,
+            padding="EXPLICIT", explicit_paddings=explicit, dilations=tf_dilations,
+            data_format="NHWC")
+        dw = tf.raw_ops.Conv2DBackpropFilter(
+            input=x, filter_sizes=tf.shape(w), out_backprop=dy_group, strides=tf_strides,
+            padding="EXPLICIT", explicit_paddings=explicit, dilations=tf_dilations,
+            data_format="NHWC")
+        return dx, dw
+
+    if max(dilations) > 1:
+        # TensorFlow's CPU backprop kernels reject dilations; tf.nn.convolution realises a dilated
+        # convolution as SpaceToBatch -> Conv2D -> BatchToSpace, and its gradient is what an
+        # unswapped Keras layer gets, so take the vector-Jacobian product of exactly that.
+        one_group = _dilated_vjp(strides, dilations, padding_string)
+    if groups == 1:
+        return one_group(inputs, filters, dy)
+    xs = tf.split(inputs, groups, axis=3)
+    ws = tf.split(filters, groups, axis=3)
+    dys = tf.split(dy, groups, axis=3)
+    parts = [one_group(x, w, d) for x, w, d in zip(xs, ws, dys)]
+    return tf.concat([p[0] for p in parts], axis=3), tf.concat([p[1] for p in parts], axis=3)
+
+
+def swapped_conv2d(x, w, arithmetic: Kernel, strides=(1, 1), padding="valid", dilations=(1, 1),
+                   groups=1, backward: str = "native"):
+    """NHWC x HWIO convolution with the arithmetic's forward; returns x's dtype."""
+    _configure_threads(arithmetic)
+    strides = tuple(int(s) for s in strides)
+    dilations = tuple(int(d) for d in dilations)
+    if max(strides) > 1 and max(dilations) > 1:
+        raise UnsupportedLayerError(
+            f"Conv2D with strides {strides} and dilation_rate {dilations} together: TensorFlow has "
+            f"no gradient for that combination; use strides=1 or dilation_rate=1")
+    dtype = x.dtype
+    x32 = tf.cast(x, tf.float32)
+    w32 = tf.cast(w, tf.float32)
+    filter_shape = tuple(int(d) for d in w32.shape)
+    out_channels = filter_shape[3]
+    # Static geometry (batch may be unknown in graph mode) for the output shape.
+    static = x32.shape
+    if None not in static[1:]:
+        g_static = conv_geometry((1, *static[1:]), filter_shape, strides, dilations, padding,
+                                 groups)
+        static_out = [static[0], g_static.out_height, g_static.out_width, out_channels]
+        explicit = [0, 0, g_static.pad_top, g_static.pad_bottom, g_static.pad_left,
+                    g_static.pad_right, 0, 0]
+    else:
+        raise UnsupportedLayerError(
+            f"swapped Conv2D needs static height, width and channels, got input shape {static}")
+
+    def geometry_of(x_array):
+        return conv_geometry(x_array.shape, filter_shape, strides, dilations, padding, groups)
+
+    def forward_np(x_array, w_array):
+        return arithmetic.conv2d(x_array, w_array, geometry_of(x_array))
+
+    def backward_np(x_array, w_array, dy_array):
+        return native.conv_gradients_via_matmul(x_array, w_array, dy_array,
+                                                geometry_of(x_array), arithmetic.matmul)
+
+    @tf.custom_gradient
+    def conv(inputs, filters):
+        y = tf.numpy_function(forward_np, [inputs, filters], tf.float32, stateful=False,
+                              name="graphswap_conv2d")
+        y.set_shape(static_out)
+
+        def grad(dy):
+            if backward == "native":
+                # what TensorFlow registers for Conv2D (nn_grad._Conv2DGrad), explicit paddings
+                return _native_conv_gradients(inputs, filters, dy, strides, dilations,
+                                              explicit, groups, padding)
+            dx, dw = tf.numpy_function(backward_np, [inputs, filters, dy],
+                                       [tf.float32, tf.float32], stateful=False,
+                                       name="graphswap_conv2d_grad")
+            dx.set_shape(inputs.shape)
+            dw.set_shape(filters.shape)
+            return dx, dw
+
+        return y, grad
+
+    y = conv(x32, w32)
+    return tf.cast(y, dtype) if dtype != tf.float32 else y

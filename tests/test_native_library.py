@@ -1,0 +1,151 @@
+"""The ctypes bridge and the exact C kernels, against numpy and TensorFlow."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import MATMUL_ONLY_LIBRARY, compile_library
+from graphswap import native
+from graphswap.errors import KernelExecutionError, KernelLoadError, KernelSpecError
+from graphswap.native import conv_geometry
+from graphswap.kernels import resolve_kernel
+
+RNG = np.random.default_rng(42)
+
+
+def relative_error(actual, expected, a, b):
+    """Error relative to sum |a||b|, the natural scale of float32 round-off in a dot product."""
+    scale = np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64))
+    return np.max(np.abs(actual - expected) / np.maximum(scale, 1e-30))
+
+
+@pytest.mark.parametrize("m,k,n", [(1, 1, 1), (1, 7, 13), (7, 1, 5), (13, 31, 33), (97, 33, 7),
+                                   (64, 64, 64), (256, 400, 120), (3, 500, 257), (129, 17, 130)])
+def test_exact_matmul_matches_float64(m, k, n):
+    lib = native.shipped_library()
+    a = RNG.standard_normal((m, k)).astype(np.float32)
+    b = RNG.standard_normal((k, n)).astype(np.float32)
+    c = lib.matmul_f32(a, b)
+    assert c.shape == (m, n) and c.dtype == np.float32
+    assert relative_error(c, a.astype(np.float64) @ b, a, b) < 1e-6
+
+
+def test_exact_matmul_accepts_non_contiguous_views():
+    lib = native.shipped_library()
+    base = RNG.standard_normal((40, 60)).astype(np.float32)
+    a = base[::2, ::3]          # strided view (20, 20)
+    b = base.T[:20, :9]         # transposed view (20, 9)
+    assert not a.flags.c_contiguous and not b.flags.c_contiguous
+    np.testing.assert_allclose(lib.matmul_f32(a, b), a @ b, rtol=1e-5, atol=1e-5)
+
+
+def test_zero_sized_matmul():
+    lib = native.shipped_library()
+    out = lib.matmul_f32(np.zeros((0, 5), np.float32), np.ones((5, 3), np.float32))
+    assert out.shape == (0, 3)
+    out = lib.matmul_f32(np.zeros((4, 0), np.float32), np.ones((0, 3), np.float32))
+    np.testing.assert_array_equal(out, np.zeros((4, 3)))
+
+
+CONV_CASES = [
+    # (batch, h, w, cin, fh, fw, cout, strides, dilations, padding, groups)
+    (1, 5, 5, 1, 3, 3, 1, (1, 1), (1, 1), "valid", 1),
+    (3, 9, 7, 2, 3, 2, 5, (2, 1), (1, 1), "same", 1),
+    (2, 10, 11, 3, 3, 3, 4, (1, 1), (2, 3), "same", 1),
+    (2, 10, 11, 3, 2, 3, 4, (1, 1), (3, 1), "valid", 1),
+    (1, 8, 8, 4, 3, 3, 6, (3, 3), (1, 1), "same", 2),
+    (5, 7, 9, 6, 1, 1, 9, (1, 1), (1, 1), "valid", 3),
+    (2, 6, 6, 6, 3, 3, 6, (2, 2), (1, 1), "same", 6),
+    (7, 32, 32, 1, 5, 5, 6, (1, 1), (1, 1), "valid", 1),
+    (3, 14, 14, 6, 5, 5, 16, (1, 1), (1, 1), "valid", 1),
+    (1, 4, 4, 2, 5, 5, 3, (1, 1), (1, 1), "same", 1),  # filter larger than input
+]
+
+
+@pytest.mark.parametrize("case", CONV_CASES, ids=lambda c: "x".join(map(str, c[:7])) + f"-{c[7:]}")
+def test_exact_conv2d_matches_tensorflow(case):
+    batch, h, w, cin, fh, fw, cout, strides, dilations, padding, groups = case
+    x = RNG.standard_normal((batch, h, w, cin)).astype(np.float32)
+    f = RNG.standard_normal((fh, fw, cin // groups, cout)).astype(np.float32)
+    g = conv_geometry(x.shape, f.shape, strides, dilations, padding, groups)
+    ours = native.shipped_library().conv2d_f32(x, f, g)
+    if groups == 1:
+        expected = tf.nn.conv2d(x, f, strides=strides, padding=padding.upper(),
+                                dilations=dilations).numpy()
+    else:  # TensorFlow's CPU Conv2D has no grouped kernel: reference = per-group convolutions
+        cg, og = cin // groups, cout // groups
+        expected = np.concatenate([
+            tf.nn.conv2d(x[..., i * cg:(i + 1) * cg], f[..., i * og:(i + 1) * og],
+                         strides=strides, padding=padding.upper(), dilations=dilations).numpy()
+            for i in range(groups)], axis=-1)
+    assert ours.shape == expected.shape
+    scale = np.abs(x).max() * np.abs(f).max() * fh * fw * cin / groups
+    assert np.max(np.abs(ours - expected)) <= 2e-6 * scale
+
+
+def test_user_library_without_symbols_is_refused(tmp_path):
+    lib = compile_library(tmp_path, "nosyms", "int unrelated(void) { return 1; }\n")
+    with pytest.raises(KernelLoadError, match="does not export graphswap_abi_version, "
+                                              "graphswap_matmul_f32"):
+        native.load_library(lib)
+    with pytest.raises(KernelLoadError, match="does not export"):
+        resolve_kernel(str(lib))
+
+
+def test_abi_mismatch_is_refused(tmp_path):
+    lib = compile_library(tmp_path, "oldabi", """
+        #include <stdint.h>
+        int32_t graphswap_abi_version(void) { return 0; }
+        int32_t graphswap_matmul_f32(const float *a, const float *b, float *c,
+                                     int64_t m, int64_t k, int64_t n) { return 0; }
+    """)
+    with pytest.raises(KernelLoadError, match="ABI version 0.*speaks version 1"):
+        native.load_library(lib)
+
+
+def test_not_a_shared_library(tmp_path):
+    fake = tmp_path / "fake.so"
+    fake.write_bytes(b"this is not ELF")
+    with pytest.raises(KernelLoadError, match="cannot load kernel library"):
+        native.load_library(fake)
+    with pytest.raises(KernelSpecError, match="not found"):
+        resolve_kernel(str(tmp_path / "missing.so"))
+
+
+def test_error_code_and_message_are_translated(tmp_path):
+    lib = compile_library(tmp_path, "failing", """
+        #include "graphswap_kernels.h"
+        GRAPHSWAP_EXPORT int32_t graphswap_abi_version(void) { return GRAPHSWAP_ABI_VERSION; }
+        GRAPHSWAP_EXPORT const char *graphswap_last_error(void) { return "accelerator on fire"; }
+        GRAPHSWAP_EXPORT int32_t graphswap_matmul_f32(const float *a, const float *b, float *c,
+                                     int64_t m, int64_t k, int64_t n) {
+            (void)a; (void)b; (void)c; (void)m; (void)k; (void)n;
+            return GRAPHSWAP_ERR_UNSUPPORTED;
+        }
+    """)
+    library = native.load_library(lib)
+    with pytest.raises(KernelExecutionError, match=r"code -4 \(unsupported\): accelerator on fire"):
+        library.matmul_f32(np.ones((2, 2), np.float32), np.ones((2, 2), np.float32))
+
+
+def test_shipped_kernel_reports_invalid_geometry():
+    lib = native.shipped_library()
+    x = np.ones((1, 4, 4, 1), np.float32)
+    f = np.ones((3, 3, 1, 1), np.float32)
+    g = conv_geometry(x.shape, f.shape)
+    bad = type(g)(**{**g.__dict__, "out_height": g.out_height + 5})
+    with pytest.raises(KernelExecutionError, match="invalid argument"):
+        lib.conv2d_f32(x, f, bad)
+
+
+def test_matmul_only_library_serves_conv_through_lowering(tmp_path):
+    lib = compile_library(tmp_path, "matmulonly", MATMUL_ONLY_LIBRARY)
+    kernel = resolve_kernel(str(lib))
+    assert not kernel.library.has_conv2d
+    x = RNG.standard_normal((2, 9, 8, 4)).astype(np.float32)
+    f = RNG.standard_normal((3, 3, 2, 6)).astype(np.float32)
+    g = conv_geometry(x.shape, f.shape, (2, 1), (1, 1), "same", groups=2)
+    expected = native.shipped_library().conv2d_f32(x, f, g)
+    np.testing.assert_allclose(kernel.conv2d(x, f, g), expected, rtol=1e-5, atol=1e-5)
+    config = kernel.to_config()
+    assert config["sha256"] == native.file_sha256(lib) and config["path"] == str(lib.resolve())
