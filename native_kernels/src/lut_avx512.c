@@ -80,6 +80,75 @@ static inline __attribute__((always_inline)) void column_run(const uint8_t *rest
         for (int q = 0; q < P; ++q) flush_plane(W[g][q], O[g][q], 8 * q, sums + g * 64);
 }
 
+/* The hot case, P = 2 planes x R = 4 groups, in assembly: GCC keeps the 16 accumulators + 8 table
+ * registers only with spills (measured 5.3 vs 8.5 products per cycle on Zen 4).  zmm0-7 the column
+ * (plane 0: 0-3, plane 1: 4-7), zmm8-15 W[g][q], zmm16-23 O[g][q], zmm24-25 temporaries.
+ * out receives, per group g, W0, W1, O0, O1 (4 x 64 bytes). */
+#define GS_GROUP(AOFF, W0, W1, O0, O1)                                                              \
+    "vmovdqu8 " AOFF ", %%zmm24\n\t"                                                                \
+    "vpmovb2m %%zmm24, %%k1\n\t"                                                                    \
+    "knotq %%k1, %%k2\n\t"                                                                          \
+    "vmovdqa64 %%zmm24, %%zmm25\n\t"                                                                \
+    "vpermi2b %%zmm3, %%zmm2, %%zmm25%{%%k1%}\n\t"                                                  \
+    "vpermi2b %%zmm7, %%zmm6, %%zmm24%{%%k1%}\n\t"                                                  \
+    "vpermi2b %%zmm1, %%zmm0, %%zmm25%{%%k2%}\n\t"                                                  \
+    "vpermi2b %%zmm5, %%zmm4, %%zmm24%{%%k2%}\n\t"                                                  \
+    "vpaddw %%zmm25, " W0 ", " W0 "\n\t"                                                            \
+    "vpaddw %%zmm24, " W1 ", " W1 "\n\t"                                                            \
+    "vpsrlw $8, %%zmm25, %%zmm25\n\t"                                                               \
+    "vpsrlw $8, %%zmm24, %%zmm24\n\t"                                                               \
+    "vpaddw %%zmm25, " O0 ", " O0 "\n\t"                                                            \
+    "vpaddw %%zmm24, " O1 ", " O1 "\n\t"
+
+static void column_run_p2r4_asm(const uint8_t *a, int64_t gs, const uint8_t *btj, int64_t count,
+                                const uint8_t *planes, uint8_t *out)
+{
+    const uint8_t *a3 = a + 3 * gs;
+    const uint8_t *end = btj + count;
+    int64_t tmp;
+    __asm__ volatile(
+        "vpxorq %%zmm8, %%zmm8, %%zmm8\n\t"
+        "vmovdqa64 %%zmm8, %%zmm9\n\t" "vmovdqa64 %%zmm8, %%zmm10\n\t" "vmovdqa64 %%zmm8, %%zmm11\n\t"
+        "vmovdqa64 %%zmm8, %%zmm12\n\t" "vmovdqa64 %%zmm8, %%zmm13\n\t" "vmovdqa64 %%zmm8, %%zmm14\n\t"
+        "vmovdqa64 %%zmm8, %%zmm15\n\t" "vmovdqa64 %%zmm8, %%zmm16\n\t" "vmovdqa64 %%zmm8, %%zmm17\n\t"
+        "vmovdqa64 %%zmm8, %%zmm18\n\t" "vmovdqa64 %%zmm8, %%zmm19\n\t" "vmovdqa64 %%zmm8, %%zmm20\n\t"
+        "vmovdqa64 %%zmm8, %%zmm21\n\t" "vmovdqa64 %%zmm8, %%zmm22\n\t" "vmovdqa64 %%zmm8, %%zmm23\n\t"
+        "cmp %[btj], %[end]\n\t"
+        "je 2f\n\t"
+        "1:\n\t"
+        "movzbl (%[btj]), %k[tmp]\n\t"
+        "shl $9, %[tmp]\n\t"
+        "add %[pl], %[tmp]\n\t"
+        "vmovdqu64 (%[tmp]), %%zmm0\n\t" "vmovdqu64 64(%[tmp]), %%zmm1\n\t"
+        "vmovdqu64 128(%[tmp]), %%zmm2\n\t" "vmovdqu64 192(%[tmp]), %%zmm3\n\t"
+        "vmovdqu64 256(%[tmp]), %%zmm4\n\t" "vmovdqu64 320(%[tmp]), %%zmm5\n\t"
+        "vmovdqu64 384(%[tmp]), %%zmm6\n\t" "vmovdqu64 448(%[tmp]), %%zmm7\n\t"
+        GS_GROUP("(%[a])", "%%zmm8", "%%zmm9", "%%zmm16", "%%zmm17")
+        GS_GROUP("(%[a],%[gs],1)", "%%zmm10", "%%zmm11", "%%zmm18", "%%zmm19")
+        GS_GROUP("(%[a],%[gs],2)", "%%zmm12", "%%zmm13", "%%zmm20", "%%zmm21")
+        GS_GROUP("(%[a3])", "%%zmm14", "%%zmm15", "%%zmm22", "%%zmm23")
+        "add $64, %[a]\n\t"
+        "add $64, %[a3]\n\t"
+        "inc %[btj]\n\t"
+        "cmp %[btj], %[end]\n\t"
+        "jne 1b\n\t"
+        "2:\n\t"
+        "vmovdqu64 %%zmm8, 0(%[out])\n\t" "vmovdqu64 %%zmm9, 64(%[out])\n\t"
+        "vmovdqu64 %%zmm16, 128(%[out])\n\t" "vmovdqu64 %%zmm17, 192(%[out])\n\t"
+        "vmovdqu64 %%zmm10, 256(%[out])\n\t" "vmovdqu64 %%zmm11, 320(%[out])\n\t"
+        "vmovdqu64 %%zmm18, 384(%[out])\n\t" "vmovdqu64 %%zmm19, 448(%[out])\n\t"
+        "vmovdqu64 %%zmm12, 512(%[out])\n\t" "vmovdqu64 %%zmm13, 576(%[out])\n\t"
+        "vmovdqu64 %%zmm20, 640(%[out])\n\t" "vmovdqu64 %%zmm21, 704(%[out])\n\t"
+        "vmovdqu64 %%zmm14, 768(%[out])\n\t" "vmovdqu64 %%zmm15, 832(%[out])\n\t"
+        "vmovdqu64 %%zmm22, 896(%[out])\n\t" "vmovdqu64 %%zmm23, 960(%[out])\n\t"
+        : [a] "+r"(a), [a3] "+r"(a3), [btj] "+r"(btj), [tmp] "=&r"(tmp)
+        : [gs] "r"(gs), [end] "r"(end), [pl] "r"(planes), [out] "r"(out)
+        : "memory", "cc", "k1", "k2", "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7",
+          "xmm8", "xmm9", "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "xmm16", "xmm17",
+          "xmm18", "xmm19", "xmm20", "xmm21", "xmm22", "xmm23", "xmm24", "xmm25");
+}
+#undef GS_GROUP
+
 static inline __attribute__((always_inline)) void column(const uint8_t *a, int64_t K, int64_t groups,
                                                          const uint8_t *btj, const uint8_t *planes,
                                                          const int P, uint32_t *sums32, int64_t *sums64)
@@ -93,6 +162,16 @@ static inline __attribute__((always_inline)) void column(const uint8_t *a, int64
             const int64_t R = groups - g0 < RMAX ? groups - g0 : RMAX;
             const uint8_t *ag = a + g0 * K * 64;
             uint32_t *s = sums32 + g0 * 64;
+            if (P == 2 && R == 4) {
+                uint8_t acc[16 * 64] __attribute__((aligned(64)));
+                column_run_p2r4_asm(ag + k0 * 64, K * 64, btj + k0, k1 - k0, planes, acc);
+                for (int g = 0; g < 4; ++g)
+                    for (int q = 0; q < 2; ++q)
+                        flush_plane(_mm512_load_si512((const void *)(acc + (g * 4 + q) * 64)),
+                                    _mm512_load_si512((const void *)(acc + (g * 4 + 2 + q) * 64)), 8 * q,
+                                    s + g * 64);
+                continue;
+            }
             switch (R) {
             case 4: column_run(ag, K * 64, btj, k0, k1, planes, P, 4, s); break;
             case 3: column_run(ag, K * 64, btj, k0, k1, planes, P, 3, s); break;
@@ -104,20 +183,29 @@ static inline __attribute__((always_inline)) void column(const uint8_t *a, int64
     }
 }
 
+#define COLS 8 /* columns whose sums are written out together (one cache line per row) */
+
 void gs_lut_kernel_avx512(const gs_lut_args *p)
 {
     const int64_t K = p->k, groups = (p->rows + 63) / 64;
     const int P = p->t->planes;
-    uint32_t *sums32 = (uint32_t *)p->scratch;                     /* GS_LUT_ROWS */
-    int64_t *sums64 = (int64_t *)((char *)p->scratch + GS_LUT_ROWS * 4); /* GS_LUT_ROWS */
+    uint32_t *sums32 = (uint32_t *)p->scratch;                           /* GS_LUT_ROWS */
+    int64_t *sums64 = (int64_t *)((char *)p->scratch + GS_LUT_ROWS * 4); /* COLS x GS_LUT_ROWS */
     const int64_t offset = K * (int64_t)p->t->tmin; /* sum of the subtracted minimum */
-    for (int64_t j = 0; j < p->ncols; ++j) {
-        const uint8_t *btj = p->bt + j * p->ldbt;
-        switch (P) {
-        case 1: column(p->a, K, groups, btj, p->t->plane_data, 1, sums32, sums64); break;
-        case 2: column(p->a, K, groups, btj, p->t->plane_data, 2, sums32, sums64); break;
-        default: column(p->a, K, groups, btj, p->t->plane_data, 3, sums32, sums64); break;
+    for (int64_t j0 = 0; j0 < p->ncols; j0 += COLS) {
+        const int64_t w = p->ncols - j0 < COLS ? p->ncols - j0 : COLS;
+        for (int64_t c = 0; c < w; ++c) {
+            const uint8_t *btj = p->bt + (j0 + c) * p->ldbt;
+            int64_t *s64 = sums64 + c * GS_LUT_ROWS;
+            switch (P) {
+            case 1: column(p->a, K, groups, btj, p->t->plane_data, 1, sums32, s64); break;
+            case 2: column(p->a, K, groups, btj, p->t->plane_data, 2, sums32, s64); break;
+            default: column(p->a, K, groups, btj, p->t->plane_data, 3, sums32, s64); break;
+            }
         }
-        for (int64_t r = 0; r < p->rows; ++r) p->acc[r * p->ldacc + j] = sums64[r] + offset;
+        for (int64_t r = 0; r < p->rows; ++r) {
+            int64_t *out = p->acc + r * p->ldacc + j0;
+            for (int64_t c = 0; c < w; ++c) out[c] = sums64[c * GS_LUT_ROWS + r] + offset;
+        }
     }
 }

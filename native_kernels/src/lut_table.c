@@ -113,7 +113,7 @@ int64_t gs_lut_scratch_bytes(gs_isa_level isa, const gs_lut_table *t, int64_t k)
 {
     (void)k;
     switch (effective(isa, t)) {
-    case GS_ISA_AVX512: return (int64_t)GS_LUT_ROWS * 3 * 2 * 2 * 64 + 4096;
+    case GS_ISA_AVX512: return (int64_t)GS_LUT_ROWS * (4 + 8 * 8) + 64;
     case GS_ISA_AVX2: return gs_lut_scratch_avx2(t, k);
     default: return (int64_t)GS_LUT_COLS * (4 + 8) + 64;
     }
