@@ -13,6 +13,7 @@
 #pragma GCC target("avx2,fma")
 
 #include <immintrin.h>
+#include <math.h>
 #include <string.h>
 
 #include "lut_internal.h"
@@ -111,4 +112,93 @@ void gs_lut_kernel_avx2(const gs_lut_args *p)
             }
         }
     }
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * Quantization (bit for bit gs_quant: float64 division, round half to even, same clamps)
+ * ------------------------------------------------------------------------------------------------ */
+
+int gs_range_span_avx2(const float *src, int64_t n, float *lo, float *hi)
+{
+    const __m256 expmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7f800000));
+    __m256 l = _mm256_set1_ps(*lo), h = _mm256_set1_ps(*hi), bad = _mm256_setzero_ps();
+    const __m256 pinf = _mm256_set1_ps(INFINITY), ninf = _mm256_set1_ps(-INFINITY);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 x = _mm256_loadu_ps(src + i);
+        const __m256 nonfinite = _mm256_cmp_ps(_mm256_and_ps(x, expmask), expmask, _CMP_EQ_OQ);
+        bad = _mm256_or_ps(bad, nonfinite);
+        l = _mm256_min_ps(l, _mm256_blendv_ps(x, pinf, nonfinite));
+        h = _mm256_max_ps(h, _mm256_blendv_ps(x, ninf, nonfinite));
+    }
+    float lv[8], hv[8];
+    _mm256_storeu_ps(lv, l);
+    _mm256_storeu_ps(hv, h);
+    float L = lv[0], H = hv[0];
+    for (int q = 1; q < 8; ++q) L = lv[q] < L ? lv[q] : L, H = hv[q] > H ? hv[q] : H;
+    int b = _mm256_movemask_ps(bad) != 0;
+    for (; i < n; ++i) {
+        const float v = src[i];
+        if (gs_finite(v)) L = v < L ? v : L, H = v > H ? v : H;
+        else b = 1;
+    }
+    *lo = L, *hi = H;
+    return b;
+}
+
+/* 8 codes of src[0..8) as the low 8 bytes of the result */
+static inline __m128i quant8_avx2(const float *src, __m256d s0, __m256d s1, __m256d z0, __m256d z1,
+                                  int is_signed, __m256i zero8, int *bad)
+{
+    const __m256 x = _mm256_loadu_ps(src);
+    const __m256 expmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7f800000));
+    const __m256 nonfinite = _mm256_cmp_ps(_mm256_and_ps(x, expmask), expmask, _CMP_EQ_OQ);
+    *bad |= _mm256_movemask_ps(nonfinite);
+    const __m256d lim = _mm256_set1_pd(512.0), nlim = _mm256_set1_pd(-512.0);
+    __m256d v0 = _mm256_div_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(x)), s0);
+    __m256d v1 = _mm256_div_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(x, 1)), s1);
+    v0 = _mm256_round_pd(_mm256_max_pd(_mm256_min_pd(v0, lim), nlim), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    v1 = _mm256_round_pd(_mm256_max_pd(_mm256_min_pd(v1, lim), nlim), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256d lo, hi;
+    if (is_signed) {
+        lo = _mm256_set1_pd(-127.0), hi = _mm256_set1_pd(127.0);
+    } else {
+        v0 = _mm256_add_pd(v0, z0), v1 = _mm256_add_pd(v1, z1);
+        lo = _mm256_setzero_pd(), hi = _mm256_set1_pd(255.0);
+    }
+    v0 = _mm256_max_pd(_mm256_min_pd(v0, hi), lo);
+    v1 = _mm256_max_pd(_mm256_min_pd(v1, hi), lo);
+    const __m256i q = _mm256_set_m128i(_mm256_cvtpd_epi32(v1), _mm256_cvtpd_epi32(v0)); /* 8 x int32 */
+    const __m256i codes = _mm256_blendv_epi8(q, zero8, _mm256_castps_si256(nonfinite));
+    /* int32 -> bytes: values are in -127..255; keep the low byte of each */
+    const __m256i shuf = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+                                          0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+    const __m256i b = _mm256_shuffle_epi8(codes, shuf);
+    return _mm_unpacklo_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1));
+}
+
+int gs_quantize_span_avx2(const float *src, int64_t n, const double *scale, const int32_t *zero,
+                          int per_element, int is_signed, uint8_t *dst)
+{
+    int bad = 0;
+    int64_t i = 0;
+    if (!per_element) {
+        const __m256d s = _mm256_set1_pd(scale[0]), z = _mm256_set1_pd((double)zero[0]);
+        const __m256i z8 = _mm256_set1_epi32(zero[0]);
+        for (; i + 8 <= n; i += 8)
+            _mm_storel_epi64((__m128i *)(dst + i), quant8_avx2(src + i, s, s, z, z, is_signed, z8, &bad));
+    } else {
+        for (; i + 8 <= n; i += 8) {
+            const __m256i zi = _mm256_loadu_si256((const __m256i *)(zero + i));
+            const __m256d z0 = _mm256_cvtepi32_pd(_mm256_castsi256_si128(zi));
+            const __m256d z1 = _mm256_cvtepi32_pd(_mm256_extracti128_si256(zi, 1));
+            _mm_storel_epi64((__m128i *)(dst + i),
+                             quant8_avx2(src + i, _mm256_loadu_pd(scale + i), _mm256_loadu_pd(scale + i + 4), z0, z1,
+                                         is_signed, zi, &bad));
+        }
+    }
+    if (i < n)
+        bad |= gs_quantize_span_scalar(src + i, n - i, per_element ? scale + i : scale,
+                                       per_element ? zero + i : zero, per_element, is_signed, dst + i);
+    return bad != 0;
 }

@@ -21,6 +21,7 @@
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma")
 
 #include <immintrin.h>
+#include <math.h>
 #include <string.h>
 
 #include "lut_internal.h"
@@ -208,4 +209,96 @@ void gs_lut_kernel_avx512(const gs_lut_args *p)
             for (int64_t c = 0; c < w; ++c) out[c] = sums64[c * GS_LUT_ROWS + r] + offset;
         }
     }
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * Quantization (bit for bit gs_quant: float64 division, round half to even, same clamps)
+ * ------------------------------------------------------------------------------------------------ */
+
+static inline __mmask16 nonfinite16(__m512 x)
+{
+    const __m512i e = _mm512_set1_epi32(0x7f800000);
+    return _mm512_cmpeq_epi32_mask(_mm512_and_si512(_mm512_castps_si512(x), e), e);
+}
+
+int gs_range_span_avx512(const float *src, int64_t n, float *lo, float *hi)
+{
+    __m512 l = _mm512_set1_ps(*lo), h = _mm512_set1_ps(*hi);
+    __mmask16 bad = 0;
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m512 x = _mm512_loadu_ps(src + i);
+        const __mmask16 nf = nonfinite16(x);
+        bad |= nf;
+        l = _mm512_mask_min_ps(l, (__mmask16)~nf, l, x);
+        h = _mm512_mask_max_ps(h, (__mmask16)~nf, h, x);
+    }
+    if (i < n) {
+        const __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+        const __m512 x = _mm512_maskz_loadu_ps(m, src + i);
+        const __mmask16 nf = nonfinite16(x) & m;
+        bad |= nf;
+        l = _mm512_mask_min_ps(l, (__mmask16)(~nf & m), l, x);
+        h = _mm512_mask_max_ps(h, (__mmask16)(~nf & m), h, x);
+    }
+    *lo = _mm512_reduce_min_ps(l);
+    *hi = _mm512_reduce_max_ps(h);
+    return bad != 0;
+}
+
+/* codes of src[0..16) (masked by m) */
+static inline __m128i quant16_avx512(__m512 x, __m512d s0, __m512d s1, __m512d z0, __m512d z1, __m512i zero16,
+                                     int is_signed, __mmask16 *bad)
+{
+    const __mmask16 nf = nonfinite16(x);
+    *bad |= nf;
+    const __m512d lim = _mm512_set1_pd(512.0), nlim = _mm512_set1_pd(-512.0);
+    __m512d v0 = _mm512_div_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(x)), s0);
+    __m512d v1 = _mm512_div_pd(_mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1))), s1);
+    v0 = _mm512_roundscale_pd(_mm512_max_pd(_mm512_min_pd(v0, lim), nlim), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    v1 = _mm512_roundscale_pd(_mm512_max_pd(_mm512_min_pd(v1, lim), nlim), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512d lo, hi;
+    if (is_signed) {
+        lo = _mm512_set1_pd(-127.0), hi = _mm512_set1_pd(127.0);
+    } else {
+        v0 = _mm512_add_pd(v0, z0), v1 = _mm512_add_pd(v1, z1);
+        lo = _mm512_setzero_pd(), hi = _mm512_set1_pd(255.0);
+    }
+    v0 = _mm512_max_pd(_mm512_min_pd(v0, hi), lo);
+    v1 = _mm512_max_pd(_mm512_min_pd(v1, hi), lo);
+    __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtpd_epi32(v0)), _mm512_cvtpd_epi32(v1), 1);
+    q = _mm512_mask_blend_epi32(nf, q, zero16);
+    return _mm512_cvtepi32_epi8(q); /* low byte of each (values -127..255) */
+}
+
+int gs_quantize_span_avx512(const float *src, int64_t n, const double *scale, const int32_t *zero,
+                            int per_element, int is_signed, uint8_t *dst)
+{
+    __mmask16 bad = 0;
+    int64_t i = 0;
+    if (!per_element) {
+        const __m512d s = _mm512_set1_pd(scale[0]), z = _mm512_set1_pd((double)zero[0]);
+        const __m512i z16 = _mm512_set1_epi32(zero[0]);
+        for (; i + 16 <= n; i += 16)
+            _mm_storeu_si128((__m128i *)(dst + i), quant16_avx512(_mm512_loadu_ps(src + i), s, s, z, z, z16, is_signed, &bad));
+        if (i < n) {
+            const __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+            __mmask16 b = 0;
+            const __m128i c = quant16_avx512(_mm512_maskz_loadu_ps(m, src + i), s, s, z, z, z16, is_signed, &b);
+            bad |= b & m;
+            _mm_mask_storeu_epi8(dst + i, m, c);
+        }
+    } else {
+        for (; i + 16 <= n; i += 16) {
+            const __m512i zi = _mm512_loadu_si512((const void *)(zero + i));
+            const __m512d z0 = _mm512_cvtepi32_pd(_mm512_castsi512_si256(zi));
+            const __m512d z1 = _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(zi, 1));
+            _mm_storeu_si128((__m128i *)(dst + i),
+                             quant16_avx512(_mm512_loadu_ps(src + i), _mm512_loadu_pd(scale + i),
+                                            _mm512_loadu_pd(scale + i + 8), z0, z1, zi, is_signed, &bad));
+        }
+        if (i < n)
+            bad |= (__mmask16)gs_quantize_span_scalar(src + i, n - i, scale + i, zero + i, 1, is_signed, dst + i);
+    }
+    return bad != 0;
 }

@@ -275,14 +275,14 @@ GRAPHSWAP_EXPORT int32_t graphswap_lut_conv2d_f32(const float *input, const floa
             /* the range pass was skipped unless observed: find non-finite values while quantizing */
             any_bad = 0;
         }
-        const int64_t n = G.in_elems;
+        const int64_t n = G.in_elems, chunk = 1 << 16, chunks = (n + chunk - 1) / chunk;
+        const gs_isa_level isa = gs_isa();
         int bad = 0;
         const int nt = gs_threads_for((double)n, 1 << 18);
 #pragma omp parallel for num_threads(nt) schedule(static) reduction(| : bad) if (nt > 1)
-        for (int64_t i = 0; i < n; ++i) {
-            const float v = input[i];
-            bad |= !gs_finite(v);
-            codes[i] = gs_quant(&qx, v);
+        for (int64_t c = 0; c < chunks; ++c) {
+            const int64_t i0 = c * chunk, len = min64(chunk, n - i0);
+            bad |= gs_quantize_span(isa, input + i0, len, &qx.scale, &qx.zero, 0, qx.is_signed, codes + i0);
         }
         any_bad |= bad;
         if (G.taps == 0) {

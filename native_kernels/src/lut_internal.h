@@ -130,6 +130,22 @@ void gs_range_f32(const float *x, int64_t n, float *lo, float *hi, int *any_bad)
 /* Parameters from a finite range (lo = +inf, hi = -inf when there are no finite values). */
 gs_qparams gs_qparams_dynamic(int is_signed, float lo, float hi);
 
+/* Vectorised quantization, per ISA (bit for bit gs_quant): dst[i] = code of src[i], i < n, with
+ * scale[i] / zero[i] (per_element != 0) or scale[0] / zero[0]; non-finite values get the zero
+ * point.  Returns 1 if any src[i] is not finite. */
+int gs_quantize_span(gs_isa_level isa, const float *src, int64_t n, const double *scale,
+                     const int32_t *zero, int per_element, int is_signed, uint8_t *dst);
+int gs_quantize_span_scalar(const float *src, int64_t n, const double *scale, const int32_t *zero,
+                            int per_element, int is_signed, uint8_t *dst);
+int gs_quantize_span_avx2(const float *src, int64_t n, const double *scale, const int32_t *zero,
+                          int per_element, int is_signed, uint8_t *dst);
+int gs_quantize_span_avx512(const float *src, int64_t n, const double *scale, const int32_t *zero,
+                            int per_element, int is_signed, uint8_t *dst);
+/* min / max over the finite values of src[0..n) folded into *lo / *hi; returns 1 if any is not
+ * finite. */
+int gs_range_span_avx2(const float *src, int64_t n, float *lo, float *hi);
+int gs_range_span_avx512(const float *src, int64_t n, float *lo, float *hi);
+
 /* Quantized weights: w is K x N row-major (matmul b, or an HWIO filter as taps x out_channels). */
 typedef struct gs_wquant {
     uint8_t *q;      /* K x N codes, row-major */

@@ -11,6 +11,7 @@
  * kernel gives the exact sums and the epilogue writes the output.
  */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #ifdef _OPENMP
@@ -24,39 +25,28 @@
 static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 /* Packs rows [r0, r0 + rows) of an m x k source into block dst (zeroing pad lanes).  Source is
- * either codes (src8) or floats (srcf, quantized with q); rowsum/badrow (may be NULL) per row. */
+ * either codes (src8) or floats (srcf, quantized with q through tmp, k bytes); rowsum/badrow (may
+ * be NULL) per row. */
 static void pack_rows(const uint8_t *src8, const float *srcf, const gs_qparams *q, int64_t k,
-                      int64_t r0, int64_t rows, uint8_t *dst, int64_t *rowsum, uint8_t *badrow)
+                      int64_t r0, int64_t rows, uint8_t *dst, int64_t *rowsum, uint8_t *badrow,
+                      uint8_t *tmp)
 {
     const int64_t groups = (rows + 63) / 64;
+    const gs_isa_level isa = gs_isa();
     if (rows % 64) memset(dst + (groups - 1) * k * 64, 0, (size_t)(k * 64));
     for (int64_t r = 0; r < rows; ++r) {
         uint8_t *d = dst + (r / 64) * k * 64 + (r % 64);
+        const uint8_t *s = src8 ? src8 + (r0 + r) * k : tmp;
+        if (!src8) {
+            const int bad = gs_quantize_span(isa, srcf + (r0 + r) * k, k, &q->scale, &q->zero, 0, q->is_signed, tmp);
+            if (badrow) badrow[r0 + r] = (uint8_t)bad;
+        }
         int64_t sum = 0;
-        int bad = 0;
-        if (src8) {
-            const uint8_t *s = src8 + (r0 + r) * k;
-            for (int64_t kk = 0; kk < k; ++kk) {
-                d[kk * 64] = s[kk];
-                sum += s[kk];
-            }
-        } else {
-            const float *s = srcf + (r0 + r) * k;
-            for (int64_t kk = 0; kk < k; ++kk) {
-                const float v = s[kk];
-                uint8_t c;
-                if (gs_finite(v)) {
-                    c = q->is_signed ? gs_quant_s8(v, q->scale) : gs_quant_u8(v, q->scale, (double)q->zero);
-                } else {
-                    c = (uint8_t)q->zero;
-                    bad = 1;
-                }
-                d[kk * 64] = c;
-                sum += c;
-            }
+        for (int64_t kk = 0; kk < k; ++kk) {
+            d[kk * 64] = s[kk];
+            sum += s[kk];
         }
         if (rowsum) rowsum[r0 + r] = sum;
-        if (badrow) badrow[r0 + r] = (uint8_t)bad;
     }
 }
 
@@ -153,7 +143,7 @@ static int32_t run_jobs(const char *fn, const mm_job *J)
 
 /* Packs all row blocks in parallel. */
 static void pack_all(const uint8_t *src8, const float *srcf, const gs_qparams *q, int64_t m, int64_t k,
-                     uint8_t *apack, int64_t *rowsum, uint8_t *badrow)
+                     uint8_t *apack, int64_t *rowsum, uint8_t *badrow, int *failed)
 {
     const int64_t blocks = (m + GS_LUT_ROWS - 1) / GS_LUT_ROWS;
     int nt = gs_threads_for((double)m * (double)k, 1 << 18);
@@ -161,7 +151,14 @@ static void pack_all(const uint8_t *src8, const float *srcf, const gs_qparams *q
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1) if (nt > 1)
     for (int64_t rb = 0; rb < blocks; ++rb) {
         const int64_t r0 = rb * GS_LUT_ROWS;
-        pack_rows(src8, srcf, q, k, r0, min64(GS_LUT_ROWS, m - r0), apack + r0 * k, rowsum, badrow);
+        uint8_t *tmp = srcf ? malloc((size_t)k + 64) : NULL;
+        if (srcf && !tmp) {
+#pragma omp atomic write
+            *failed = 1;
+            continue;
+        }
+        pack_rows(src8, srcf, q, k, r0, min64(GS_LUT_ROWS, m - r0), apack + r0 * k, rowsum, badrow, tmp);
+        free(tmp);
     }
 }
 
@@ -207,7 +204,8 @@ GRAPHSWAP_EXPORT int32_t graphswap_lut_matmul(const uint8_t *a, const uint8_t *b
                      (long long)gs_lut_packed_bytes(m + GS_LUT_ROWS, k));
     }
     if (rc == GRAPHSWAP_OK) {
-        pack_all(a, NULL, NULL, m, k, apack, NULL, NULL);
+        int failed = 0;
+        pack_all(a, NULL, NULL, m, k, apack, NULL, NULL, &failed);
         mm_job J = {0};
         J.t = t, J.isa = gs_isa(), J.apack = apack, J.m = m, J.k = k, J.n = n, J.b = b, J.w = &w, J.acc = acc;
         rc = run_jobs(fn, &J);
@@ -243,13 +241,11 @@ GRAPHSWAP_EXPORT int32_t graphswap_lut_matmul_f32(const float *a, const float *b
     if (k > 0 && (!b || !table))
         return gs_fail(GRAPHSWAP_ERR_INVALID_ARGUMENT, "%s: b and table must not be NULL (k=%lld n=%lld)", fn,
                        (long long)k, (long long)n);
-    static const int32_t zero_table[1] = {0};
     gs_lut_table *t = NULL;
     if (k > 0) {
         t = gs_lut_table_acquire(table);
         if (!t) return gs_fail(GRAPHSWAP_ERR_OUT_OF_MEMORY, "%s: cannot allocate the prepared table", fn);
     }
-    (void)zero_table;
     gs_wquant w;
     rc = gs_wquant_make(fn, b, k, n, qa.is_signed, quant->weight_mode == GRAPHSWAP_QUANT_PER_CHANNEL, &w);
     if (rc != GRAPHSWAP_OK) {
@@ -265,12 +261,15 @@ GRAPHSWAP_EXPORT int32_t graphswap_lut_matmul_f32(const float *a, const float *b
                      (long long)gs_lut_packed_bytes(m + GS_LUT_ROWS, k));
     } else {
         for (int64_t j = 0; j < n; ++j) sasb[j] = qa.scale * w.scale[j];
-        pack_all(NULL, a, &qa, m, k, apack, rowsum, badrow);
+        int failed = 0;
+        pack_all(NULL, a, &qa, m, k, apack, rowsum, badrow, &failed);
+        if (failed) rc = gs_fail(GRAPHSWAP_ERR_OUT_OF_MEMORY, "%s: cannot allocate quantization scratch", fn);
         mm_job J = {0};
         J.t = t, J.isa = gs_isa(), J.apack = apack, J.m = m, J.k = k, J.n = n, J.b = w.q, J.w = &w;
         J.c = c, J.bias = bias, J.rowsum = rowsum, J.badrow = badrow, J.sasb = sasb;
         J.is_unsigned = !qa.is_signed, J.za = qa.zero;
-        if (k == 0) {
+        if (rc != GRAPHSWAP_OK) {
+        } else if (k == 0) {
             /* no products: the sums are 0 (no table needed) */
             for (int64_t i = 0; i < m; ++i)
                 for (int64_t j = 0; j < n; ++j) {

@@ -14,10 +14,43 @@
 
 #define GS_RANGE_CHUNK (1 << 16)
 
+int gs_quantize_span_scalar(const float *src, int64_t n, const double *scale, const int32_t *zero,
+                            int per_element, int is_signed, uint8_t *dst)
+{
+    int bad = 0;
+    for (int64_t i = 0; i < n; ++i) {
+        const int64_t e = per_element ? i : 0;
+        const float v = src[i];
+        if (!gs_finite(v)) {
+            dst[i] = (uint8_t)zero[e];
+            bad = 1;
+        } else {
+            dst[i] = is_signed ? gs_quant_s8(v, scale[e]) : gs_quant_u8(v, scale[e], (double)zero[e]);
+        }
+    }
+    return bad;
+}
+
+int gs_quantize_span(gs_isa_level isa, const float *src, int64_t n, const double *scale,
+                     const int32_t *zero, int per_element, int is_signed, uint8_t *dst)
+{
+    switch (isa) {
+    case GS_ISA_AVX512: return gs_quantize_span_avx512(src, n, scale, zero, per_element, is_signed, dst);
+    case GS_ISA_AVX2: return gs_quantize_span_avx2(src, n, scale, zero, per_element, is_signed, dst);
+    default: return gs_quantize_span_scalar(src, n, scale, zero, per_element, is_signed, dst);
+    }
+}
+
 static void range_chunk(const float *x, int64_t n, float *lo, float *hi, int *bad)
 {
     float l = INFINITY, h = -INFINITY;
     int b = 0;
+    const gs_isa_level isa = gs_isa();
+    if (isa == GS_ISA_AVX512 || isa == GS_ISA_AVX2) {
+        b = isa == GS_ISA_AVX512 ? gs_range_span_avx512(x, n, &l, &h) : gs_range_span_avx2(x, n, &l, &h);
+        *lo = l, *hi = h, *bad = b;
+        return;
+    }
     for (int64_t i = 0; i < n; ++i) {
         const float v = x[i];
         if (gs_finite(v)) {
@@ -170,14 +203,13 @@ int32_t gs_wquant_make(const char *fn, const float *wf, int64_t K, int64_t N, in
     for (int64_t j = 0; j < N; ++j) lo[j] = INFINITY, hi[j] = -INFINITY, w->bad[j] = 0;
     for (int64_t k = 0; k < K; ++k) {
         const float *row = wf + k * N;
-        for (int64_t j = 0; j < N; ++j) {
+        for (int64_t j = 0; j < N; ++j) { /* branch-free: vectorises */
             const float v = row[j];
-            if (gs_finite(v)) {
-                lo[j] = v < lo[j] ? v : lo[j];
-                hi[j] = v > hi[j] ? v : hi[j];
-            } else {
-                w->bad[j] = 1;
-            }
+            const int ok = gs_finite(v);
+            const float vl = ok ? v : INFINITY, vh = ok ? v : -INFINITY;
+            lo[j] = vl < lo[j] ? vl : lo[j];
+            hi[j] = vh > hi[j] ? vh : hi[j];
+            w->bad[j] |= (uint8_t)!ok;
         }
     }
     w->any_bad = 0;
@@ -197,17 +229,9 @@ int32_t gs_wquant_make(const char *fn, const float *wf, int64_t K, int64_t N, in
         }
     }
     gs_free(lo), gs_free(hi);
-    for (int64_t k = 0; k < K; ++k) {
-        const float *row = wf + k * N;
-        uint8_t *qrow = w->q + k * N;
-        for (int64_t j = 0; j < N; ++j) {
-            const float v = row[j];
-            if (!gs_finite(v))
-                qrow[j] = (uint8_t)w->zero[j];
-            else
-                qrow[j] = is_signed ? gs_quant_s8(v, w->scale[j]) : gs_quant_u8(v, w->scale[j], (double)w->zero[j]);
-        }
-    }
+    const gs_isa_level isa = gs_isa();
+    for (int64_t k = 0; k < K; ++k)
+        gs_quantize_span(isa, wf + k * N, N, w->scale, w->zero, 1, is_signed, w->q + k * N);
     transpose_codes(w->q, K, N, w);
     return GRAPHSWAP_OK;
 }
