@@ -21,10 +21,13 @@
 #define KB 8
 #define NB 32
 
-int64_t gs_lut_scratch_avx2(const gs_lut_table *t, int64_t k)
+#define RUN16 256 /* terms per flush of the 16-bit accumulators (multiple of KB) */
+
+int64_t gs_lut_scratch_avx2(const gs_lut_table *t, int64_t k, int64_t rows)
 {
     (void)t, (void)k;
-    return (int64_t)KB * 256 * NB * 4 + (int64_t)GS_LUT_ROWS * NB * 4 + 64;
+    /* int32 path: E + acc32 (rows x NB int32); 16-bit path: E16 + W/O (rows x 4 ymm): both below */
+    return (int64_t)KB * 256 * NB * 4 + rows * NB * 4 + 64;
 }
 
 static inline void transpose8(__m256i r[8])
@@ -89,8 +92,118 @@ static void rows_add(const uint8_t *a, int64_t K, int64_t rows, int64_t kc, cons
     }
 }
 
+/* ---- 16-bit path (table span < 2^16): E16 holds U = T - min T as uint16, 16 columns per ymm ----
+ * Per 32 MACs: 2 loads of E rows and 6 word ops; sums are exact by the W/O trick of lut_avx512.c
+ * (W += v wrapping, O += v >> 8: after <= 256 terms O is the sum of high bytes, W - 256*O mod 2^16
+ * the sum of low bytes). */
+
+static inline void transpose16x16_epi16(__m256i r[16])
+{
+    __m256i s[16], u[16], v[16];
+    for (int i = 0; i < 8; ++i) {
+        s[2 * i] = _mm256_unpacklo_epi16(r[2 * i], r[2 * i + 1]);
+        s[2 * i + 1] = _mm256_unpackhi_epi16(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; ++i) {
+        u[4 * i + 0] = _mm256_unpacklo_epi32(s[4 * i], s[4 * i + 2]);
+        u[4 * i + 1] = _mm256_unpackhi_epi32(s[4 * i], s[4 * i + 2]);
+        u[4 * i + 2] = _mm256_unpacklo_epi32(s[4 * i + 1], s[4 * i + 3]);
+        u[4 * i + 3] = _mm256_unpackhi_epi32(s[4 * i + 1], s[4 * i + 3]);
+    }
+    /* u[4i+e]: rows 4i..4i+3, elements 2e, 2e+1 (and +8 in the high lane) */
+    for (int h = 0; h < 2; ++h)          /* rows 0-7 (h = 0), 8-15 (h = 1) */
+        for (int e = 0; e < 4; ++e) {
+            v[h * 8 + 2 * e] = _mm256_unpacklo_epi64(u[8 * h + e], u[8 * h + 4 + e]);
+            v[h * 8 + 2 * e + 1] = _mm256_unpackhi_epi64(u[8 * h + e], u[8 * h + 4 + e]);
+        }
+    /* v[8h + c]: rows 8h..8h+7 of element c (low lane) and c + 8 (high lane) */
+    for (int c = 0; c < 8; ++c) {
+        r[c] = _mm256_permute2x128_si256(v[c], v[8 + c], 0x20);
+        r[c + 8] = _mm256_permute2x128_si256(v[c], v[8 + c], 0x31);
+    }
+}
+
+/* E16[kk*256*NB + code*NB + j] = tt16[(b[kk*ldb + j] << 8) | code] */
+static void expand16(const uint8_t *b, int64_t ldb, int64_t kc, int64_t w, const uint16_t *tt16, uint16_t *E)
+{
+    for (int64_t kk = 0; kk < kc; ++kk) {
+        const uint8_t *brow = b + kk * ldb;
+        uint16_t *Ek = E + kk * 256 * NB;
+        for (int64_t j0 = 0; j0 < NB; j0 += 16) {
+            const uint16_t *src[16];
+            for (int q = 0; q < 16; ++q) src[q] = tt16 + ((j0 + q < w) ? ((int64_t)brow[j0 + q] << 8) : 0);
+            for (int c0 = 0; c0 < 256; c0 += 16) {
+                __m256i v[16];
+                for (int q = 0; q < 16; ++q) v[q] = _mm256_loadu_si256((const __m256i *)(src[q] + c0));
+                transpose16x16_epi16(v);
+                for (int q = 0; q < 16; ++q) _mm256_store_si256((__m256i *)(Ek + (c0 + q) * NB + j0), v[q]);
+            }
+        }
+    }
+}
+
+/* acc[r] (W0, W1, O0, O1: 4 x 16 words per row) += rows of E16 for kk < kc */
+static void rows_add16(const uint8_t *a, int64_t K, int64_t rows, int64_t kc, const uint16_t *E, __m256i *acc)
+{
+    for (int64_t r = 0; r < rows; ++r) {
+        const uint8_t *ar = a + (r / 64) * K * 64 + (r % 64);
+        __m256i *o = acc + 4 * r;
+        __m256i w0 = _mm256_load_si256(o + 0), w1 = _mm256_load_si256(o + 1);
+        __m256i h0 = _mm256_load_si256(o + 2), h1 = _mm256_load_si256(o + 3);
+        for (int64_t kk = 0; kk < kc; ++kk) {
+            const __m256i *e = (const __m256i *)(E + (kk * 256 + ar[kk * 64]) * NB);
+            const __m256i x0 = _mm256_load_si256(e), x1 = _mm256_load_si256(e + 1);
+            w0 = _mm256_add_epi16(w0, x0);
+            w1 = _mm256_add_epi16(w1, x1);
+            h0 = _mm256_add_epi16(h0, _mm256_srli_epi16(x0, 8));
+            h1 = _mm256_add_epi16(h1, _mm256_srli_epi16(x1, 8));
+        }
+        _mm256_store_si256(o + 0, w0);
+        _mm256_store_si256(o + 1, w1);
+        _mm256_store_si256(o + 2, h0);
+        _mm256_store_si256(o + 3, h1);
+    }
+}
+
+static void kernel16(const gs_lut_args *p)
+{
+    const int64_t K = p->k, rows = p->rows;
+    uint16_t *E = (uint16_t *)p->scratch;                     /* KB x 256 x NB */
+    __m256i *acc = (__m256i *)(E + KB * 256 * NB);           /* rows x 4 */
+    const int64_t offset = K * (int64_t)p->t->tmin;
+    for (int64_t j0 = 0; j0 < p->ncols; j0 += NB) {
+        const int64_t w = p->ncols - j0 < NB ? p->ncols - j0 : NB;
+        for (int64_t r = 0; r < rows; ++r) {
+            int64_t *out = p->acc + r * p->ldacc + j0;
+            for (int64_t j = 0; j < w; ++j) out[j] = offset;
+        }
+        for (int64_t kr = 0; kr < K; kr += RUN16) {
+            const int64_t kend = K - kr < RUN16 ? K : kr + RUN16;
+            memset(acc, 0, (size_t)(rows * 4) * sizeof(__m256i));
+            for (int64_t k0 = kr; k0 < kend; k0 += KB) {
+                const int64_t kc = kend - k0 < KB ? kend - k0 : KB;
+                expand16(p->b + k0 * p->ldb + j0, p->ldb, kc, w, p->t->tt16, E);
+                rows_add16(p->a + k0 * 64, K, rows, kc, E, acc);
+            }
+            for (int64_t r = 0; r < rows; ++r) {
+                const uint16_t *W = (const uint16_t *)(acc + 4 * r), *O = W + 32;
+                int64_t *out = p->acc + r * p->ldacc + j0;
+                for (int64_t j = 0; j < w; ++j) {
+                    const uint32_t hi = O[j], lo = (uint16_t)(W[j] - (uint16_t)(O[j] << 8));
+                    out[j] += (int64_t)(lo + (hi << 8));
+                }
+            }
+        }
+    }
+}
+
 void gs_lut_kernel_avx2(const gs_lut_args *p)
 {
+    if (p->t->tt16) {
+        kernel16(p);
+        return;
+    }
+
     const int64_t K = p->k, rows = p->rows;
     int32_t *E = (int32_t *)p->scratch;
     int32_t *acc32 = E + KB * 256 * NB;

@@ -90,16 +90,17 @@ static int32_t run(const char *fn, const conv_job *J)
     const graphswap_conv2d_params *P = J->P;
     const gs_conv_geo *G = J->G;
     const int64_t K = G->taps, cout = P->out_channels, cog = G->cout_g;
-    const int64_t blocks = (G->pixels + GS_LUT_ROWS - 1) / GS_LUT_ROWS;
-    const int64_t chunks = cog > 0 ? (cog + GS_LUT_COLS - 1) / GS_LUT_COLS : 1;
+    const gs_lut_shape shape = gs_lut_job_shape(J->isa, J->t);
+    const int64_t blocks = (G->pixels + shape.rows - 1) / shape.rows;
+    const int64_t chunks = cog > 0 ? (cog + shape.cols - 1) / shape.cols : 1;
     const int64_t jobs = blocks * chunks * P->groups;
     int nt = gs_threads_for((double)G->pixels * (double)K * (double)(cout > 0 ? cout : 1), GS_CONV_MIN_WORK);
     if (nt > jobs) nt = (int)jobs;
     if (nt < 1) nt = 1;
-    const int64_t kscratch = J->t ? (gs_lut_scratch_bytes(J->isa, J->t, K) + 63) / 64 * 64 : 0;
-    const int64_t packbytes = (gs_lut_packed_bytes(GS_LUT_ROWS, K) + 63) / 64 * 64;
-    const int64_t accbytes = J->out ? (int64_t)GS_LUT_ROWS * GS_LUT_COLS * 8 : 0;
-    const int64_t per_thread = kscratch + packbytes + accbytes + GS_LUT_ROWS * 8;
+    const int64_t kscratch = J->t ? (gs_lut_scratch_bytes(J->isa, J->t, K, shape.rows) + 63) / 64 * 64 : 0;
+    const int64_t packbytes = (gs_lut_packed_bytes(shape.rows, K) + 63) / 64 * 64;
+    const int64_t accbytes = J->out ? shape.rows * shape.cols * 8 : 0;
+    const int64_t per_thread = kscratch + packbytes + accbytes + shape.rows * 8;
     uint8_t *scratch = gs_alloc(per_thread * nt);
     if (!scratch)
         return gs_fail(GRAPHSWAP_ERR_OUT_OF_MEMORY, "%s: cannot allocate %lld bytes of im2col scratch", fn,
@@ -116,8 +117,8 @@ static int32_t run(const char *fn, const conv_job *J)
         int64_t *sums = (int64_t *)((uint8_t *)acc + accbytes);
         const int64_t g = job / (blocks * chunks), rest = job % (blocks * chunks);
         const int64_t blk = rest / chunks, cc = rest % chunks;
-        const int64_t p0 = blk * GS_LUT_ROWS, rows = min64(GS_LUT_ROWS, G->pixels - p0);
-        const int64_t j0 = cc * GS_LUT_COLS, ncols = cog > 0 ? min64(GS_LUT_COLS, cog - j0) : 0;
+        const int64_t p0 = blk * shape.rows, rows = min64(shape.rows, G->pixels - p0);
+        const int64_t j0 = cc * shape.cols, ncols = cog > 0 ? min64(shape.cols, cog - j0) : 0;
         gather(P, G, J->codes, J->pad, g, p0, rows, packed, sums);
         if (J->window_sums && cc == 0)
             for (int64_t r = 0; r < rows; ++r) J->window_sums[(p0 + r) * P->groups + g] = sums[r];

@@ -35,6 +35,7 @@ typedef struct gs_lut_table {
     int64_t kblock;           /* longest run of terms whose int32 sum cannot overflow (>= 1) */
     int planes;               /* byte planes of (T - tmin): 1..3, or 0 if the span needs more */
     uint8_t *plane_data;      /* [256 b][planes][256 a]: byte p of T[a][b] - tmin (NULL if planes == 0) */
+    uint16_t *tt16;           /* [256 b][256 a]: T[a][b] - tmin if planes <= 2 (else NULL) */
     int refs;                 /* users + 1 while cached */
 } gs_lut_table;
 
@@ -57,8 +58,15 @@ typedef struct gs_lut_args {
     void *scratch;         /* gs_lut_scratch_bytes bytes, 64-byte aligned */
 } gs_lut_args;
 
-/* Scratch one kernel call needs for the path in use. */
-int64_t gs_lut_scratch_bytes(gs_isa_level isa, const gs_lut_table *t, int64_t k);
+/* Rows and columns per job for the path in use (rows a multiple of 64): the avx2 kernel amortises
+ * its weight expansion over the rows, so it takes more of them. */
+typedef struct gs_lut_shape {
+    int64_t rows, cols;
+} gs_lut_shape;
+gs_lut_shape gs_lut_job_shape(gs_isa_level isa, const gs_lut_table *t);
+
+/* Scratch one kernel call of at most `rows` rows needs for the path in use. */
+int64_t gs_lut_scratch_bytes(gs_isa_level isa, const gs_lut_table *t, int64_t k, int64_t rows);
 
 /* Runs the kernel of `isa` (falling back to a narrower one when the table does not suit it). */
 void gs_lut_run(gs_isa_level isa, const gs_lut_args *args);
@@ -67,7 +75,7 @@ void gs_lut_run(gs_isa_level isa, const gs_lut_args *args);
 void gs_lut_kernel_scalar(const gs_lut_args *args);
 void gs_lut_kernel_avx2(const gs_lut_args *args);
 void gs_lut_kernel_avx512(const gs_lut_args *args);
-int64_t gs_lut_scratch_avx2(const gs_lut_table *t, int64_t k);
+int64_t gs_lut_scratch_avx2(const gs_lut_table *t, int64_t k, int64_t rows);
 
 /* Bytes of a packed block of `rows` rows (rows rounded up to 64). */
 static inline int64_t gs_lut_packed_bytes(int64_t rows, int64_t k)

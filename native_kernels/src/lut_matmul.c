@@ -53,7 +53,7 @@ static void pack_rows(const uint8_t *src8, const float *srcf, const gs_qparams *
 typedef struct mm_job {
     const gs_lut_table *t;
     gs_isa_level isa;
-    const uint8_t *apack; /* block rb at apack + rb * GS_LUT_ROWS * k */
+    const uint8_t *apack; /* group g (rows 64g..64g+63) at apack + g * 64 * k */
     int64_t m, k, n;
     const uint8_t *b;     /* codes, k x n */
     const gs_wquant *w;   /* qt, colsum, scale, zero, bad */
@@ -71,13 +71,14 @@ typedef struct mm_job {
 
 static int32_t run_jobs(const char *fn, const mm_job *J)
 {
-    const int64_t row_blocks = (J->m + GS_LUT_ROWS - 1) / GS_LUT_ROWS;
-    const int64_t col_chunks = (J->n + GS_LUT_COLS - 1) / GS_LUT_COLS;
+    const gs_lut_shape shape = gs_lut_job_shape(J->isa, J->t);
+    const int64_t row_blocks = (J->m + shape.rows - 1) / shape.rows;
+    const int64_t col_chunks = (J->n + shape.cols - 1) / shape.cols;
     const int64_t jobs = row_blocks * col_chunks;
     int nt = gs_threads_for((double)J->m * (double)J->k * (double)J->n, GS_LUT_MIN_WORK);
     if (nt > jobs) nt = (int)jobs;
-    const int64_t kscratch = (gs_lut_scratch_bytes(J->isa, J->t, J->k) + 63) / 64 * 64;
-    const int64_t accbytes = J->c ? (int64_t)GS_LUT_ROWS * GS_LUT_COLS * 8 : 0;
+    const int64_t kscratch = (gs_lut_scratch_bytes(J->isa, J->t, J->k, shape.rows) + 63) / 64 * 64;
+    const int64_t accbytes = J->c ? shape.rows * shape.cols * 8 : 0;
     const int64_t per_thread = kscratch + accbytes;
     uint8_t *scratch = gs_alloc(per_thread * nt);
     if (!scratch)
@@ -91,11 +92,11 @@ static int32_t run_jobs(const char *fn, const mm_job *J)
         uint8_t *mine = scratch;
 #endif
         const int64_t rb = job / col_chunks, cc = job % col_chunks;
-        const int64_t r0 = rb * GS_LUT_ROWS, rows = min64(GS_LUT_ROWS, J->m - r0);
-        const int64_t j0 = cc * GS_LUT_COLS, ncols = min64(GS_LUT_COLS, J->n - j0);
+        const int64_t r0 = rb * shape.rows, rows = min64(shape.rows, J->m - r0);
+        const int64_t j0 = cc * shape.cols, ncols = min64(shape.cols, J->n - j0);
         gs_lut_args a;
         a.t = J->t;
-        a.a = J->apack + rb * GS_LUT_ROWS * J->k;
+        a.a = J->apack + r0 * J->k; /* groups of 64 rows are contiguous */
         a.rows = rows;
         a.k = J->k;
         a.b = J->b + j0;

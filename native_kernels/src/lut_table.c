@@ -21,6 +21,7 @@ static void table_free(gs_lut_table *t)
 {
     if (!t) return;
     gs_free(t->plane_data);
+    gs_free(t->tt16);
     gs_free(t);
 }
 
@@ -43,10 +44,20 @@ static gs_lut_table *table_build(const int32_t *table)
     const int64_t span = (int64_t)hi - (int64_t)lo;
     t->planes = span < 256 ? 1 : span < 65536 ? 2 : span < (1 << 24) ? 3 : 0;
     t->plane_data = NULL;
+    t->tt16 = NULL;
+    if (t->planes && t->planes <= 2) {
+        t->tt16 = gs_alloc(65536 * 2);
+        if (!t->tt16) {
+            gs_free(t);
+            return NULL;
+        }
+        for (int i = 0; i < 65536; ++i) t->tt16[i] = (uint16_t)((int64_t)t->tt[i] - lo);
+    }
     if (t->planes) {
         const int P = t->planes;
         t->plane_data = gs_alloc((int64_t)256 * P * 256);
         if (!t->plane_data) {
+            gs_free(t->tt16);
             gs_free(t);
             return NULL;
         }
@@ -105,16 +116,22 @@ void gs_lut_table_release(gs_lut_table *t)
 static gs_isa_level effective(gs_isa_level isa, const gs_lut_table *t)
 {
     if (isa == GS_ISA_AVX512 && t->planes == 0) isa = GS_ISA_AVX2;
-    if (isa == GS_ISA_AVX2 && t->kblock < 8) isa = GS_ISA_SCALAR;
+    if (isa == GS_ISA_AVX2 && t->kblock < 8 && !t->tt16) isa = GS_ISA_SCALAR;
     return isa;
 }
 
-int64_t gs_lut_scratch_bytes(gs_isa_level isa, const gs_lut_table *t, int64_t k)
+gs_lut_shape gs_lut_job_shape(gs_isa_level isa, const gs_lut_table *t)
 {
-    (void)k;
+    gs_lut_shape s = {GS_LUT_ROWS, GS_LUT_COLS};
+    if (t && effective(isa, t) == GS_ISA_AVX2) s.rows = 4 * GS_LUT_ROWS, s.cols = 64;
+    return s;
+}
+
+int64_t gs_lut_scratch_bytes(gs_isa_level isa, const gs_lut_table *t, int64_t k, int64_t rows)
+{
     switch (effective(isa, t)) {
     case GS_ISA_AVX512: return (int64_t)GS_LUT_ROWS * (4 + 8 * 8) + 64;
-    case GS_ISA_AVX2: return gs_lut_scratch_avx2(t, k);
+    case GS_ISA_AVX2: return gs_lut_scratch_avx2(t, k, rows);
     default: return (int64_t)GS_LUT_COLS * (4 + 8) + 64;
     }
 }
