@@ -26,11 +26,15 @@
 static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 /* Patches of output pixels [p0, p0 + rows) of group g into the packed block dst; sums[r] = the
- * window's code sum (pad codes included). */
+ * window's code sum (pad codes included).  off[k] is tap k's offset from the window's first input
+ * element (used for windows entirely inside the image, the common case). */
 static void gather(const graphswap_conv2d_params *P, const gs_conv_geo *G, const uint8_t *codes,
-                   uint8_t pad, int64_t g, int64_t p0, int64_t rows, uint8_t *dst, int64_t *sums)
+                   uint8_t pad, int64_t g, int64_t p0, int64_t rows, const int64_t *off, uint8_t *dst,
+                   int64_t *sums)
 {
     const int64_t K = G->taps, cg = G->cin_g, FW = P->filter_width, C = P->in_channels;
+    const int64_t H = P->in_height, W = P->in_width;
+    const int64_t span_h = (P->filter_height - 1) * P->dilation_height, span_w = (FW - 1) * P->dilation_width;
     const int64_t groups = (rows + 63) / 64;
     if (rows % 64) memset(dst + (groups - 1) * K * 64, 0, (size_t)(K * 64));
     int64_t pix = p0;
@@ -40,21 +44,30 @@ static void gather(const graphswap_conv2d_params *P, const gs_conv_geo *G, const
         uint8_t *d = dst + (r / 64) * K * 64 + (r % 64);
         int64_t sum = 0;
         const int64_t ih0 = oh * P->stride_height - P->pad_top, iw0 = ow * P->stride_width - P->pad_left;
-        const uint8_t *img = codes + n * P->in_height * P->in_width * C + g * cg;
-        for (int64_t fh = 0; fh < P->filter_height; ++fh) {
-            const int64_t ih = ih0 + fh * P->dilation_height;
-            const int inside_h = ih >= 0 && ih < P->in_height;
-            for (int64_t fw = 0; fw < FW; ++fw) {
-                const int64_t iw = iw0 + fw * P->dilation_width;
-                uint8_t *dk = d + (fh * FW + fw) * cg * 64;
-                if (!inside_h || iw < 0 || iw >= P->in_width) {
-                    for (int64_t ic = 0; ic < cg; ++ic) dk[ic * 64] = pad;
-                    sum += (int64_t)pad * cg;
-                } else {
-                    const uint8_t *s = img + (ih * P->in_width + iw) * C;
-                    for (int64_t ic = 0; ic < cg; ++ic) {
-                        dk[ic * 64] = s[ic];
-                        sum += s[ic];
+        const uint8_t *img = codes + n * H * W * C + g * cg;
+        if (ih0 >= 0 && ih0 + span_h < H && iw0 >= 0 && iw0 + span_w < W) {
+            const uint8_t *src = img + (ih0 * W + iw0) * C;
+            for (int64_t k = 0; k < K; ++k) {
+                const uint8_t v = src[off[k]];
+                d[k * 64] = v;
+                sum += v;
+            }
+        } else {
+            for (int64_t fh = 0; fh < P->filter_height; ++fh) {
+                const int64_t ih = ih0 + fh * P->dilation_height;
+                const int inside_h = ih >= 0 && ih < H;
+                for (int64_t fw = 0; fw < FW; ++fw) {
+                    const int64_t iw = iw0 + fw * P->dilation_width;
+                    uint8_t *dk = d + (fh * FW + fw) * cg * 64;
+                    if (!inside_h || iw < 0 || iw >= W) {
+                        for (int64_t ic = 0; ic < cg; ++ic) dk[ic * 64] = pad;
+                        sum += (int64_t)pad * cg;
+                    } else {
+                        const uint8_t *sp = img + (ih * W + iw) * C;
+                        for (int64_t ic = 0; ic < cg; ++ic) {
+                            dk[ic * 64] = sp[ic];
+                            sum += sp[ic];
+                        }
                     }
                 }
             }
@@ -102,9 +115,16 @@ static int32_t run(const char *fn, const conv_job *J)
     const int64_t accbytes = J->out ? shape.rows * shape.cols * 8 : 0;
     const int64_t per_thread = kscratch + packbytes + accbytes + shape.rows * 8;
     uint8_t *scratch = gs_alloc(per_thread * nt);
-    if (!scratch)
+    int64_t *off = gs_alloc((K > 0 ? K : 1) * 8);
+    if (!scratch || !off) {
+        gs_free(scratch), gs_free(off);
         return gs_fail(GRAPHSWAP_ERR_OUT_OF_MEMORY, "%s: cannot allocate %lld bytes of im2col scratch", fn,
                        (long long)(per_thread * nt));
+    }
+    for (int64_t fh = 0, k = 0; fh < P->filter_height; ++fh)
+        for (int64_t fw = 0; fw < P->filter_width; ++fw)
+            for (int64_t ic = 0; ic < G->cin_g; ++ic, ++k)
+                off[k] = (fh * P->dilation_height * P->in_width + fw * P->dilation_width) * P->in_channels + ic;
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1) if (nt > 1)
     for (int64_t job = 0; job < jobs; ++job) {
 #ifdef _OPENMP
@@ -119,7 +139,7 @@ static int32_t run(const char *fn, const conv_job *J)
         const int64_t blk = rest / chunks, cc = rest % chunks;
         const int64_t p0 = blk * shape.rows, rows = min64(shape.rows, G->pixels - p0);
         const int64_t j0 = cc * shape.cols, ncols = cog > 0 ? min64(shape.cols, cog - j0) : 0;
-        gather(P, G, J->codes, J->pad, g, p0, rows, packed, sums);
+        gather(P, G, J->codes, J->pad, g, p0, rows, off, packed, sums);
         if (J->window_sums && cc == 0)
             for (int64_t r = 0; r < rows; ++r) J->window_sums[(p0 + r) * P->groups + g] = sums[r];
         if (ncols == 0 || !J->t) continue;
@@ -160,7 +180,7 @@ static int32_t run(const char *fn, const conv_job *J)
             }
         }
     }
-    gs_free(scratch);
+    gs_free(scratch), gs_free(off);
     return GRAPHSWAP_OK;
 }
 
