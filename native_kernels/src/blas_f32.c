@@ -26,6 +26,9 @@
 /* Minimum flops per thread before a second thread is worth waking (a passive wake-up costs
  * ~10-40 us here). */
 #define GS_BLAS_MIN_FLOPS_PER_THREAD 4.0e6
+#ifndef GS_BLOCKS_PER_THREAD
+#define GS_BLOCKS_PER_THREAD 2
+#endif
 
 /* OpenBLAS runs on the calling thread only; this library is its only user in the process. */
 __attribute__((constructor)) static void gs_blas_single_threaded(void)
@@ -118,7 +121,7 @@ GRAPHSWAP_EXPORT int32_t graphswap_matmul_f32(const float *a, const float *b, fl
      * rows*k*n work), else column blocks (multiples of 16 floats). */
     const int split_rows = m >= 32 * (int64_t)nt || m >= n;
     const int64_t extent = split_rows ? m : n;
-    int64_t blocks = 2 * (int64_t)nt;
+    int64_t blocks = GS_BLOCKS_PER_THREAD * (int64_t)nt;
     const int64_t quantum = split_rows ? 8 : 16;
     if (extent / blocks < 4 * quantum) blocks = nt;
     int64_t size = (extent + blocks - 1) / blocks;

@@ -25,7 +25,7 @@
 #include "internal.h"
 
 #define FN "graphswap_conv2d_f32"
-#define GS_CONV_TILE_BYTES (256 << 10) /* patch buffer per thread */
+#define GS_CONV_TILE_BYTES (512 << 10) /* patch buffer per thread */
 #define GS_CONV_MIN_FLOPS_PER_THREAD 4.0e6
 #define GS_OWN_MAX_COUT 24             /* hand-written kernel for groups with at most this many outputs */
 
