@@ -26,8 +26,8 @@
 /* Minimum flops per thread before a second thread is worth waking (a passive wake-up costs
  * ~10-40 us here). */
 #define GS_BLAS_MIN_FLOPS_PER_THREAD 4.0e6
-#ifndef GS_BLOCKS_PER_THREAD
-#define GS_BLOCKS_PER_THREAD 2
+#ifndef GS_BLAS_ONE_BLOCK_ROWS
+#define GS_BLAS_ONE_BLOCK_ROWS 384 /* rows (columns) per thread from which one block each is best */
 #endif
 
 /* OpenBLAS runs on the calling thread only; this library is its only user in the process. */
@@ -121,9 +121,11 @@ GRAPHSWAP_EXPORT int32_t graphswap_matmul_f32(const float *a, const float *b, fl
      * rows*k*n work), else column blocks (multiples of 16 floats). */
     const int split_rows = m >= 32 * (int64_t)nt || m >= n;
     const int64_t extent = split_rows ? m : n;
-    int64_t blocks = GS_BLOCKS_PER_THREAD * (int64_t)nt;
+    /* Two blocks per thread balance a loaded machine; but every block re-packs the shared operand
+     * (k x n, or m x k), so big products take one block per thread. */
+    int64_t blocks = 2 * (int64_t)nt;
     const int64_t quantum = split_rows ? 8 : 16;
-    if (extent / blocks < 4 * quantum) blocks = nt;
+    if (extent / blocks < 4 * quantum || extent / nt >= GS_BLAS_ONE_BLOCK_ROWS) blocks = nt;
     int64_t size = (extent + blocks - 1) / blocks;
     size = (size + quantum - 1) / quantum * quantum;
     blocks = (extent + size - 1) / size;

@@ -24,29 +24,65 @@
 
 static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
+/* In-register transpose of an 8 x 8 byte block: x[i] byte j <-> x[j] byte i. */
+static inline void transpose8x8_bytes(uint64_t x[8])
+{
+    for (int i = 0; i < 8; i += 2) {
+        const uint64_t t = ((x[i] >> 8) ^ x[i + 1]) & 0x00FF00FF00FF00FFull;
+        x[i + 1] ^= t, x[i] ^= t << 8;
+    }
+    for (int i = 0; i < 8; i += 4)
+        for (int j = 0; j < 2; ++j) {
+            const uint64_t t = ((x[i + j] >> 16) ^ x[i + j + 2]) & 0x0000FFFF0000FFFFull;
+            x[i + j + 2] ^= t, x[i + j] ^= t << 16;
+        }
+    for (int j = 0; j < 4; ++j) {
+        const uint64_t t = ((x[j] >> 32) ^ x[j + 4]) & 0x00000000FFFFFFFFull;
+        x[j + 4] ^= t, x[j] ^= t << 32;
+    }
+}
+
 /* Packs rows [r0, r0 + rows) of an m x k source into block dst (zeroing pad lanes).  Source is
- * either codes (src8) or floats (srcf, quantized with q through tmp, k bytes); rowsum/badrow (may
- * be NULL) per row. */
+ * either codes (src8) or floats (srcf, quantized with q); rowsum/badrow (may be NULL) per row.
+ * Rows go 8 at a time through tmp (8 x k8 bytes, k8 = k rounded up to 8) and 8 x 8 byte
+ * transposes into the k-major groups. */
 static void pack_rows(const uint8_t *src8, const float *srcf, const gs_qparams *q, int64_t k,
                       int64_t r0, int64_t rows, uint8_t *dst, int64_t *rowsum, uint8_t *badrow,
                       uint8_t *tmp)
 {
-    const int64_t groups = (rows + 63) / 64;
+    const int64_t groups = (rows + 63) / 64, k8 = (k + 7) & ~(int64_t)7;
     const gs_isa_level isa = gs_isa();
     if (rows % 64) memset(dst + (groups - 1) * k * 64, 0, (size_t)(k * 64));
-    for (int64_t r = 0; r < rows; ++r) {
-        uint8_t *d = dst + (r / 64) * k * 64 + (r % 64);
-        const uint8_t *s = src8 ? src8 + (r0 + r) * k : tmp;
-        if (!src8) {
-            const int bad = gs_quantize_span(isa, srcf + (r0 + r) * k, k, &q->scale, &q->zero, 0, q->is_signed, tmp);
-            if (badrow) badrow[r0 + r] = (uint8_t)bad;
+    for (int64_t r8 = 0; r8 < rows; r8 += 8) {
+        const int64_t nr = rows - r8 < 8 ? rows - r8 : 8;
+        for (int64_t i = 0; i < 8; ++i) {
+            uint8_t *t = tmp + i * k8;
+            memset(t + k, 0, (size_t)(k8 - k));
+            if (i >= nr) {
+                memset(t, 0, (size_t)k);
+                continue;
+            }
+            const int64_t r = r0 + r8 + i;
+            if (src8) {
+                memcpy(t, src8 + r * k, (size_t)k);
+            } else {
+                const int bad = gs_quantize_span(isa, srcf + r * k, k, &q->scale, &q->zero, 0, q->is_signed, t);
+                if (badrow) badrow[r] = (uint8_t)bad;
+            }
+            if (rowsum) {
+                int64_t sum = 0;
+                for (int64_t kk = 0; kk < k; ++kk) sum += t[kk];
+                rowsum[r] = sum;
+            }
         }
-        int64_t sum = 0;
-        for (int64_t kk = 0; kk < k; ++kk) {
-            d[kk * 64] = s[kk];
-            sum += s[kk];
+        uint8_t *d = dst + (r8 / 64) * k * 64 + (r8 % 64);
+        for (int64_t k0 = 0; k0 < k; k0 += 8) {
+            uint64_t x[8];
+            for (int i = 0; i < 8; ++i) memcpy(&x[i], tmp + i * k8 + k0, 8);
+            transpose8x8_bytes(x);
+            const int64_t nk = k - k0 < 8 ? k - k0 : 8;
+            for (int64_t j = 0; j < nk; ++j) memcpy(d + (k0 + j) * 64, &x[j], 8);
         }
-        if (rowsum) rowsum[r0 + r] = sum;
     }
 }
 
@@ -152,8 +188,8 @@ static void pack_all(const uint8_t *src8, const float *srcf, const gs_qparams *q
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1) if (nt > 1)
     for (int64_t rb = 0; rb < blocks; ++rb) {
         const int64_t r0 = rb * GS_LUT_ROWS;
-        uint8_t *tmp = srcf ? malloc((size_t)k + 64) : NULL;
-        if (srcf && !tmp) {
+        uint8_t *tmp = malloc((size_t)(8 * ((k + 7) & ~(int64_t)7)) + 64);
+        if (!tmp) {
 #pragma omp atomic write
             *failed = 1;
             continue;
