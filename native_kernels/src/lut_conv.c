@@ -25,12 +25,92 @@
 
 static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
-/* Patches of output pixels [p0, p0 + rows) of group g into the packed block dst; sums[r] = the
- * window's code sum (pad codes included).  off[k] is tap k's offset from the window's first input
- * element (used for windows entirely inside the image, the common case). */
+/* Contiguous runs of a window inside the image: run i copies len bytes from offset off[i] (from
+ * the window's first input element) to patch position pos[i]. */
+typedef struct conv_runs {
+    int64_t count, len;
+    int64_t *off, *pos;
+    int64_t *tap;   /* per-tap offsets (gather_direct) */
+} conv_runs;
+
+/* Patch (row-major, k bytes) of one output pixel into t (no sum). */
+static inline void patch(const graphswap_conv2d_params *P, const gs_conv_geo *G, const uint8_t *img,
+                         uint8_t pad, int64_t ih0, int64_t iw0, const conv_runs *R, uint8_t *t)
+{
+    const int64_t cg = G->cin_g, FW = P->filter_width, C = P->in_channels;
+    const int64_t H = P->in_height, W = P->in_width;
+    if (ih0 >= 0 && ih0 + (P->filter_height - 1) * P->dilation_height < H && iw0 >= 0 &&
+        iw0 + (FW - 1) * P->dilation_width < W) {
+        const uint8_t *src = img + (ih0 * W + iw0) * C;
+        const int64_t len = R->len;
+        for (int64_t i = 0; i < R->count; ++i) {
+            const uint8_t *s = src + R->off[i];
+            uint8_t *d = t + R->pos[i];
+            int64_t j = 0;
+            for (; j + 8 <= len; j += 8) memcpy(d + j, s + j, 8);
+            for (; j < len; ++j) d[j] = s[j];
+        }
+        return;
+    }
+    for (int64_t fh = 0; fh < P->filter_height; ++fh) {
+        const int64_t ih = ih0 + fh * P->dilation_height;
+        const int inside_h = ih >= 0 && ih < H;
+        for (int64_t fw = 0; fw < FW; ++fw) {
+            const int64_t iw = iw0 + fw * P->dilation_width;
+            uint8_t *tk = t + (fh * FW + fw) * cg;
+            if (!inside_h || iw < 0 || iw >= W)
+                memset(tk, pad, (size_t)cg);
+            else
+                memcpy(tk, img + (ih * W + iw) * C, (size_t)cg);
+        }
+    }
+}
+
+/* Patches of output pixels [p0, p0 + rows) of group g into the packed block dst (8 pixels at a
+ * time through tmp, 8 x k8 bytes, and 8 x 8 byte transposes); sums[r] = window code sums. */
 static void gather(const graphswap_conv2d_params *P, const gs_conv_geo *G, const uint8_t *codes,
-                   uint8_t pad, int64_t g, int64_t p0, int64_t rows, const int64_t *off, uint8_t *dst,
-                   int64_t *sums)
+                   uint8_t pad, int64_t g, int64_t p0, int64_t rows, const conv_runs *R, uint8_t *dst,
+                   int64_t *sums, uint8_t *tmp)
+{
+    const int64_t K = G->taps, k8 = (K + 7) & ~(int64_t)7, C = P->in_channels;
+    const int64_t groups = (rows + 63) / 64;
+    if (rows % 64) memset(dst + (groups - 1) * K * 64, 0, (size_t)(K * 64));
+    int64_t pix = p0;
+    int64_t ow = pix % P->out_width, oh = (pix / P->out_width) % P->out_height;
+    int64_t n = pix / (P->out_width * P->out_height);
+    memset(tmp, 0, (size_t)(8 * k8)); /* pad columns K..k8 stay 0; so do rows past the last pixel */
+    for (int64_t r8 = 0; r8 < rows; r8 += 8) {
+        const int64_t nr = rows - r8 < 8 ? rows - r8 : 8;
+        if (nr < 8) memset(tmp + nr * k8, 0, (size_t)((8 - nr) * k8));
+        for (int64_t i = 0; i < nr; ++i) {
+            uint8_t *t = tmp + i * k8;
+            const uint8_t *img = codes + n * P->in_height * P->in_width * C + g * G->cin_g;
+            patch(P, G, img, pad, oh * P->stride_height - P->pad_top, ow * P->stride_width - P->pad_left, R, t);
+            int64_t sum = 0;
+            for (int64_t k = 0; k < K; ++k) sum += t[k];
+            sums[r8 + i] = sum;
+            if (++ow == P->out_width) {
+                ow = 0;
+                if (++oh == P->out_height) { oh = 0; ++n; }
+            }
+        }
+        uint8_t *d = dst + (r8 / 64) * K * 64 + (r8 % 64);
+        for (int64_t k0 = 0; k0 < K; k0 += 8) {
+            uint64_t x[8];
+            for (int i = 0; i < 8; ++i) memcpy(&x[i], tmp + i * k8 + k0, 8);
+            gs_transpose8x8_bytes(x);
+            const int64_t nk = K - k0 < 8 ? K - k0 : 8;
+            for (int64_t j = 0; j < nk; ++j) memcpy(d + (k0 + j) * 64, &x[j], 8);
+        }
+    }
+}
+
+/* Direct variant for windows with few channels per tap (cin_g < 4, e.g. a first layer): strided
+ * byte stores into the packed block through a per-tap offset table (the transposing gather's
+ * per-run overhead does not pay off there; measured on LeNet-5's first layer). */
+static void gather_direct(const graphswap_conv2d_params *P, const gs_conv_geo *G, const uint8_t *codes,
+                          uint8_t pad, int64_t g, int64_t p0, int64_t rows, const int64_t *off,
+                          uint8_t *dst, int64_t *sums)
 {
     const int64_t K = G->taps, cg = G->cin_g, FW = P->filter_width, C = P->in_channels;
     const int64_t H = P->in_height, W = P->in_width;
@@ -113,18 +193,32 @@ static int32_t run(const char *fn, const conv_job *J)
     const int64_t kscratch = J->t ? (gs_lut_scratch_bytes(J->isa, J->t, K, shape.rows) + 63) / 64 * 64 : 0;
     const int64_t packbytes = (gs_lut_packed_bytes(shape.rows, K) + 63) / 64 * 64;
     const int64_t accbytes = J->out ? shape.rows * shape.cols * 8 : 0;
-    const int64_t per_thread = kscratch + packbytes + accbytes + shape.rows * 8;
+    const int64_t tmpbytes = (8 * ((K + 7) & ~(int64_t)7) + 63) / 64 * 64;
+    const int64_t per_thread = kscratch + packbytes + accbytes + shape.rows * 8 + tmpbytes;
     uint8_t *scratch = gs_alloc(per_thread * nt);
-    int64_t *off = gs_alloc((K > 0 ? K : 1) * 8);
-    if (!scratch || !off) {
-        gs_free(scratch), gs_free(off);
+    /* runs of an interior window: whole filter rows when taps are adjacent in memory */
+    conv_runs R;
+    const int merge = P->dilation_width == 1 && G->cin_g == P->in_channels;
+    R.count = merge ? P->filter_height : P->filter_height * P->filter_width;
+    R.len = merge ? P->filter_width * G->cin_g : G->cin_g;
+    R.off = gs_alloc(((R.count > 0 ? R.count : 1) * 2 + (K > 0 ? K : 1)) * 8);
+    if (!scratch || !R.off) {
+        gs_free(scratch), gs_free(R.off);
         return gs_fail(GRAPHSWAP_ERR_OUT_OF_MEMORY, "%s: cannot allocate %lld bytes of im2col scratch", fn,
                        (long long)(per_thread * nt));
     }
+    R.pos = R.off + (R.count > 0 ? R.count : 1);
+    R.tap = R.pos + (R.count > 0 ? R.count : 1);
     for (int64_t fh = 0, k = 0; fh < P->filter_height; ++fh)
         for (int64_t fw = 0; fw < P->filter_width; ++fw)
             for (int64_t ic = 0; ic < G->cin_g; ++ic, ++k)
-                off[k] = (fh * P->dilation_height * P->in_width + fw * P->dilation_width) * P->in_channels + ic;
+                R.tap[k] = (fh * P->dilation_height * P->in_width + fw * P->dilation_width) * P->in_channels + ic;
+    const int direct = G->cin_g < 4;
+    for (int64_t fh = 0, i = 0; fh < P->filter_height; ++fh)
+        for (int64_t fw = 0; fw < (merge ? 1 : P->filter_width); ++fw, ++i) {
+            R.off[i] = (fh * P->dilation_height * P->in_width + fw * P->dilation_width) * P->in_channels;
+            R.pos[i] = (fh * P->filter_width + fw) * G->cin_g;
+        }
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1) if (nt > 1)
     for (int64_t job = 0; job < jobs; ++job) {
 #ifdef _OPENMP
@@ -135,11 +229,15 @@ static int32_t run(const char *fn, const conv_job *J)
         uint8_t *packed = mine + kscratch;
         int64_t *acc = (int64_t *)(packed + packbytes);
         int64_t *sums = (int64_t *)((uint8_t *)acc + accbytes);
+        uint8_t *tmp = (uint8_t *)(sums + shape.rows);
         const int64_t g = job / (blocks * chunks), rest = job % (blocks * chunks);
         const int64_t blk = rest / chunks, cc = rest % chunks;
         const int64_t p0 = blk * shape.rows, rows = min64(shape.rows, G->pixels - p0);
         const int64_t j0 = cc * shape.cols, ncols = cog > 0 ? min64(shape.cols, cog - j0) : 0;
-        gather(P, G, J->codes, J->pad, g, p0, rows, off, packed, sums);
+        if (direct)
+            gather_direct(P, G, J->codes, J->pad, g, p0, rows, R.tap, packed, sums);
+        else
+            gather(P, G, J->codes, J->pad, g, p0, rows, &R, packed, sums, tmp);
         if (J->window_sums && cc == 0)
             for (int64_t r = 0; r < rows; ++r) J->window_sums[(p0 + r) * P->groups + g] = sums[r];
         if (ncols == 0 || !J->t) continue;
@@ -164,23 +262,26 @@ static int32_t run(const char *fn, const conv_job *J)
         a.acc = acc;
         a.ldacc = ncols;
         gs_lut_run(J->isa, &a);
+        const int32_t *restrict zero = J->w->zero + col0;
+        const int64_t *restrict colsum = J->w->colsum + col0;
+        const double *restrict sasb = J->sasb + col0;
+        const uint8_t *restrict wbad = J->w->bad + col0;
+        const float *restrict bias = J->bias ? J->bias + col0 : NULL;
+        const int64_t zx = J->zx;
         for (int64_t r = 0; r < rows; ++r) {
-            float *orow = J->out + (p0 + r) * cout + col0;
-            const int64_t *arow = acc + r * ncols;
+            float *restrict orow = J->out + (p0 + r) * cout + col0;
+            const int64_t *restrict arow = acc + r * ncols;
+            const int64_t wsum = sums[r];
             for (int64_t j = 0; j < ncols; ++j) {
-                const int64_t o = col0 + j;
                 int64_t v = arow[j];
-                if (J->is_unsigned) {
-                    const int64_t zw = J->w->zero[o];
-                    v = v - zw * sums[r] - J->zx * J->w->colsum[o] + K * J->zx * zw;
-                }
-                float y = (float)(J->sasb[o] * (double)v);
-                if (J->bias) y += J->bias[o];
-                orow[j] = J->w->bad[o] ? NAN : y;
+                if (J->is_unsigned) v = v - zero[j] * wsum - zx * colsum[j] + K * zx * zero[j];
+                float y = (float)(sasb[j] * (double)v);
+                if (bias) y += bias[j];
+                orow[j] = wbad[j] ? NAN : y;
             }
         }
     }
-    gs_free(scratch), gs_free(off);
+    gs_free(scratch), gs_free(R.off);
     return GRAPHSWAP_OK;
 }
 

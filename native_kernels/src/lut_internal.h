@@ -77,6 +77,24 @@ void gs_lut_kernel_avx2(const gs_lut_args *args);
 void gs_lut_kernel_avx512(const gs_lut_args *args);
 int64_t gs_lut_scratch_avx2(const gs_lut_table *t, int64_t k, int64_t rows);
 
+/* In-register transpose of an 8 x 8 byte block: x[i] byte j <-> x[j] byte i. */
+static inline void gs_transpose8x8_bytes(uint64_t x[8])
+{
+    for (int i = 0; i < 8; i += 2) {
+        const uint64_t t = ((x[i] >> 8) ^ x[i + 1]) & 0x00FF00FF00FF00FFull;
+        x[i + 1] ^= t, x[i] ^= t << 8;
+    }
+    for (int i = 0; i < 8; i += 4)
+        for (int j = 0; j < 2; ++j) {
+            const uint64_t t = ((x[i + j] >> 16) ^ x[i + j + 2]) & 0x0000FFFF0000FFFFull;
+            x[i + j + 2] ^= t, x[i + j] ^= t << 16;
+        }
+    for (int j = 0; j < 4; ++j) {
+        const uint64_t t = ((x[j] >> 32) ^ x[j + 4]) & 0x00000000FFFFFFFFull;
+        x[j + 4] ^= t, x[j] ^= t << 32;
+    }
+}
+
 /* Bytes of a packed block of `rows` rows (rows rounded up to 64). */
 static inline int64_t gs_lut_packed_bytes(int64_t rows, int64_t k)
 {

@@ -24,24 +24,6 @@
 
 static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
-/* In-register transpose of an 8 x 8 byte block: x[i] byte j <-> x[j] byte i. */
-static inline void transpose8x8_bytes(uint64_t x[8])
-{
-    for (int i = 0; i < 8; i += 2) {
-        const uint64_t t = ((x[i] >> 8) ^ x[i + 1]) & 0x00FF00FF00FF00FFull;
-        x[i + 1] ^= t, x[i] ^= t << 8;
-    }
-    for (int i = 0; i < 8; i += 4)
-        for (int j = 0; j < 2; ++j) {
-            const uint64_t t = ((x[i + j] >> 16) ^ x[i + j + 2]) & 0x0000FFFF0000FFFFull;
-            x[i + j + 2] ^= t, x[i + j] ^= t << 16;
-        }
-    for (int j = 0; j < 4; ++j) {
-        const uint64_t t = ((x[j] >> 32) ^ x[j + 4]) & 0x00000000FFFFFFFFull;
-        x[j + 4] ^= t, x[j] ^= t << 32;
-    }
-}
-
 /* Packs rows [r0, r0 + rows) of an m x k source into block dst (zeroing pad lanes).  Source is
  * either codes (src8) or floats (srcf, quantized with q); rowsum/badrow (may be NULL) per row.
  * Rows go 8 at a time through tmp (8 x k8 bytes, k8 = k rounded up to 8) and 8 x 8 byte
@@ -53,15 +35,12 @@ static void pack_rows(const uint8_t *src8, const float *srcf, const gs_qparams *
     const int64_t groups = (rows + 63) / 64, k8 = (k + 7) & ~(int64_t)7;
     const gs_isa_level isa = gs_isa();
     if (rows % 64) memset(dst + (groups - 1) * k * 64, 0, (size_t)(k * 64));
+    memset(tmp, 0, (size_t)(8 * k8)); /* pad columns k..k8 stay 0; so do rows past the last row */
     for (int64_t r8 = 0; r8 < rows; r8 += 8) {
         const int64_t nr = rows - r8 < 8 ? rows - r8 : 8;
-        for (int64_t i = 0; i < 8; ++i) {
+        if (nr < 8) memset(tmp + nr * k8, 0, (size_t)((8 - nr) * k8));
+        for (int64_t i = 0; i < nr; ++i) {
             uint8_t *t = tmp + i * k8;
-            memset(t + k, 0, (size_t)(k8 - k));
-            if (i >= nr) {
-                memset(t, 0, (size_t)k);
-                continue;
-            }
             const int64_t r = r0 + r8 + i;
             if (src8) {
                 memcpy(t, src8 + r * k, (size_t)k);
@@ -79,7 +58,7 @@ static void pack_rows(const uint8_t *src8, const float *srcf, const gs_qparams *
         for (int64_t k0 = 0; k0 < k; k0 += 8) {
             uint64_t x[8];
             for (int i = 0; i < 8; ++i) memcpy(&x[i], tmp + i * k8 + k0, 8);
-            transpose8x8_bytes(x);
+            gs_transpose8x8_bytes(x);
             const int64_t nk = k - k0 < 8 ? k - k0 : 8;
             for (int64_t j = 0; j < nk; ++j) memcpy(d + (k0 + j) * 64, &x[j], 8);
         }
@@ -152,25 +131,27 @@ static int32_t run_jobs(const char *fn, const mm_job *J)
         a.ldacc = ncols;
         gs_lut_run(J->isa, &a);
         /* epilogue: corrections, dequantization, bias, NaN */
-        const int64_t K = J->k;
+        const int64_t K = J->k, za = J->za;
+        const int32_t *restrict zero = J->w->zero + j0;
+        const int64_t *restrict colsum = J->w->colsum + j0;
+        const double *restrict sasb = J->sasb + j0;
+        const uint8_t *restrict wbad = J->w->bad + j0;
+        const float *restrict bias = J->bias ? J->bias + j0 : NULL;
         for (int64_t r = 0; r < rows; ++r) {
             const int64_t i = r0 + r;
-            float *crow = J->c + i * J->n + j0;
-            const int64_t *arow = acc + r * ncols;
+            float *restrict crow = J->c + i * J->n + j0;
+            const int64_t *restrict arow = acc + r * ncols;
             if (J->badrow[i]) {
                 for (int64_t j = 0; j < ncols; ++j) crow[j] = NAN;
                 continue;
             }
+            const int64_t rs = J->rowsum[i];
             for (int64_t j = 0; j < ncols; ++j) {
-                const int64_t jj = j0 + j;
                 int64_t v = arow[j];
-                if (J->is_unsigned) {
-                    const int64_t zb = J->w->zero[jj];
-                    v = v - zb * J->rowsum[i] - J->za * J->w->colsum[jj] + K * J->za * zb;
-                }
-                float y = (float)(J->sasb[jj] * (double)v);
-                if (J->bias) y += J->bias[jj];
-                crow[j] = J->w->bad[jj] ? NAN : y;
+                if (J->is_unsigned) v = v - zero[j] * rs - za * colsum[j] + K * za * zero[j];
+                float y = (float)(sasb[j] * (double)v);
+                if (bias) y += bias[j];
+                crow[j] = wbad[j] ? NAN : y;
             }
         }
     }
