@@ -259,17 +259,34 @@ int gs_range_span_avx2(const float *src, int64_t n, float *lo, float *hi)
     return b;
 }
 
+/* fl(t / s) as far as rint can tell: t * (1/s), except lanes within 2^-48 |v| of a half-integer
+ * (or not finite), which are divided (see gs_recip). */
+static inline __m256d quotient_avx2(__m256d t, __m256d s, __m256d r)
+{
+    const __m256d absmask = _mm256_castsi256_pd(_mm256_set1_epi64x(0x7fffffffffffffffLL));
+    const __m256d v = _mm256_mul_pd(t, r);
+    const __m256d n = _mm256_round_pd(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m256d frac = _mm256_and_pd(_mm256_sub_pd(v, n), absmask);
+    const __m256d tol = _mm256_mul_pd(_mm256_and_pd(v, absmask), _mm256_set1_pd(0x1p-48));
+    const __m256d near = _mm256_cmp_pd(_mm256_sub_pd(_mm256_set1_pd(0.5), frac), tol, _CMP_NGT_UQ);
+    if (_mm256_movemask_pd(near)) return _mm256_blendv_pd(v, _mm256_div_pd(t, s), near);
+    return v;
+}
+
 /* 8 codes of src[0..8) as the low 8 bytes of the result */
-static inline __m128i quant8_avx2(const float *src, __m256d s0, __m256d s1, __m256d z0, __m256d z1,
-                                  int is_signed, __m256i zero8, int *bad)
+static inline __m128i quant8_avx2(const float *src, __m256d s0, __m256d s1, __m256d r0, __m256d r1,
+                                  __m256d z0, __m256d z1, int is_signed, __m256i zero8, int *bad)
 {
     const __m256 x = _mm256_loadu_ps(src);
     const __m256 expmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7f800000));
     const __m256 nonfinite = _mm256_cmp_ps(_mm256_and_ps(x, expmask), expmask, _CMP_EQ_OQ);
     *bad |= _mm256_movemask_ps(nonfinite);
     const __m256d lim = _mm256_set1_pd(512.0), nlim = _mm256_set1_pd(-512.0);
-    __m256d v0 = _mm256_div_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(x)), s0);
-    __m256d v1 = _mm256_div_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(x, 1)), s1);
+    /* non-finite lanes are replaced below; keep them out of the quotient (inf * r is harmless, but
+     * NaN would force the division path) */
+    const __m256 xf = _mm256_andnot_ps(nonfinite, x);
+    __m256d v0 = quotient_avx2(_mm256_cvtps_pd(_mm256_castps256_ps128(xf)), s0, r0);
+    __m256d v1 = quotient_avx2(_mm256_cvtps_pd(_mm256_extractf128_ps(xf, 1)), s1, r1);
     v0 = _mm256_round_pd(_mm256_max_pd(_mm256_min_pd(v0, lim), nlim), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     v1 = _mm256_round_pd(_mm256_max_pd(_mm256_min_pd(v1, lim), nlim), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m256d lo, hi;
@@ -290,23 +307,25 @@ static inline __m128i quant8_avx2(const float *src, __m256d s0, __m256d s1, __m2
     return _mm_unpacklo_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1));
 }
 
-int gs_quantize_span_avx2(const float *src, int64_t n, const double *scale, const int32_t *zero,
-                          int per_element, int is_signed, uint8_t *dst)
+int gs_quantize_span_avx2(const float *src, int64_t n, const double *scale, const double *recip,
+                          const int32_t *zero, int per_element, int is_signed, uint8_t *dst)
 {
     int bad = 0;
     int64_t i = 0;
     if (!per_element) {
-        const __m256d s = _mm256_set1_pd(scale[0]), z = _mm256_set1_pd((double)zero[0]);
+        const __m256d s = _mm256_set1_pd(scale[0]), r = _mm256_set1_pd(recip[0]);
+        const __m256d z = _mm256_set1_pd((double)zero[0]);
         const __m256i z8 = _mm256_set1_epi32(zero[0]);
         for (; i + 8 <= n; i += 8)
-            _mm_storel_epi64((__m128i *)(dst + i), quant8_avx2(src + i, s, s, z, z, is_signed, z8, &bad));
+            _mm_storel_epi64((__m128i *)(dst + i), quant8_avx2(src + i, s, s, r, r, z, z, is_signed, z8, &bad));
     } else {
         for (; i + 8 <= n; i += 8) {
             const __m256i zi = _mm256_loadu_si256((const __m256i *)(zero + i));
             const __m256d z0 = _mm256_cvtepi32_pd(_mm256_castsi256_si128(zi));
             const __m256d z1 = _mm256_cvtepi32_pd(_mm256_extracti128_si256(zi, 1));
             _mm_storel_epi64((__m128i *)(dst + i),
-                             quant8_avx2(src + i, _mm256_loadu_pd(scale + i), _mm256_loadu_pd(scale + i + 4), z0, z1,
+                             quant8_avx2(src + i, _mm256_loadu_pd(scale + i), _mm256_loadu_pd(scale + i + 4),
+                                         _mm256_loadu_pd(recip + i), _mm256_loadu_pd(recip + i + 4), z0, z1,
                                          is_signed, zi, &bad));
         }
     }

@@ -246,15 +246,30 @@ int gs_range_span_avx512(const float *src, int64_t n, float *lo, float *hi)
     return bad != 0;
 }
 
-/* codes of src[0..16) (masked by m) */
-static inline __m128i quant16_avx512(__m512 x, __m512d s0, __m512d s1, __m512d z0, __m512d z1, __m512i zero16,
-                                     int is_signed, __mmask16 *bad)
+/* fl(t / s) as far as rint can tell: t * (1/s), except lanes within 2^-48 |v| of a half-integer
+ * (or not finite), which are divided (see gs_recip). */
+static inline __m512d quotient_avx512(__m512d t, __m512d s, __m512d r)
+{
+    const __m512d v = _mm512_mul_pd(t, r);
+    const __m512d n = _mm512_roundscale_pd(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512d frac = _mm512_abs_pd(_mm512_sub_pd(v, n));
+    const __m512d tol = _mm512_mul_pd(_mm512_abs_pd(v), _mm512_set1_pd(0x1p-48));
+    const __mmask8 near = _mm512_cmp_pd_mask(_mm512_sub_pd(_mm512_set1_pd(0.5), frac), tol, _CMP_NGT_UQ);
+    if (near) return _mm512_mask_div_pd(v, near, t, s);
+    return v;
+}
+
+/* codes of the 16 floats x */
+static inline __m128i quant16_avx512(__m512 x, __m512d s0, __m512d s1, __m512d r0, __m512d r1, __m512d z0,
+                                     __m512d z1, __m512i zero16, int is_signed, __mmask16 *bad)
 {
     const __mmask16 nf = nonfinite16(x);
     *bad |= nf;
     const __m512d lim = _mm512_set1_pd(512.0), nlim = _mm512_set1_pd(-512.0);
-    __m512d v0 = _mm512_div_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(x)), s0);
-    __m512d v1 = _mm512_div_pd(_mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1))), s1);
+    const __m512 xf = _mm512_maskz_mov_ps((__mmask16)~nf, x); /* non-finite lanes replaced below */
+    __m512d v0 = quotient_avx512(_mm512_cvtps_pd(_mm512_castps512_ps256(xf)), s0, r0);
+    __m512d v1 = quotient_avx512(_mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(xf), 1))),
+                                 s1, r1);
     v0 = _mm512_roundscale_pd(_mm512_max_pd(_mm512_min_pd(v0, lim), nlim), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     v1 = _mm512_roundscale_pd(_mm512_max_pd(_mm512_min_pd(v1, lim), nlim), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m512d lo, hi;
@@ -271,20 +286,22 @@ static inline __m128i quant16_avx512(__m512 x, __m512d s0, __m512d s1, __m512d z
     return _mm512_cvtepi32_epi8(q); /* low byte of each (values -127..255) */
 }
 
-int gs_quantize_span_avx512(const float *src, int64_t n, const double *scale, const int32_t *zero,
-                            int per_element, int is_signed, uint8_t *dst)
+int gs_quantize_span_avx512(const float *src, int64_t n, const double *scale, const double *recip,
+                            const int32_t *zero, int per_element, int is_signed, uint8_t *dst)
 {
     __mmask16 bad = 0;
     int64_t i = 0;
     if (!per_element) {
-        const __m512d s = _mm512_set1_pd(scale[0]), z = _mm512_set1_pd((double)zero[0]);
+        const __m512d s = _mm512_set1_pd(scale[0]), r = _mm512_set1_pd(recip[0]);
+        const __m512d z = _mm512_set1_pd((double)zero[0]);
         const __m512i z16 = _mm512_set1_epi32(zero[0]);
         for (; i + 16 <= n; i += 16)
-            _mm_storeu_si128((__m128i *)(dst + i), quant16_avx512(_mm512_loadu_ps(src + i), s, s, z, z, z16, is_signed, &bad));
+            _mm_storeu_si128((__m128i *)(dst + i),
+                             quant16_avx512(_mm512_loadu_ps(src + i), s, s, r, r, z, z, z16, is_signed, &bad));
         if (i < n) {
             const __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
             __mmask16 b = 0;
-            const __m128i c = quant16_avx512(_mm512_maskz_loadu_ps(m, src + i), s, s, z, z, z16, is_signed, &b);
+            const __m128i c = quant16_avx512(_mm512_maskz_loadu_ps(m, src + i), s, s, r, r, z, z, z16, is_signed, &b);
             bad |= b & m;
             _mm_mask_storeu_epi8(dst + i, m, c);
         }
@@ -295,7 +312,8 @@ int gs_quantize_span_avx512(const float *src, int64_t n, const double *scale, co
             const __m512d z1 = _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(zi, 1));
             _mm_storeu_si128((__m128i *)(dst + i),
                              quant16_avx512(_mm512_loadu_ps(src + i), _mm512_loadu_pd(scale + i),
-                                            _mm512_loadu_pd(scale + i + 8), z0, z1, zi, is_signed, &bad));
+                                            _mm512_loadu_pd(scale + i + 8), _mm512_loadu_pd(recip + i),
+                                            _mm512_loadu_pd(recip + i + 8), z0, z1, zi, is_signed, &bad));
         }
         if (i < n)
             bad |= (__mmask16)gs_quantize_span_scalar(src + i, n - i, scale + i, zero + i, 1, is_signed, dst + i);

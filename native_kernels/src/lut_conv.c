@@ -404,7 +404,8 @@ GRAPHSWAP_EXPORT int32_t graphswap_lut_conv2d_f32(const float *input, const floa
 #pragma omp parallel for num_threads(nt) schedule(static) reduction(| : bad) if (nt > 1)
         for (int64_t c = 0; c < chunks; ++c) {
             const int64_t i0 = c * chunk, len = min64(chunk, n - i0);
-            bad |= gs_quantize_span(isa, input + i0, len, &qx.scale, &qx.zero, 0, qx.is_signed, codes + i0);
+            const double recip = gs_recip(qx.scale);
+            bad |= gs_quantize_span(isa, input + i0, len, &qx.scale, &recip, &qx.zero, 0, qx.is_signed, codes + i0);
         }
         any_bad |= bad;
         if (G.taps == 0) {

@@ -157,16 +157,28 @@ void gs_range_f32(const float *x, int64_t n, float *lo, float *hi, int *any_bad)
 gs_qparams gs_qparams_dynamic(int is_signed, float lo, float hi);
 
 /* Vectorised quantization, per ISA (bit for bit gs_quant): dst[i] = code of src[i], i < n, with
- * scale[i] / zero[i] (per_element != 0) or scale[0] / zero[0]; non-finite values get the zero
- * point.  Returns 1 if any src[i] is not finite. */
+ * scale[i] / zero[i] / recip[i] (per_element != 0) or scale[0] / zero[0] / recip[0]; non-finite
+ * values get the zero point.  recip = gs_recip(scale) lets the vector paths multiply instead of
+ * divide (see gs_recip).  Returns 1 if any src[i] is not finite. */
 int gs_quantize_span(gs_isa_level isa, const float *src, int64_t n, const double *scale,
-                     const int32_t *zero, int per_element, int is_signed, uint8_t *dst);
+                     const double *recip, const int32_t *zero, int per_element, int is_signed,
+                     uint8_t *dst);
 int gs_quantize_span_scalar(const float *src, int64_t n, const double *scale, const int32_t *zero,
                             int per_element, int is_signed, uint8_t *dst);
-int gs_quantize_span_avx2(const float *src, int64_t n, const double *scale, const int32_t *zero,
-                          int per_element, int is_signed, uint8_t *dst);
-int gs_quantize_span_avx512(const float *src, int64_t n, const double *scale, const int32_t *zero,
-                            int per_element, int is_signed, uint8_t *dst);
+int gs_quantize_span_avx2(const float *src, int64_t n, const double *scale, const double *recip,
+                          const int32_t *zero, int per_element, int is_signed, uint8_t *dst);
+int gs_quantize_span_avx512(const float *src, int64_t n, const double *scale, const double *recip,
+                            const int32_t *zero, int per_element, int is_signed, uint8_t *dst);
+
+/* 1/s for the vector quantizers, or NaN when s is outside [1e-300, 1e300] (then they divide).
+ * They compute v = t * (1/s); v differs from the correctly rounded t / s by at most ~3 * 2^-53 |v|,
+ * so rint(v) == rint(fl(t / s)) unless v lies within that of a half-integer: lanes within
+ * 2^-48 |v| of one (or NaN / inf) are divided instead, keeping numpy's results bit for bit. */
+static inline double gs_recip(double s)
+{
+    return (s >= 1e-300 && s <= 1e300) ? 1.0 / s : __builtin_nan("");
+}
+
 /* min / max over the finite values of src[0..n) folded into *lo / *hi; returns 1 if any is not
  * finite. */
 int gs_range_span_avx2(const float *src, int64_t n, float *lo, float *hi);
@@ -175,6 +187,7 @@ int gs_range_span_avx512(const float *src, int64_t n, float *lo, float *hi);
 /* Quantized weights: w is K x N row-major (matmul b, or an HWIO filter as taps x out_channels). */
 typedef struct gs_wquant {
     uint8_t *q;      /* K x N codes, row-major */
+    double *recip;   /* N: gs_recip(scale) */
     uint8_t *qt;     /* N x K codes (transposed) */
     int64_t *colsum; /* N: sum_k q[k, j] */
     double *scale;   /* N */

@@ -45,7 +45,8 @@ static void pack_rows(const uint8_t *src8, const float *srcf, const gs_qparams *
             if (src8) {
                 memcpy(t, src8 + r * k, (size_t)k);
             } else {
-                const int bad = gs_quantize_span(isa, srcf + r * k, k, &q->scale, &q->zero, 0, q->is_signed, t);
+                const double recip = gs_recip(q->scale);
+                const int bad = gs_quantize_span(isa, srcf + r * k, k, &q->scale, &recip, &q->zero, 0, q->is_signed, t);
                 if (badrow) badrow[r] = (uint8_t)bad;
             }
             if (rowsum) {

@@ -32,11 +32,12 @@ int gs_quantize_span_scalar(const float *src, int64_t n, const double *scale, co
 }
 
 int gs_quantize_span(gs_isa_level isa, const float *src, int64_t n, const double *scale,
-                     const int32_t *zero, int per_element, int is_signed, uint8_t *dst)
+                     const double *recip, const int32_t *zero, int per_element, int is_signed,
+                     uint8_t *dst)
 {
     switch (isa) {
-    case GS_ISA_AVX512: return gs_quantize_span_avx512(src, n, scale, zero, per_element, is_signed, dst);
-    case GS_ISA_AVX2: return gs_quantize_span_avx2(src, n, scale, zero, per_element, is_signed, dst);
+    case GS_ISA_AVX512: return gs_quantize_span_avx512(src, n, scale, recip, zero, per_element, is_signed, dst);
+    case GS_ISA_AVX2: return gs_quantize_span_avx2(src, n, scale, recip, zero, per_element, is_signed, dst);
     default: return gs_quantize_span_scalar(src, n, scale, zero, per_element, is_signed, dst);
     }
 }
@@ -145,6 +146,7 @@ int32_t gs_quant_check(const char *fn, const graphswap_lut_quant *q, gs_qparams 
 void gs_wquant_free(gs_wquant *w)
 {
     gs_free(w->q), gs_free(w->qt), gs_free(w->colsum), gs_free(w->scale), gs_free(w->zero), gs_free(w->bad);
+    gs_free(w->recip);
     memset(w, 0, sizeof *w);
 }
 
@@ -156,9 +158,10 @@ static int32_t wquant_alloc(const char *fn, int64_t K, int64_t N, int need_q, gs
     w->qt = gs_alloc(kn);
     w->colsum = gs_alloc(n * 8);
     w->scale = gs_alloc(n * 8);
+    w->recip = gs_alloc(n * 8);
     w->zero = gs_alloc(n * 4);
     w->bad = gs_alloc(n);
-    if ((need_q && !w->q) || !w->qt || !w->colsum || !w->scale || !w->zero || !w->bad) {
+    if ((need_q && !w->q) || !w->qt || !w->colsum || !w->scale || !w->recip || !w->zero || !w->bad) {
         gs_wquant_free(w);
         return gs_fail(GRAPHSWAP_ERR_OUT_OF_MEMORY, "%s: cannot allocate %lld bytes for weight codes", fn,
                        (long long)(2 * kn + 21 * n));
@@ -229,9 +232,10 @@ int32_t gs_wquant_make(const char *fn, const float *wf, int64_t K, int64_t N, in
         }
     }
     gs_free(lo), gs_free(hi);
+    for (int64_t j = 0; j < N; ++j) w->recip[j] = gs_recip(w->scale[j]);
     const gs_isa_level isa = gs_isa();
     for (int64_t k = 0; k < K; ++k)
-        gs_quantize_span(isa, wf + k * N, N, w->scale, w->zero, 1, is_signed, w->q + k * N);
+        gs_quantize_span(isa, wf + k * N, N, w->scale, w->recip, w->zero, 1, is_signed, w->q + k * N);
     transpose_codes(w->q, K, N, w);
     return GRAPHSWAP_OK;
 }
