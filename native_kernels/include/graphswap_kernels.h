@@ -15,7 +15,12 @@
  * 2. Multiplier level -- a scalar 8-bit multiplier (e.g. an EvoApproxLib circuit).  Users do not
  *    implement anything from this header for that: graphswap evaluates the scalar function into a
  *    256x256 table and runs the table-driven kernels (graphswap_lut_*) shipped in graphswap's own
- *    library.
+ *    library: integer ones (graphswap_lut_matmul / _conv2d: codes in, exact sums out) and fused
+ *    float ones (graphswap_lut_matmul_f32 / _conv2d_f32: quantization inside).
+ *
+ * graphswap's own library additionally exports graphswap_isa / graphswap_isa_supported /
+ * graphswap_set_isa (its run-time instruction-set paths), graphswap_blas_info and
+ * graphswap_builtin_multiplier_table.  None of these is part of what a user library must provide.
  *
  * Conventions (all entry points):
  *   - float32 buffers, row-major, C-contiguous, no aliasing between inputs and outputs;
