@@ -191,7 +191,7 @@ GRAPHSWAP_EXPORT int32_t graphswap_lut_conv2d_f32(const float *input, const floa
  * The library is built for baseline x86-64 and carries per-ISA code for the table-driven kernels
  * (and its hand-written float conv), chosen when it is loaded: the best the CPU supports, or the
  * one named by the environment variable GRAPHSWAP_ISA = scalar | avx2 | avx512 | auto.
- *   scalar  plain C;  avx2  AVX2 + FMA;  avx512  AVX-512 F/BW/VL + VBMI (Ice Lake and later, Zen 4).
+ *   scalar  plain C;  avx2  AVX2 + FMA;  avx512  AVX-512 F/BW/VL/DQ + VBMI (Ice Lake and later, Zen 4).
  * If GRAPHSWAP_ISA names a path this CPU cannot run (or no path), every entry point returns
  * GRAPHSWAP_ERR_UNSUPPORTED with the reason in graphswap_last_error(), until graphswap_set_isa succeeds.
  * The float GEMM runs on OpenBLAS, which picks its own kernels for the CPU (graphswap_blas_info). */

@@ -69,7 +69,8 @@ static gs_isa_level gs_isa_best(void)
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vbmi") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+        __builtin_cpu_supports("avx512vbmi") &&
         __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
         return GS_ISA_AVX512;
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return GS_ISA_AVX2;
@@ -102,7 +103,7 @@ static int32_t gs_isa_select(const char *name, const char *origin)
         snprintf(gs_isa_refusal, sizeof gs_isa_refusal,
                  "%s=%s, but this CPU can only run up to %s (%s needs %s)", origin, name,
                  gs_isa_names[best], name,
-                 want == GS_ISA_AVX512 ? "AVX-512 F, BW, VL and VBMI" : "AVX2 and FMA");
+                 want == GS_ISA_AVX512 ? "AVX-512 F, BW, VL, DQ and VBMI" : "AVX2 and FMA");
         __atomic_store_n(&gs_isa_current, -1, __ATOMIC_RELEASE);
         return GRAPHSWAP_ERR_UNSUPPORTED;
     }

@@ -105,7 +105,7 @@ static inline void gs_free(void *p) { free(p); }
 typedef enum gs_isa_level {
     GS_ISA_SCALAR = 0, /* baseline x86-64 (SSE2), plain C */
     GS_ISA_AVX2 = 1,   /* AVX2 + FMA */
-    GS_ISA_AVX512 = 2, /* AVX-512 F/BW/VL + VBMI (vpermi2b): Ice Lake, Sapphire Rapids, Zen 4 */
+    GS_ISA_AVX512 = 2, /* AVX-512 F/BW/VL/DQ + VBMI (vpermi2b): Ice Lake, Sapphire Rapids, Zen 4 */
 } gs_isa_level;
 
 /* The path in use. */

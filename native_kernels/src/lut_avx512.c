@@ -18,7 +18,7 @@
  * b[k, j] (4P registers, from the 64-192 KiB plane table in L1/L2) and one 64-code activation
  * vector per group.
  */
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma")
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vbmi,avx2,fma")
 
 #include <immintrin.h>
 #include <math.h>
@@ -319,4 +319,39 @@ int gs_quantize_span_avx512(const float *src, int64_t n, const double *scale, co
             bad |= (__mmask16)gs_quantize_span_scalar(src + i, n - i, scale + i, zero + i, 1, is_signed, dst + i);
     }
     return bad != 0;
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * Epilogue (bit for bit gs_epilogue_row_scalar: int64 corrections, vcvtqq2pd / vcvtpd2ps round to
+ * nearest like the C conversions)
+ * ------------------------------------------------------------------------------------------------ */
+
+void gs_epilogue_row_avx512(const gs_epilogue *e, const int64_t *acc, int64_t n, int64_t rsum, float *out)
+{
+    const __m512i vr = _mm512_set1_epi64(rsum), vza = _mm512_set1_epi64(e->za);
+    const __m512i vkza = _mm512_set1_epi64(e->K * e->za);
+    const __m256 nan8 = _mm256_set1_ps(__builtin_nanf(""));
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8) {
+        __m512i v = _mm512_loadu_si512((const void *)(acc + j));
+        if (e->is_unsigned) {
+            const __m512i z = _mm512_cvtepi32_epi64(_mm256_loadu_si256((const __m256i *)(e->zero + j)));
+            const __m512i cs = _mm512_loadu_si512((const void *)(e->colsum + j));
+            v = _mm512_sub_epi64(v, _mm512_mullo_epi64(z, vr));
+            v = _mm512_sub_epi64(v, _mm512_mullo_epi64(vza, cs));
+            v = _mm512_add_epi64(v, _mm512_mullo_epi64(vkza, z));
+        }
+        __m256 y = _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_loadu_pd(e->sasb + j), _mm512_cvtepi64_pd(v)));
+        if (e->bias) y = _mm256_add_ps(y, _mm256_loadu_ps(e->bias + j));
+        const __m128i b8 = _mm_loadl_epi64((const __m128i *)(e->bad + j));
+        const __mmask8 m = (__mmask8)_mm_cmpneq_epi8_mask(b8, _mm_setzero_si128());
+        y = _mm256_mask_blend_ps(m, y, nan8);
+        _mm256_storeu_ps(out + j, y);
+    }
+    if (j < n) {
+        gs_epilogue tail = *e;
+        tail.zero += j, tail.colsum += j, tail.sasb += j, tail.bad += j;
+        if (tail.bias) tail.bias += j;
+        gs_epilogue_row_scalar(&tail, acc + j, n - j, rsum, out + j);
+    }
 }

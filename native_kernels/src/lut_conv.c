@@ -262,24 +262,10 @@ static int32_t run(const char *fn, const conv_job *J)
         a.acc = acc;
         a.ldacc = ncols;
         gs_lut_run(J->isa, &a);
-        const int32_t *restrict zero = J->w->zero + col0;
-        const int64_t *restrict colsum = J->w->colsum + col0;
-        const double *restrict sasb = J->sasb + col0;
-        const uint8_t *restrict wbad = J->w->bad + col0;
-        const float *restrict bias = J->bias ? J->bias + col0 : NULL;
-        const int64_t zx = J->zx;
-        for (int64_t r = 0; r < rows; ++r) {
-            float *restrict orow = J->out + (p0 + r) * cout + col0;
-            const int64_t *restrict arow = acc + r * ncols;
-            const int64_t wsum = sums[r];
-            for (int64_t j = 0; j < ncols; ++j) {
-                int64_t v = arow[j];
-                if (J->is_unsigned) v = v - zero[j] * wsum - zx * colsum[j] + K * zx * zero[j];
-                float y = (float)(sasb[j] * (double)v);
-                if (bias) y += bias[j];
-                orow[j] = wbad[j] ? NAN : y;
-            }
-        }
+        gs_epilogue e = {J->w->zero + col0, J->w->colsum + col0, J->sasb + col0,
+                         J->bias ? J->bias + col0 : NULL, J->w->bad + col0, J->zx, K, J->is_unsigned};
+        for (int64_t r = 0; r < rows; ++r)
+            gs_epilogue_row(J->isa, &e, acc + r * ncols, ncols, sums[r], J->out + (p0 + r) * cout + col0);
     }
     gs_free(scratch), gs_free(R.off);
     return GRAPHSWAP_OK;

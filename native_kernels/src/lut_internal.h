@@ -184,6 +184,42 @@ static inline double gs_recip(double s)
 int gs_range_span_avx2(const float *src, int64_t n, float *lo, float *hi);
 int gs_range_span_avx512(const float *src, int64_t n, float *lo, float *hi);
 
+/* Epilogue of one output row: out[j] = float32(sasb[j] * float64(c_j)) (+ bias[j]), NaN where
+ * bad[j], with c_j = acc[j] - zero[j] * rsum - za * colsum[j] + K * za * zero[j] (unsigned) or
+ * acc[j] (signed) -- exact int64 arithmetic, then one rounding to float64 and one to float32. */
+typedef struct gs_epilogue {
+    const int32_t *zero;
+    const int64_t *colsum;
+    const double *sasb;
+    const float *bias;    /* or NULL */
+    const uint8_t *bad;
+    int64_t za, K;
+    int is_unsigned;
+} gs_epilogue;
+
+static inline void gs_epilogue_row_scalar(const gs_epilogue *e, const int64_t *restrict acc, int64_t n,
+                                          int64_t rsum, float *restrict out)
+{
+    for (int64_t j = 0; j < n; ++j) {
+        int64_t v = acc[j];
+        if (e->is_unsigned) v = v - e->zero[j] * rsum - e->za * e->colsum[j] + e->K * e->za * e->zero[j];
+        float y = (float)(e->sasb[j] * (double)v);
+        if (e->bias) y += e->bias[j];
+        out[j] = e->bad[j] ? __builtin_nanf("") : y;
+    }
+}
+
+void gs_epilogue_row_avx512(const gs_epilogue *e, const int64_t *acc, int64_t n, int64_t rsum, float *out);
+
+static inline void gs_epilogue_row(gs_isa_level isa, const gs_epilogue *e, const int64_t *acc, int64_t n,
+                                   int64_t rsum, float *out)
+{
+    if (isa == GS_ISA_AVX512)
+        gs_epilogue_row_avx512(e, acc, n, rsum, out);
+    else
+        gs_epilogue_row_scalar(e, acc, n, rsum, out);
+}
+
 /* Quantized weights: w is K x N row-major (matmul b, or an HWIO filter as taps x out_channels). */
 typedef struct gs_wquant {
     uint8_t *q;      /* K x N codes, row-major */

@@ -132,28 +132,16 @@ static int32_t run_jobs(const char *fn, const mm_job *J)
         a.ldacc = ncols;
         gs_lut_run(J->isa, &a);
         /* epilogue: corrections, dequantization, bias, NaN */
-        const int64_t K = J->k, za = J->za;
-        const int32_t *restrict zero = J->w->zero + j0;
-        const int64_t *restrict colsum = J->w->colsum + j0;
-        const double *restrict sasb = J->sasb + j0;
-        const uint8_t *restrict wbad = J->w->bad + j0;
-        const float *restrict bias = J->bias ? J->bias + j0 : NULL;
+        gs_epilogue e = {J->w->zero + j0, J->w->colsum + j0, J->sasb + j0, J->bias ? J->bias + j0 : NULL,
+                         J->w->bad + j0, J->za, J->k, J->is_unsigned};
         for (int64_t r = 0; r < rows; ++r) {
             const int64_t i = r0 + r;
-            float *restrict crow = J->c + i * J->n + j0;
-            const int64_t *restrict arow = acc + r * ncols;
+            float *crow = J->c + i * J->n + j0;
             if (J->badrow[i]) {
                 for (int64_t j = 0; j < ncols; ++j) crow[j] = NAN;
                 continue;
             }
-            const int64_t rs = J->rowsum[i];
-            for (int64_t j = 0; j < ncols; ++j) {
-                int64_t v = arow[j];
-                if (J->is_unsigned) v = v - zero[j] * rs - za * colsum[j] + K * za * zero[j];
-                float y = (float)(sasb[j] * (double)v);
-                if (bias) y += bias[j];
-                crow[j] = wbad[j] ? NAN : y;
-            }
+            gs_epilogue_row(J->isa, &e, acc + r * ncols, ncols, J->rowsum[i], crow);
         }
     }
     gs_free(scratch);
