@@ -126,10 +126,11 @@ static inline void transpose16x16_epi16(__m256i r[16])
 /* E16[kk*256*NB + code*NB + j] = tt16[(b[kk*ldb + j] << 8) | code] */
 static void expand16(const uint8_t *b, int64_t ldb, int64_t kc, int64_t w, const uint16_t *tt16, uint16_t *E)
 {
+    const int64_t jn = w <= 16 ? 16 : NB; /* narrow blocks expand (and add) one vector of columns */
     for (int64_t kk = 0; kk < kc; ++kk) {
         const uint8_t *brow = b + kk * ldb;
         uint16_t *Ek = E + kk * 256 * NB;
-        for (int64_t j0 = 0; j0 < NB; j0 += 16) {
+        for (int64_t j0 = 0; j0 < jn; j0 += 16) {
             const uint16_t *src[16];
             for (int q = 0; q < 16; ++q) src[q] = tt16 + ((j0 + q < w) ? ((int64_t)brow[j0 + q] << 8) : 0);
             for (int c0 = 0; c0 < 256; c0 += 16) {
@@ -139,6 +140,24 @@ static void expand16(const uint8_t *b, int64_t ldb, int64_t kc, int64_t w, const
                 for (int q = 0; q < 16; ++q) _mm256_store_si256((__m256i *)(Ek + (c0 + q) * NB + j0), v[q]);
             }
         }
+    }
+}
+
+/* acc[r] (W0, O0: 16 words each per row; layout as rows_add16) += first 16 columns of E16 rows */
+static void rows_add16_narrow(const uint8_t *a, int64_t K, int64_t rows, int64_t kc, const uint16_t *E,
+                              __m256i *acc)
+{
+    for (int64_t r = 0; r < rows; ++r) {
+        const uint8_t *ar = a + (r / 64) * K * 64 + (r % 64);
+        __m256i *o = acc + 4 * r;
+        __m256i w0 = _mm256_load_si256(o + 0), h0 = _mm256_load_si256(o + 2);
+        for (int64_t kk = 0; kk < kc; ++kk) {
+            const __m256i x0 = _mm256_load_si256((const __m256i *)(E + (kk * 256 + ar[kk * 64]) * NB));
+            w0 = _mm256_add_epi16(w0, x0);
+            h0 = _mm256_add_epi16(h0, _mm256_srli_epi16(x0, 8));
+        }
+        _mm256_store_si256(o + 0, w0);
+        _mm256_store_si256(o + 2, h0);
     }
 }
 
@@ -183,7 +202,10 @@ static void kernel16(const gs_lut_args *p)
             for (int64_t k0 = kr; k0 < kend; k0 += KB) {
                 const int64_t kc = kend - k0 < KB ? kend - k0 : KB;
                 expand16(p->b + k0 * p->ldb + j0, p->ldb, kc, w, p->t->tt16, E);
-                rows_add16(p->a + k0 * 64, K, rows, kc, E, acc);
+                if (w <= 16)
+                    rows_add16_narrow(p->a + k0 * 64, K, rows, kc, E, acc);
+                else
+                    rows_add16(p->a + k0 * 64, K, rows, kc, E, acc);
             }
             for (int64_t r = 0; r < rows; ++r) {
                 const uint16_t *W = (const uint16_t *)(acc + 4 * r), *O = W + 32;
