@@ -1,7 +1,8 @@
 """Build glue: compile native_kernels/ into graphswap/libgraphswap_kernels.so at install time.
 
-Everything declarative lives in setup.cfg; this file only adds the C build step.  Set
-GRAPHSWAP_PORTABLE=1 for a build without -march=native.
+Everything declarative lives in setup.cfg; this file only adds the C build step.  The library is
+built for baseline x86-64 with per-ISA paths chosen at run time, and links OpenBLAS from the
+scipy-openblas32 wheel (a build and run dependency, see pyproject.toml / setup.cfg).
 """
 
 import importlib.util

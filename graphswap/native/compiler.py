@@ -16,8 +16,10 @@ from pathlib import Path
 
 LIBRARY_NAME = "libgraphswap_kernels.so"
 
-# -O3 plus OpenMP for the shipped kernels; -march=native unless a portable build is asked for
-# (GRAPHSWAP_PORTABLE=1), because the wheel is normally built on the machine that runs it.
+# Users' kernels (compile_shared) get -march=native unless a portable build is asked for
+# (GRAPHSWAP_PORTABLE=1).  graphswap's own library never does: it is built for baseline x86-64 and
+# carries per-ISA code paths chosen at run time (native_kernels/src/common.c), so one build runs on
+# every x86-64 CPU.
 BASE_FLAGS = ["-O3", "-std=c11", "-fPIC", "-shared", "-fvisibility=hidden", "-Wall", "-Wextra"]
 
 
@@ -90,10 +92,38 @@ def native_source_dir(start: Path | None = None) -> Path | None:
     return candidate if (candidate / "include" / "graphswap_kernels.h").is_file() else None
 
 
+def openblas_location() -> tuple[Path, Path, str]:
+    """(include dir, lib dir, library name) of the scipy-openblas32 wheel the float kernels link.
+
+    It is a build and run dependency of graphswap's own library (symbols prefixed scipy_)."""
+    try:
+        import scipy_openblas32
+    except ImportError:
+        raise CompilerError(
+            "graphswap's kernel library links OpenBLAS from the scipy-openblas32 package, which is "
+            "not installed; 'pip install scipy-openblas32'") from None
+    return (Path(scipy_openblas32.get_include_dir()), Path(scipy_openblas32.get_lib_dir()),
+            scipy_openblas32.get_library())
+
+
+# Flags of graphswap's own library: baseline x86-64 (no -march), exact float semantics for the
+# bit-exact quantization (no FMA contraction), OpenMP.
+SHIPPED_FLAGS = ["-fopenmp", "-ffp-contract=off", "-fno-strict-aliasing"]
+
+
 def build_shipped_library(native_dir: Path, output: Path, portable: bool | None = None) -> Path:
-    """Build graphswap's own kernel library (exact float + table-driven kernels) from native_dir."""
+    """Build graphswap's own kernel library (exact float + table-driven kernels) from native_dir.
+
+    Always portable (`portable` is accepted for compatibility and ignored): per-ISA code inside the
+    library is selected at run time.  Links libscipy_openblas with an rpath to the installed wheel
+    ($ORIGIN/../scipy_openblas32/lib for an installed graphswap, and the absolute path)."""
+    del portable
     sources = sorted((Path(native_dir) / "src").glob("*.c"))
     if not sources:
         raise CompilerError(f"no C sources found in {native_dir / 'src'}")
-    return compile_shared(sources, output, include_dirs=[Path(native_dir) / "include"],
-                          extra_flags=["-fopenmp"], libraries=["m"], portable=portable)
+    include_dir, lib_dir, lib_name = openblas_location()
+    rpaths = ["$ORIGIN/../scipy_openblas32/lib", str(lib_dir)]
+    link = [f"-L{lib_dir}", *(f"-Wl,-rpath,{p}" for p in rpaths)]
+    return compile_shared(sources, output, include_dirs=[Path(native_dir) / "include", include_dir],
+                          extra_flags=[*SHIPPED_FLAGS, *link],
+                          libraries=[lib_name, "pthread", "m"], portable=True)

@@ -15,7 +15,12 @@
  * 2. Multiplier level -- a scalar 8-bit multiplier (e.g. an EvoApproxLib circuit).  Users do not
  *    implement anything from this header for that: graphswap evaluates the scalar function into a
  *    256x256 table and runs the table-driven kernels (graphswap_lut_*) shipped in graphswap's own
- *    library.
+ *    library: integer ones (graphswap_lut_matmul / _conv2d: codes in, exact sums out) and fused
+ *    float ones (graphswap_lut_matmul_f32 / _conv2d_f32: quantization inside).
+ *
+ * graphswap's own library additionally exports graphswap_isa / graphswap_isa_supported /
+ * graphswap_set_isa (its run-time instruction-set paths), graphswap_blas_info and
+ * graphswap_builtin_multiplier_table.  None of these is part of what a user library must provide.
  *
  * Conventions (all entry points):
  *   - float32 buffers, row-major, C-contiguous, no aliasing between inputs and outputs;
@@ -120,6 +125,91 @@ GRAPHSWAP_EXPORT int32_t graphswap_lut_conv2d(const uint8_t *input, const uint8_
                                               const int32_t *table, uint8_t pad_code, int64_t *acc,
                                               int64_t *window_sums,
                                               const graphswap_conv2d_params *params);
+
+/* ---- fused quantized table-driven kernels (graphswap's own library; ABI version 1 additions) ----
+ *
+ * One call does what graphswap/quantized.py does around graphswap_lut_matmul / _conv2d, with no
+ * numpy pass: float32 activations and weights -> 8-bit codes -> table products summed exactly ->
+ * exact zero-point corrections -> float32 output (+ bias).  The arithmetic, for a tensor t:
+ *
+ *   GRAPHSWAP_LUT_UNSIGNED (asymmetric uint8, TFApprox-style; an unsigned multiplier's table)
+ *     dynamic range (activations in DYNAMIC mode; weights, per tensor or per output channel):
+ *         lo = min(min t, 0), hi = max(max t, 0)      over the finite values of the tensor/channel
+ *         s = (hi - lo) / 255, z = clip(rint(-lo / s), 0, 255);  s = 1, z = 0 if hi == lo
+ *     STATIC activations: s = activation_scale, z = activation_zero_point (from calibration)
+ *     codes  q = clip(rint(t / s) + z, 0, 255)
+ *     result sum_k (qa - za)(qb - zb) = sum_k T[qa][qb] - zb sum_k qa - za sum_k qb + K za zb,
+ *            only the first sum through the table; conv padding is code za (a real 0), and those
+ *            products do go through the table.
+ *   GRAPHSWAP_LUT_SIGNED (symmetric int8, AdaPT-style; a signed multiplier's table)
+ *     s = max|t| / 127 over the finite values (s = 1 if that is 0), or activation_scale (STATIC);
+ *     q = clip(rint(t / s), -127, 127), code = the two's-complement byte of q; zero points 0;
+ *     every product through the table, padding code 0.
+ *   output y = float32((s_a * s_b) * float64(c)), c the exact int64 result, all scale arithmetic in
+ *     float64, rint = round half to even; then y = y + bias[channel] in float32 if bias != NULL.
+ *   Non-finite values are left out of every range, quantized as the zero point, and every output
+ *     that depends on one (its row of a / window of the input, or its column of b / output
+ *     channel of the filter) is NaN.
+ * With DYNAMIC activations and PER_TENSOR (unsigned) / PER_CHANNEL (signed) weights this is bit for
+ * bit graphswap/quantized.py's pipeline.  With STATIC activations a sample's output does not depend
+ * on the rest of its batch.
+ */
+#define GRAPHSWAP_LUT_UNSIGNED 0
+#define GRAPHSWAP_LUT_SIGNED 1
+#define GRAPHSWAP_QUANT_DYNAMIC 0     /* activation range of this call's tensor */
+#define GRAPHSWAP_QUANT_STATIC 1      /* activation scale / zero point given by the caller */
+#define GRAPHSWAP_QUANT_PER_TENSOR 0  /* one weight scale (and zero point) */
+#define GRAPHSWAP_QUANT_PER_CHANNEL 1 /* per column of b / output channel of the HWIO filter */
+
+typedef struct graphswap_lut_quant {
+    int32_t scheme;                /* GRAPHSWAP_LUT_UNSIGNED or GRAPHSWAP_LUT_SIGNED */
+    int32_t activation_mode;       /* GRAPHSWAP_QUANT_DYNAMIC or GRAPHSWAP_QUANT_STATIC */
+    int32_t weight_mode;           /* GRAPHSWAP_QUANT_PER_TENSOR or GRAPHSWAP_QUANT_PER_CHANNEL */
+    int32_t activation_zero_point; /* STATIC + UNSIGNED: 0..255; STATIC + SIGNED: must be 0 */
+    double activation_scale;       /* STATIC: finite and > 0; ignored when DYNAMIC */
+    double *observed_range;        /* NULL, or receives {min, max} of the finite activation values
+                                    * of this call ({+inf, -inf} if there are none), for a
+                                    * moving-average observer; written in every mode */
+} graphswap_lut_quant;
+
+/* c[m,n] = quantized a[m,k] x b[k,n] through `table` (layout as for graphswap_lut_matmul) per `quant`
+ * (+ bias[n] if bias != NULL).  a = activations (first operand), b = weights. */
+GRAPHSWAP_EXPORT int32_t graphswap_lut_matmul_f32(const float *a, const float *b, const float *bias,
+                                                  float *c, int64_t m, int64_t k, int64_t n,
+                                                  const int32_t *table, const graphswap_lut_quant *quant);
+
+/* output = quantized conv2d(input, filter) through `table` per `quant` (+ bias[out_channels]),
+ * geometry and layouts as graphswap_conv2d_f32.  Per-channel weight ranges are over
+ * filter[:, :, :, oc]; window code sums for the corrections are computed inside. */
+GRAPHSWAP_EXPORT int32_t graphswap_lut_conv2d_f32(const float *input, const float *filter,
+                                                  const float *bias, float *output,
+                                                  const int32_t *table, const graphswap_lut_quant *quant,
+                                                  const graphswap_conv2d_params *params);
+
+/* ---- instruction-set paths of graphswap's own library ----
+ *
+ * The library is built for baseline x86-64 and carries per-ISA code for the table-driven kernels
+ * (and its hand-written float conv), chosen when it is loaded: the best the CPU supports, or the
+ * one named by the environment variable GRAPHSWAP_ISA = scalar | avx2 | avx512 | auto.
+ *   scalar  plain C;  avx2  AVX2 + FMA;  avx512  AVX-512 F/BW/VL/DQ + VBMI (Ice Lake and later, Zen 4).
+ * If GRAPHSWAP_ISA names a path this CPU cannot run (or no path), every entry point returns
+ * GRAPHSWAP_ERR_UNSUPPORTED with the reason in graphswap_last_error(), until graphswap_set_isa succeeds.
+ * The float GEMM runs on OpenBLAS, which picks its own kernels for the CPU (graphswap_blas_info). */
+
+/* "scalar", "avx2" or "avx512": the path in use; "none" while a forced path is refused. */
+GRAPHSWAP_EXPORT const char *graphswap_isa(void);
+
+/* Space-separated paths this CPU can run, e.g. "scalar avx2 avx512". */
+GRAPHSWAP_EXPORT const char *graphswap_isa_supported(void);
+
+/* Switches the path for all later calls of every thread (not while calls are running):
+ * name = "scalar" | "avx2" | "avx512" | "auto" (or NULL / "": auto).  Returns GRAPHSWAP_OK,
+ * GRAPHSWAP_ERR_UNSUPPORTED if the CPU cannot run it, GRAPHSWAP_ERR_INVALID_ARGUMENT for an unknown
+ * name (then, as with a refused GRAPHSWAP_ISA, entry points refuse to run until a call succeeds). */
+GRAPHSWAP_EXPORT int32_t graphswap_set_isa(const char *name);
+
+/* OpenBLAS build and core in use (e.g. "OpenBLAS 0.3.34 DYNAMIC_ARCH ...; core SkylakeX; threads 1"). */
+GRAPHSWAP_EXPORT const char *graphswap_blas_info(void);
 
 /* ---- extra exports of graphswap's own library (issue 3: built-in multipliers) ----
  *

@@ -1,147 +1,181 @@
 /*
  * conv_f32.c -- exact float32 2-D convolution (graphswap_conv2d_f32), NHWC input, HWIO filter.
  *
- * Method: per group, one GEMM  out[pixel, oc] = sum_k patch[pixel, k] * filter[k, oc]  with
+ * Per group, one GEMM  out[pixel, oc] = sum_k patch[pixel, k] * filter[k, oc]  with
  * k = (fh*filter_w + fw)*cin_g + ic (the HWIO filter is already that K x out_channels matrix).
- * The patch matrix is never materialised: gs_gemm_f32 expands it while packing its operand panels
- * (implicit im2col, see gemm_f32.c), so scratch memory is bounded by the GEMM's packing buffers
- * (a few MiB per thread) whatever the batch.  1x1 stride-1 unpadded convolutions read the input
- * directly as a (pixels x channels) matrix.  Few output channels per group (e.g. LeNet's 6) make
- * the GEMM run transposed, with 16 output pixels per register tile row.
+ * Two ways to run it:
+ *   BLAS  tiles of output pixels: each tile's patches are packed (im2col) into a per-thread buffer
+ *         of at most ~256 KiB and multiplied by OpenBLAS's single-threaded sgemm straight into the
+ *         output rows; tiles are spread dynamically over the OpenMP team.  1x1 stride-1 unpadded
+ *         convolutions multiply the input itself.  Scratch is bounded whatever the batch.
+ *   OWN   the hand-written AVX2 GEMM of gemm_f32.c with implicit im2col (patches expanded while
+ *         packing register panels, transposed for narrow outputs).  It is kept because it beats
+ *         sgemm when a group has few output channels (LeNet-5's 6 and 16: sgemm's tiles are
+ *         16-24 wide), measured by /work/scratch/native/bench_native.py; used only on the avx2 /
+ *         avx512 paths.
+ * GRAPHSWAP_CONV_F32=blas|own forces one (benchmarks).
  */
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 #include "internal.h"
 
 #define FN "graphswap_conv2d_f32"
+#define GS_CONV_TILE_BYTES (512 << 10) /* patch buffer per thread */
+#define GS_CONV_MIN_FLOPS_PER_THREAD 4.0e6
+#define GS_OWN_MAX_COUT 24             /* hand-written kernel for groups with at most this many outputs */
 
-static int32_t bad(const char *field, int64_t value, const char *rule)
+static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+/* Patches of output pixels [p0, p0 + rows) of group g into dst (rows x taps, row-major). */
+static void im2col_f32(const graphswap_conv2d_params *P, const gs_conv_geo *G, const float *input,
+                       int64_t g, int64_t p0, int64_t rows, float *restrict dst)
 {
-    return gs_fail(GRAPHSWAP_ERR_INVALID_ARGUMENT, FN ": %s must be %s, got %lld", field, rule,
-                   (long long)value);
+    const int64_t OW = P->out_width, OH = P->out_height, H = P->in_height, W = P->in_width;
+    const int64_t C = P->in_channels, cg = G->cin_g, FH = P->filter_height, FW = P->filter_width;
+    const int merge = P->dilation_width == 1 && cg == C; /* adjacent taps are adjacent in memory */
+    int64_t pix = p0;
+    int64_t ow = pix % OW, oh = (pix / OW) % OH, n = pix / (OW * OH);
+    for (int64_t r = 0; r < rows; ++r, ++pix) {
+        float *d = dst + r * G->taps;
+        const float *img = input + n * H * W * C + g * cg;
+        const int64_t ih0 = oh * P->stride_height - P->pad_top, iw0 = ow * P->stride_width - P->pad_left;
+        for (int64_t fh = 0; fh < FH; ++fh) {
+            const int64_t ih = ih0 + fh * P->dilation_height;
+            float *drow = d + fh * FW * cg;
+            if (ih < 0 || ih >= H) {
+                memset(drow, 0, (size_t)(FW * cg) * sizeof(float));
+                continue;
+            }
+            const float *srow = img + ih * W * C;
+            if (merge) {
+                /* taps [lo, hi) are inside the row: one copy, zeros around it */
+                int64_t lo = iw0 < 0 ? -iw0 : 0, hi = W - iw0 < FW ? W - iw0 : FW;
+                if (hi < lo) hi = lo;
+                if (lo > FW) lo = hi = FW;
+                memset(drow, 0, (size_t)(lo * cg) * sizeof(float));
+                if (hi > lo) memcpy(drow + lo * cg, srow + (iw0 + lo) * C, (size_t)((hi - lo) * cg) * sizeof(float));
+                memset(drow + hi * cg, 0, (size_t)((FW - hi) * cg) * sizeof(float));
+            } else {
+                for (int64_t fw = 0; fw < FW; ++fw) {
+                    const int64_t iw = iw0 + fw * P->dilation_width;
+                    if (iw < 0 || iw >= W)
+                        memset(drow + fw * cg, 0, (size_t)cg * sizeof(float));
+                    else
+                        memcpy(drow + fw * cg, srow + iw * C, (size_t)cg * sizeof(float));
+                }
+            }
+        }
+        if (++ow == OW) {
+            ow = 0;
+            if (++oh == OH) { oh = 0; ++n; }
+        }
+    }
 }
 
-/* Expected output extent along one axis; -1 on int64 overflow. */
-static int64_t out_extent(int64_t in, int64_t pad0, int64_t pad1, int64_t filt, int64_t dil, int64_t stride)
+static int32_t conv_blas(const float *input, const float *filter, float *output,
+                         const graphswap_conv2d_params *P, const gs_conv_geo *G)
 {
-    int64_t span, eff;
-    if (filt == 0) filt = 1; /* an empty filter still has the extent of a 1-tap one */
-    if (gs_mul_i64(dil, filt - 1, &span) || gs_add_i64(in, pad0, &eff) || gs_add_i64(eff, pad1, &eff))
-        return -1;
-    eff = eff - span - 1; /* cannot overflow: all terms non-negative */
-    if (eff < 0) return 0;
-    return eff / stride + 1;
+    const int64_t K = G->taps, cout = P->out_channels, cog = G->cout_g;
+    const int pointwise = P->filter_height == 1 && P->filter_width == 1 && P->stride_height == 1 &&
+                          P->stride_width == 1 && P->pad_top == 0 && P->pad_bottom == 0 &&
+                          P->pad_left == 0 && P->pad_right == 0;
+    int64_t tile = GS_CONV_TILE_BYTES / (K * (int64_t)sizeof(float));
+    if (tile < 16) tile = 16;
+    if (tile > 4096) tile = 4096;
+    const int64_t tiles = (G->pixels + tile - 1) / tile;
+    const int64_t jobs = tiles * P->groups;
+    const double flops = 2.0 * (double)G->pixels * (double)K * (double)cout;
+    int nt = gs_threads_for(flops, GS_CONV_MIN_FLOPS_PER_THREAD);
+    if (nt > jobs) nt = (int)jobs;
+    if (nt < 1) nt = 1;
+    float *scratch = NULL;
+    if (!pointwise) {
+        scratch = (float *)gs_alloc((int64_t)nt * tile * K * (int64_t)sizeof(float));
+        if (!scratch)
+            return gs_fail(GRAPHSWAP_ERR_OUT_OF_MEMORY, FN ": cannot allocate %d patch buffers of %lld floats",
+                           nt, (long long)(tile * K));
+    }
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1) if (nt > 1)
+    for (int64_t job = 0; job < jobs; ++job) {
+        const int64_t g = job / tiles, p0 = (job % tiles) * tile, rows = min64(tile, G->pixels - p0);
+        float *c = output + p0 * cout + g * cog;
+        const float *b = filter + g * cog;
+        if (pointwise) {
+            gs_sgemm_rows(rows, cog, K, input + p0 * P->in_channels + g * G->cin_g, P->in_channels, b,
+                          cout, c, cout, 0);
+        } else {
+#ifdef _OPENMP
+            float *patches = scratch + (int64_t)omp_get_thread_num() * tile * K;
+#else
+            float *patches = scratch;
+#endif
+            im2col_f32(P, G, input, g, p0, rows, patches);
+            gs_sgemm_rows(rows, cog, K, patches, K, b, cout, c, cout, 0);
+        }
+    }
+    gs_free(scratch);
+    return GRAPHSWAP_OK;
+}
+
+static int32_t conv_own(const float *input, const float *filter, float *output,
+                        const graphswap_conv2d_params *P, const gs_conv_geo *G)
+{
+    const int pointwise = P->filter_height == 1 && P->filter_width == 1 && P->stride_height == 1 &&
+                          P->stride_width == 1 && P->pad_top == 0 && P->pad_bottom == 0 &&
+                          P->pad_left == 0 && P->pad_right == 0;
+    const int max_threads = gs_num_threads();
+    for (int64_t g = 0; g < P->groups; ++g) {
+        gs_conv_src src = {
+            input, P->in_height, P->in_width, P->in_channels, P->out_height, P->out_width,
+            P->filter_width, G->cin_g, g * G->cin_g,
+            P->stride_height, P->stride_width, P->dilation_height, P->dilation_width, P->pad_top, P->pad_left,
+        };
+        gs_operand A;
+        if (pointwise)
+            A = (gs_operand){input + g * G->cin_g, P->in_channels, 1, NULL, 0};
+        else
+            A = (gs_operand){NULL, 0, 0, &src, 0};
+        const gs_operand B = {filter + g * G->cout_g, 1, P->out_channels, NULL, 0}; /* B(oc, k) */
+        int32_t rc = gs_gemm_f32(G->pixels, G->cout_g, G->taps, &A, &B, output + g * G->cout_g,
+                                 P->out_channels, 1, max_threads);
+        if (rc != GRAPHSWAP_OK) return rc;
+    }
+    return GRAPHSWAP_OK;
 }
 
 GRAPHSWAP_EXPORT int32_t graphswap_conv2d_f32(const float *input, const float *filter, float *output,
                                               const graphswap_conv2d_params *params)
 {
-    if (!params) return gs_fail(GRAPHSWAP_ERR_INVALID_ARGUMENT, FN ": params is NULL");
+    int32_t rc = gs_isa_ready(FN);
+    if (rc != GRAPHSWAP_OK) return rc;
+    gs_conv_geo G;
+    rc = gs_conv_validate(FN, params, &G);
+    if (rc != GRAPHSWAP_OK) return rc;
     const graphswap_conv2d_params P = *params;
 
-    /* ---- validation ---- */
-    const struct { const char *name; int64_t v; } nonneg[] = {
-        {"batch", P.batch}, {"in_height", P.in_height}, {"in_width", P.in_width},
-        {"in_channels", P.in_channels}, {"filter_height", P.filter_height},
-        {"filter_width", P.filter_width}, {"out_channels", P.out_channels},
-        {"out_height", P.out_height}, {"out_width", P.out_width}, {"pad_top", P.pad_top},
-        {"pad_bottom", P.pad_bottom}, {"pad_left", P.pad_left}, {"pad_right", P.pad_right},
-    };
-    for (size_t i = 0; i < sizeof nonneg / sizeof nonneg[0]; ++i)
-        if (nonneg[i].v < 0) return bad(nonneg[i].name, nonneg[i].v, ">= 0");
-    const struct { const char *name; int64_t v; } positive[] = {
-        {"stride_height", P.stride_height}, {"stride_width", P.stride_width},
-        {"dilation_height", P.dilation_height}, {"dilation_width", P.dilation_width},
-        {"groups", P.groups},
-    };
-    for (size_t i = 0; i < sizeof positive / sizeof positive[0]; ++i)
-        if (positive[i].v < 1) return bad(positive[i].name, positive[i].v, ">= 1");
-    if (P.in_channels % P.groups)
-        return gs_fail(GRAPHSWAP_ERR_INVALID_ARGUMENT,
-                       FN ": in_channels (%lld) must be divisible by groups (%lld)",
-                       (long long)P.in_channels, (long long)P.groups);
-    if (P.out_channels % P.groups)
-        return gs_fail(GRAPHSWAP_ERR_INVALID_ARGUMENT,
-                       FN ": out_channels (%lld) must be divisible by groups (%lld)",
-                       (long long)P.out_channels, (long long)P.groups);
-
-    const int64_t oh = out_extent(P.in_height, P.pad_top, P.pad_bottom, P.filter_height,
-                                  P.dilation_height, P.stride_height);
-    const int64_t ow = out_extent(P.in_width, P.pad_left, P.pad_right, P.filter_width,
-                                  P.dilation_width, P.stride_width);
-    if (oh < 0 || ow < 0)
-        return gs_fail(GRAPHSWAP_ERR_OVERFLOW, FN ": padded/dilated extents overflow int64");
-    if (P.out_height != oh)
-        return gs_fail(GRAPHSWAP_ERR_INVALID_ARGUMENT,
-                       FN ": out_height must be %lld for in_height=%lld, pads=(%lld,%lld), "
-                       "filter_height=%lld, dilation=%lld, stride=%lld; got %lld",
-                       (long long)oh, (long long)P.in_height, (long long)P.pad_top,
-                       (long long)P.pad_bottom, (long long)P.filter_height,
-                       (long long)P.dilation_height, (long long)P.stride_height,
-                       (long long)P.out_height);
-    if (P.out_width != ow)
-        return gs_fail(GRAPHSWAP_ERR_INVALID_ARGUMENT,
-                       FN ": out_width must be %lld for in_width=%lld, pads=(%lld,%lld), "
-                       "filter_width=%lld, dilation=%lld, stride=%lld; got %lld",
-                       (long long)ow, (long long)P.in_width, (long long)P.pad_left,
-                       (long long)P.pad_right, (long long)P.filter_width,
-                       (long long)P.dilation_width, (long long)P.stride_width,
-                       (long long)P.out_width);
-
-    const int64_t cin_g = P.in_channels / P.groups, cout_g = P.out_channels / P.groups;
-    int64_t in_elems, filt_elems, out_elems, pixels, kdim, t;
-    /* element counts, plus byte counts and a margin, must fit in int64 */
-    if (gs_mul_i64(P.batch, P.in_height, &in_elems) || gs_mul_i64(in_elems, P.in_width, &in_elems) ||
-        gs_mul_i64(in_elems, P.in_channels, &in_elems) || gs_mul_i64(in_elems, 16, &t) ||
-        gs_mul_i64(P.filter_height, P.filter_width, &kdim) || gs_mul_i64(kdim, cin_g, &kdim) ||
-        gs_mul_i64(kdim, P.out_channels, &filt_elems) || gs_mul_i64(filt_elems, 16, &t) ||
-        gs_mul_i64(P.batch, P.out_height, &pixels) || gs_mul_i64(pixels, P.out_width, &pixels) ||
-        gs_mul_i64(pixels, P.out_channels, &out_elems) || gs_mul_i64(out_elems, 16, &t) ||
-        gs_mul_i64(kdim, 16 * 256, &t))
-        return gs_fail(GRAPHSWAP_ERR_OVERFLOW,
-                       FN ": tensor sizes overflow int64 (batch=%lld, in=%lldx%lldx%lld, "
-                       "filter=%lldx%lld, out=%lldx%lldx%lld)",
-                       (long long)P.batch, (long long)P.in_height, (long long)P.in_width,
-                       (long long)P.in_channels, (long long)P.filter_height,
-                       (long long)P.filter_width, (long long)P.out_height, (long long)P.out_width,
-                       (long long)P.out_channels);
-
-    if (out_elems == 0) return GRAPHSWAP_OK;
+    if (G.out_elems == 0) return GRAPHSWAP_OK;
     if (!output) return gs_fail(GRAPHSWAP_ERR_INVALID_ARGUMENT, FN ": output is NULL (%lld elements)",
-                                (long long)out_elems);
-    if (kdim > 0) {
+                                (long long)G.out_elems);
+    if (G.taps > 0) {
         if (!filter) return gs_fail(GRAPHSWAP_ERR_INVALID_ARGUMENT, FN ": filter is NULL (%lld elements)",
-                                    (long long)filt_elems);
-        if (!input && in_elems > 0)
+                                    (long long)G.filter_elems);
+        if (!input && G.in_elems > 0)
             return gs_fail(GRAPHSWAP_ERR_INVALID_ARGUMENT, FN ": input is NULL (%lld elements)",
-                           (long long)in_elems);
+                           (long long)G.in_elems);
     }
-
-    /* ---- compute ---- */
-    if (kdim == 0 || in_elems == 0) {
+    if (G.taps == 0 || G.in_elems == 0) {
         /* empty reduction, or an empty image seen only through padding: all outputs are 0 */
-        for (int64_t i = 0; i < out_elems; ++i) output[i] = 0.0f;
+        memset(output, 0, (size_t)G.out_elems * sizeof(float));
         return GRAPHSWAP_OK;
     }
-    const int pointwise = P.filter_height == 1 && P.filter_width == 1 && P.stride_height == 1 &&
-                          P.stride_width == 1 && P.pad_top == 0 && P.pad_bottom == 0 &&
-                          P.pad_left == 0 && P.pad_right == 0;
-    const int max_threads = gs_num_threads();
-    for (int64_t g = 0; g < P.groups; ++g) {
-        gs_conv_src src = {
-            input, P.in_height, P.in_width, P.in_channels, P.out_height, P.out_width,
-            P.filter_width, cin_g, g * cin_g,
-            P.stride_height, P.stride_width, P.dilation_height, P.dilation_width, P.pad_top, P.pad_left,
-        };
-        gs_operand A;
-        if (pointwise) {
-            /* 1x1 / stride 1 / no padding: the patches are the input rows themselves */
-            A = (gs_operand){input + g * cin_g, P.in_channels, 1, NULL, 0};
-        } else {
-            A = (gs_operand){NULL, 0, 0, &src, 0};
-        }
-        const gs_operand B = {filter + g * cout_g, 1, P.out_channels, NULL, 0}; /* B(oc, k) */
-        int32_t rc = gs_gemm_f32(pixels, cout_g, kdim, &A, &B, output + g * cout_g, P.out_channels, 1,
-                                 max_threads);
-        if (rc != GRAPHSWAP_OK) return rc;
-    }
-    return GRAPHSWAP_OK;
+    const char *force = getenv("GRAPHSWAP_CONV_F32");
+    int own = gs_isa() >= GS_ISA_AVX2 && G.cout_g <= GS_OWN_MAX_COUT;
+    if (force && strcmp(force, "blas") == 0) own = 0;
+    if (force && strcmp(force, "own") == 0 && gs_isa() >= GS_ISA_AVX2) own = 1;
+    return own ? conv_own(input, filter, output, &P, &G) : conv_blas(input, filter, output, &P, &G);
 }

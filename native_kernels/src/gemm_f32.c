@@ -1,6 +1,11 @@
 /*
- * gemm_f32.c -- exact float32 GEMM: graphswap_matmul_f32 and the internal gs_gemm_f32 used by the
- * convolution.
+ * gemm_f32.c -- hand-written exact float32 GEMM (AVX2 + FMA), gs_gemm_f32, used by conv_f32.c where
+ * it beats OpenBLAS (convolutions with few output channels, e.g. LeNet-5's: its implicit im2col
+ * packs patches straight into register-tile panels and runs transposed for narrow outputs).
+ * graphswap_matmul_f32 itself runs on OpenBLAS (blas_f32.c).
+ *
+ * The whole file is compiled for AVX2 + FMA (the pragma below) whatever the library's baseline;
+ * callers must check gs_isa() >= GS_ISA_AVX2 first.
  *
  * Structure (Goto/BLIS): C is computed in MR x NR register tiles by an AVX2/FMA micro-kernel
  * (6 x 16: twelve 8-float accumulators) from packed operand panels.  Loops, outermost first:
@@ -24,6 +29,8 @@
  * Products under ~2 x GS_GEMM_MIN_FLOPS_PER_THREAD run on the calling thread only (waking a
  * sleeping OpenMP thread costs ~10-40 us here).  Scratch is allocated per call: re-entrant.
  */
+#pragma GCC target("avx2,fma")
+
 #include <string.h>
 
 #ifdef _OPENMP
@@ -671,30 +678,4 @@ oom:
     return gs_fail(GRAPHSWAP_ERR_OUT_OF_MEMORY,
                    "graphswap: cannot allocate GEMM packing scratch (M=%lld N=%lld K=%lld, %d threads)",
                    (long long)M, (long long)N, (long long)K, nt);
-}
-
-GRAPHSWAP_EXPORT int32_t graphswap_matmul_f32(const float *a, const float *b, float *c, int64_t m,
-                                              int64_t k, int64_t n)
-{
-    if (m < 0 || k < 0 || n < 0)
-        return gs_fail(GRAPHSWAP_ERR_INVALID_ARGUMENT,
-                       "graphswap_matmul_f32: sizes must be >= 0, got m=%lld k=%lld n=%lld",
-                       (long long)m, (long long)k, (long long)n);
-    int64_t mk, kn, mn;
-    if (gs_mul_i64(m, k, &mk) || gs_mul_i64(k, n, &kn) || gs_mul_i64(m, n, &mn) ||
-        gs_mul_i64(mk, (int64_t)sizeof(float), &mk) || gs_mul_i64(kn, (int64_t)sizeof(float), &kn) ||
-        gs_mul_i64(mn, (int64_t)sizeof(float), &mn))
-        return gs_fail(GRAPHSWAP_ERR_OVERFLOW,
-                       "graphswap_matmul_f32: buffer sizes overflow int64 (m=%lld k=%lld n=%lld)",
-                       (long long)m, (long long)k, (long long)n);
-    if (mn == 0) return GRAPHSWAP_OK;
-    if (!c) return gs_fail(GRAPHSWAP_ERR_INVALID_ARGUMENT, "graphswap_matmul_f32: c is NULL (m=%lld n=%lld)",
-                           (long long)m, (long long)n);
-    if (k > 0 && (!a || !b))
-        return gs_fail(GRAPHSWAP_ERR_INVALID_ARGUMENT, "graphswap_matmul_f32: %s is NULL (m=%lld k=%lld n=%lld)",
-                       !a ? "a" : "b", (long long)m, (long long)k, (long long)n);
-
-    const gs_operand A = {a, k, 1, NULL, 0}; /* A(i, p) = a[i*k + p] */
-    const gs_operand B = {b, 1, n, NULL, 0}; /* B(j, p) = b[p*n + j] */
-    return gs_gemm_f32(m, n, k, &A, &B, c, n, 1, gs_num_threads());
 }

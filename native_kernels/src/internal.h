@@ -95,7 +95,41 @@ static inline void *gs_alloc(int64_t bytes)
 
 static inline void gs_free(void *p) { free(p); }
 
-/* ---- float32 GEMM internals (gemm_f32.c), used by conv_f32.c ----
+/* ---- instruction-set dispatch (common.c) ----
+ *
+ * The library is compiled for baseline x86-64; code for wider vector units lives in files compiled
+ * with `#pragma GCC target(...)` (lut_avx2.c, lut_avx512.c, gemm_f32.c) and is only ever called
+ * after gs_isa() says the CPU (and OS) supports it.  The path is chosen once, at load time: the
+ * best the CPU supports, or the one named by GRAPHSWAP_ISA=scalar|avx2|avx512; graphswap_set_isa
+ * changes it at run time (tests use it to run every path in one process). */
+typedef enum gs_isa_level {
+    GS_ISA_SCALAR = 0, /* baseline x86-64 (SSE2), plain C */
+    GS_ISA_AVX2 = 1,   /* AVX2 + FMA */
+    GS_ISA_AVX512 = 2, /* AVX-512 F/BW/VL/DQ + VBMI (vpermi2b): Ice Lake, Sapphire Rapids, Zen 4 */
+} gs_isa_level;
+
+/* The path in use. */
+gs_isa_level gs_isa(void);
+
+/* GRAPHSWAP_OK, or (with gs_fail called, naming `fn`) GRAPHSWAP_ERR_UNSUPPORTED when the path
+ * forced by GRAPHSWAP_ISA could not be used: then every entry point refuses to run. */
+int32_t gs_isa_ready(const char *fn);
+
+/* ---- shared validation of graphswap_conv2d_params (common.c), used by every conv entry point ----
+ *
+ * Checks signs, divisibility by groups, out_height/out_width against the formula in the header and
+ * that every element and byte count (times a margin of 16) fits in int64; fills `geo` with the
+ * derived sizes.  Returns GRAPHSWAP_OK or an error code with gs_fail called (messages start with
+ * `fn`). */
+typedef struct gs_conv_geo {
+    int64_t cin_g, cout_g;  /* channels per group */
+    int64_t taps;           /* filter_height * filter_width * cin_g: the reduction length */
+    int64_t in_elems, filter_elems, pixels, out_elems;
+} gs_conv_geo;
+
+int32_t gs_conv_validate(const char *fn, const graphswap_conv2d_params *params, gs_conv_geo *geo);
+
+/* ---- float32 GEMM internals (gemm_f32.c, AVX2 + FMA only), used by conv_f32.c ----
  *
  * gs_gemm_f32 computes C[i*rs_c + j*cs_c] = sum_k A(i,k) * B(j,k) for i < M, j < N, where an
  * operand element (r, k) is either
@@ -122,5 +156,14 @@ typedef struct gs_operand {
 
 int32_t gs_gemm_f32(int64_t M, int64_t N, int64_t K, const gs_operand *A, const gs_operand *B,
                     float *C, int64_t rs_c, int64_t cs_c, int max_threads);
+
+/* ---- OpenBLAS (blas_f32.c) ----
+ *
+ * c[i*ldc + j] = sum_p a[i*lda + p] * b[p*ldb + j] (+ c if accumulate), row-major, one call of the
+ * single-threaded sgemm of the scipy-openblas32 library on the calling thread (sizes split so every
+ * blasint fits int32).  OpenBLAS's own thread pool is kept at one thread (set at load time):
+ * parallelism comes from our OpenMP team, whose threads sleep after a call (OMP_WAIT_POLICY=PASSIVE). */
+void gs_sgemm_rows(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *b,
+                   int64_t ldb, float *c, int64_t ldc, int accumulate);
 
 #endif /* GRAPHSWAP_INTERNAL_H */

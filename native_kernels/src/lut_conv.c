@@ -1,20 +1,18 @@
 /*
- * lut_conv.c -- table-driven 2-D convolution (graphswap_lut_conv2d), NHWC input codes, HWIO filter
- * codes, all of graphswap_conv2d_params (strides, dilations, explicit paddings, groups).
+ * lut_conv.c -- table-driven 2-D convolution entry points (NHWC input, HWIO filter, all of
+ * graphswap_conv2d_params):
+ *   graphswap_lut_conv2d      8-bit codes in, exact int64 sums (+ window code sums) out;
+ *   graphswap_lut_conv2d_f32  float32 in, float32 out, quantization and corrections inside.
  *
- * Method: im2col in bounded chunks.  Output pixels are processed a chunk at a time (per group):
- * each chunk's patches are gathered into a per-thread code buffer (padding positions get pad_code,
- * so those products do go through the table, as on a zero-point-padded accelerator), the per-window
- * code sums are taken from the same buffer, and the chunk is multiplied with the group's filter
- * slice by the LUT GEMM machinery of lut_gemm.c.  Scratch is O(chunk x kernel size) per thread,
- * whatever the batch.  Three strategies, by size:
- *   FULL_E    the filter is small (kernel size x channels x 1 KiB <= 8 MiB per group, e.g. all of
- *             LeNet-5): it is expanded once per call into E[k][code][oc] = table[code][filter[k,oc]]
- *             and every pixel row is then vector adds of E rows (channels padded to 8 lanes);
- *   BLOCKED_E larger filters: each chunk of 1024 pixels runs the blocked expanded GEMM;
- *   DIRECT    tiny problems, or tables whose entries are too large for 8-term int32 runs: AVX2
- *             gathers straight from the table.
+ * Method: per group, the GEMM  out[pixel, oc] = sum_k T[patch[pixel, k]][filter[k, oc]]  over
+ * blocks of 256 output pixels: each block's patches are gathered (im2col) straight into the
+ * kernels' packed layout in a per-thread buffer (padding positions get the pad code -- the
+ * activation zero point -- so those products do go through the table, as on a zero-point-padded
+ * accelerator), the window code sums come from the same gather, and the ISA's kernel multiplies the
+ * block with the group's filter columns.  Scratch is O(256 x kernel size) per thread, whatever the
+ * batch.
  */
+#include <math.h>
 #include <string.h>
 
 #ifdef _OPENMP
@@ -23,105 +21,254 @@
 
 #include "lut_internal.h"
 
-#define FN "graphswap_lut_conv2d"
-#define GS_CONV_PIXELS 256            /* pixels per job with a fully expanded filter / direct */
-#define GS_CONV_PIXELS_BLOCKED 1024   /* pixels per job when the filter is expanded per block */
-#define GS_CONV_FULL_E_BYTES (8 << 20) /* largest fully expanded filter (per group) */
 #define GS_CONV_MIN_WORK 65536.
 
-enum { DIRECT, FULL_E, BLOCKED_E, SUMS_ONLY };
+static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
-static int32_t bad(const char *field, int64_t value, const char *rule)
+/* Contiguous runs of a window inside the image: run i copies len bytes from offset off[i] (from
+ * the window's first input element) to patch position pos[i]. */
+typedef struct conv_runs {
+    int64_t count, len;
+    int64_t *off, *pos;
+    int64_t *tap;   /* per-tap offsets (gather_direct) */
+} conv_runs;
+
+/* Patch (row-major, k bytes) of one output pixel into t (no sum). */
+static inline void patch(const graphswap_conv2d_params *P, const gs_conv_geo *G, const uint8_t *img,
+                         uint8_t pad, int64_t ih0, int64_t iw0, const conv_runs *R, uint8_t *t)
 {
-    return gs_fail(GRAPHSWAP_ERR_INVALID_ARGUMENT, FN ": %s must be %s, got %lld", field, rule,
-                   (long long)value);
+    const int64_t cg = G->cin_g, FW = P->filter_width, C = P->in_channels;
+    const int64_t H = P->in_height, W = P->in_width;
+    if (ih0 >= 0 && ih0 + (P->filter_height - 1) * P->dilation_height < H && iw0 >= 0 &&
+        iw0 + (FW - 1) * P->dilation_width < W) {
+        const uint8_t *src = img + (ih0 * W + iw0) * C;
+        const int64_t len = R->len;
+        for (int64_t i = 0; i < R->count; ++i) {
+            const uint8_t *s = src + R->off[i];
+            uint8_t *d = t + R->pos[i];
+            int64_t j = 0;
+            for (; j + 8 <= len; j += 8) memcpy(d + j, s + j, 8);
+            for (; j < len; ++j) d[j] = s[j];
+        }
+        return;
+    }
+    for (int64_t fh = 0; fh < P->filter_height; ++fh) {
+        const int64_t ih = ih0 + fh * P->dilation_height;
+        const int inside_h = ih >= 0 && ih < H;
+        for (int64_t fw = 0; fw < FW; ++fw) {
+            const int64_t iw = iw0 + fw * P->dilation_width;
+            uint8_t *tk = t + (fh * FW + fw) * cg;
+            if (!inside_h || iw < 0 || iw >= W)
+                memset(tk, pad, (size_t)cg);
+            else
+                memcpy(tk, img + (ih * W + iw) * C, (size_t)cg);
+        }
+    }
 }
 
-/* Expected output extent along one axis; -1 on int64 overflow. */
-static int64_t out_extent(int64_t in, int64_t pad0, int64_t pad1, int64_t filt, int64_t dil, int64_t stride)
+/* Patches of output pixels [p0, p0 + rows) of group g into the packed block dst (8 pixels at a
+ * time through tmp, 8 x k8 bytes, and 8 x 8 byte transposes); sums[r] = window code sums. */
+static void gather(const graphswap_conv2d_params *P, const gs_conv_geo *G, const uint8_t *codes,
+                   uint8_t pad, int64_t g, int64_t p0, int64_t rows, const conv_runs *R, uint8_t *dst,
+                   int64_t *sums, uint8_t *tmp)
 {
-    int64_t span, eff;
-    if (filt == 0) filt = 1;
-    if (gs_mul_i64(dil, filt - 1, &span) || gs_add_i64(in, pad0, &eff) || gs_add_i64(eff, pad1, &eff))
-        return -1;
-    eff = eff - span - 1;
-    if (eff < 0) return 0;
-    return eff / stride + 1;
+    const int64_t K = G->taps, k8 = (K + 7) & ~(int64_t)7, C = P->in_channels;
+    const int64_t groups = (rows + 63) / 64;
+    if (rows % 64) memset(dst + (groups - 1) * K * 64, 0, (size_t)(K * 64));
+    int64_t pix = p0;
+    int64_t ow = pix % P->out_width, oh = (pix / P->out_width) % P->out_height;
+    int64_t n = pix / (P->out_width * P->out_height);
+    memset(tmp, 0, (size_t)(8 * k8)); /* pad columns K..k8 stay 0; so do rows past the last pixel */
+    for (int64_t r8 = 0; r8 < rows; r8 += 8) {
+        const int64_t nr = rows - r8 < 8 ? rows - r8 : 8;
+        if (nr < 8) memset(tmp + nr * k8, 0, (size_t)((8 - nr) * k8));
+        for (int64_t i = 0; i < nr; ++i) {
+            uint8_t *t = tmp + i * k8;
+            const uint8_t *img = codes + n * P->in_height * P->in_width * C + g * G->cin_g;
+            patch(P, G, img, pad, oh * P->stride_height - P->pad_top, ow * P->stride_width - P->pad_left, R, t);
+            int64_t sum = 0;
+            for (int64_t k = 0; k < K; ++k) sum += t[k];
+            sums[r8 + i] = sum;
+            if (++ow == P->out_width) {
+                ow = 0;
+                if (++oh == P->out_height) { oh = 0; ++n; }
+            }
+        }
+        uint8_t *d = dst + (r8 / 64) * K * 64 + (r8 % 64);
+        for (int64_t k0 = 0; k0 < K; k0 += 8) {
+            uint64_t x[8];
+            for (int i = 0; i < 8; ++i) memcpy(&x[i], tmp + i * k8 + k0, 8);
+            gs_transpose8x8_bytes(x);
+            const int64_t nk = K - k0 < 8 ? K - k0 : 8;
+            for (int64_t j = 0; j < nk; ++j) memcpy(d + (k0 + j) * 64, &x[j], 8);
+        }
+    }
 }
 
-static int32_t validate(const graphswap_conv2d_params *P)
+/* Direct variant for windows with few channels per tap (cin_g < 4, e.g. a first layer): strided
+ * byte stores into the packed block through a per-tap offset table (the transposing gather's
+ * per-run overhead does not pay off there; measured on LeNet-5's first layer). */
+static void gather_direct(const graphswap_conv2d_params *P, const gs_conv_geo *G, const uint8_t *codes,
+                          uint8_t pad, int64_t g, int64_t p0, int64_t rows, const int64_t *off,
+                          uint8_t *dst, int64_t *sums)
 {
-    const struct { const char *name; int64_t v; } nonneg[] = {
-        {"batch", P->batch}, {"in_height", P->in_height}, {"in_width", P->in_width},
-        {"in_channels", P->in_channels}, {"filter_height", P->filter_height},
-        {"filter_width", P->filter_width}, {"out_channels", P->out_channels},
-        {"out_height", P->out_height}, {"out_width", P->out_width}, {"pad_top", P->pad_top},
-        {"pad_bottom", P->pad_bottom}, {"pad_left", P->pad_left}, {"pad_right", P->pad_right},
-    };
-    for (size_t i = 0; i < sizeof nonneg / sizeof nonneg[0]; ++i)
-        if (nonneg[i].v < 0) return bad(nonneg[i].name, nonneg[i].v, ">= 0");
-    const struct { const char *name; int64_t v; } positive[] = {
-        {"stride_height", P->stride_height}, {"stride_width", P->stride_width},
-        {"dilation_height", P->dilation_height}, {"dilation_width", P->dilation_width},
-        {"groups", P->groups},
-    };
-    for (size_t i = 0; i < sizeof positive / sizeof positive[0]; ++i)
-        if (positive[i].v < 1) return bad(positive[i].name, positive[i].v, ">= 1");
-    if (P->in_channels % P->groups)
-        return gs_fail(GRAPHSWAP_ERR_INVALID_ARGUMENT, FN ": in_channels (%lld) must be divisible by groups (%lld)",
-                       (long long)P->in_channels, (long long)P->groups);
-    if (P->out_channels % P->groups)
-        return gs_fail(GRAPHSWAP_ERR_INVALID_ARGUMENT, FN ": out_channels (%lld) must be divisible by groups (%lld)",
-                       (long long)P->out_channels, (long long)P->groups);
-    const int64_t oh = out_extent(P->in_height, P->pad_top, P->pad_bottom, P->filter_height,
-                                  P->dilation_height, P->stride_height);
-    const int64_t ow = out_extent(P->in_width, P->pad_left, P->pad_right, P->filter_width,
-                                  P->dilation_width, P->stride_width);
-    if (oh < 0 || ow < 0) return gs_fail(GRAPHSWAP_ERR_OVERFLOW, FN ": padded/dilated extents overflow int64");
-    if (P->out_height != oh || P->out_width != ow)
-        return gs_fail(GRAPHSWAP_ERR_INVALID_ARGUMENT,
-                       FN ": output size must be %lldx%lld for input %lldx%lld, pads (%lld,%lld,%lld,%lld), "
-                       "filter %lldx%lld, dilations (%lld,%lld), strides (%lld,%lld); got %lldx%lld",
-                       (long long)oh, (long long)ow, (long long)P->in_height, (long long)P->in_width,
-                       (long long)P->pad_top, (long long)P->pad_bottom, (long long)P->pad_left,
-                       (long long)P->pad_right, (long long)P->filter_height, (long long)P->filter_width,
-                       (long long)P->dilation_height, (long long)P->dilation_width,
-                       (long long)P->stride_height, (long long)P->stride_width,
-                       (long long)P->out_height, (long long)P->out_width);
-    return GRAPHSWAP_OK;
-}
-
-/* Patches of output pixels [p0, p0+rows) for group g, row-major rows x kdim (HWC order, matching
- * the HWIO filter's rows); sums[r] = sum of the row's codes. */
-static void gather_patches(const graphswap_conv2d_params *P, const uint8_t *input, uint8_t pad_code,
-                           int64_t g, int64_t p0, int64_t rows, uint8_t *patches, int64_t *sums)
-{
-    const int64_t cin_g = P->in_channels / P->groups;
-    const int64_t kdim = P->filter_height * P->filter_width * cin_g;
+    const int64_t K = G->taps, cg = G->cin_g, FW = P->filter_width, C = P->in_channels;
+    const int64_t H = P->in_height, W = P->in_width;
+    const int64_t span_h = (P->filter_height - 1) * P->dilation_height, span_w = (FW - 1) * P->dilation_width;
+    const int64_t groups = (rows + 63) / 64;
+    if (rows % 64) memset(dst + (groups - 1) * K * 64, 0, (size_t)(K * 64));
+    int64_t pix = p0;
+    int64_t ow = pix % P->out_width, oh = (pix / P->out_width) % P->out_height;
+    int64_t n = pix / (P->out_width * P->out_height);
     for (int64_t r = 0; r < rows; ++r) {
-        const int64_t pix = p0 + r;
-        const int64_t x = pix % P->out_width, y = (pix / P->out_width) % P->out_height;
-        const int64_t nimg = pix / (P->out_width * P->out_height);
-        uint8_t *dst = patches + r * kdim;
-        for (int64_t fh = 0; fh < P->filter_height; ++fh) {
-            const int64_t iy = y * P->stride_height - P->pad_top + fh * P->dilation_height;
-            for (int64_t fw = 0; fw < P->filter_width; ++fw, dst += cin_g) {
-                const int64_t ix = x * P->stride_width - P->pad_left + fw * P->dilation_width;
-                if (iy < 0 || iy >= P->in_height || ix < 0 || ix >= P->in_width) {
-                    memset(dst, pad_code, (size_t)cin_g);
-                } else {
-                    memcpy(dst, input + ((nimg * P->in_height + iy) * P->in_width + ix) * P->in_channels
-                                    + g * cin_g, (size_t)cin_g);
+        uint8_t *d = dst + (r / 64) * K * 64 + (r % 64);
+        int64_t sum = 0;
+        const int64_t ih0 = oh * P->stride_height - P->pad_top, iw0 = ow * P->stride_width - P->pad_left;
+        const uint8_t *img = codes + n * H * W * C + g * cg;
+        if (ih0 >= 0 && ih0 + span_h < H && iw0 >= 0 && iw0 + span_w < W) {
+            const uint8_t *src = img + (ih0 * W + iw0) * C;
+            for (int64_t k = 0; k < K; ++k) {
+                const uint8_t v = src[off[k]];
+                d[k * 64] = v;
+                sum += v;
+            }
+        } else {
+            for (int64_t fh = 0; fh < P->filter_height; ++fh) {
+                const int64_t ih = ih0 + fh * P->dilation_height;
+                const int inside_h = ih >= 0 && ih < H;
+                for (int64_t fw = 0; fw < FW; ++fw) {
+                    const int64_t iw = iw0 + fw * P->dilation_width;
+                    uint8_t *dk = d + (fh * FW + fw) * cg * 64;
+                    if (!inside_h || iw < 0 || iw >= W) {
+                        for (int64_t ic = 0; ic < cg; ++ic) dk[ic * 64] = pad;
+                        sum += (int64_t)pad * cg;
+                    } else {
+                        const uint8_t *sp = img + (ih * W + iw) * C;
+                        for (int64_t ic = 0; ic < cg; ++ic) {
+                            dk[ic * 64] = sp[ic];
+                            sum += sp[ic];
+                        }
+                    }
                 }
             }
         }
-        if (sums) {
-            const uint8_t *row = patches + r * kdim;
-            int64_t s = 0;
-            for (int64_t i = 0; i < kdim; ++i) s += row[i];
-            sums[r] = s;
+        sums[r] = sum;
+        if (++ow == P->out_width) {
+            ow = 0;
+            if (++oh == P->out_height) { oh = 0; ++n; }
         }
     }
+}
+
+typedef struct conv_job {
+    const graphswap_conv2d_params *P;
+    const gs_conv_geo *G;
+    const gs_lut_table *t;
+    gs_isa_level isa;
+    const uint8_t *codes;   /* input codes, NHWC */
+    uint8_t pad;
+    const uint8_t *wq;      /* filter codes, taps x out_channels */
+    const gs_wquant *w;     /* qt, colsum, scale, zero, bad */
+    int64_t *acc;           /* integer output (or NULL) */
+    int64_t *window_sums;   /* integer output (or NULL) */
+    float *out;             /* float output (or NULL) */
+    const float *bias;
+    const double *sasb;
+    int is_unsigned;
+    int64_t zx;
+} conv_job;
+
+static int32_t run(const char *fn, const conv_job *J)
+{
+    const graphswap_conv2d_params *P = J->P;
+    const gs_conv_geo *G = J->G;
+    const int64_t K = G->taps, cout = P->out_channels, cog = G->cout_g;
+    const gs_lut_shape shape = gs_lut_job_shape(J->isa, J->t);
+    const int64_t blocks = (G->pixels + shape.rows - 1) / shape.rows;
+    const int64_t chunks = cog > 0 ? (cog + shape.cols - 1) / shape.cols : 1;
+    const int64_t jobs = blocks * chunks * P->groups;
+    int nt = gs_threads_for((double)G->pixels * (double)K * (double)(cout > 0 ? cout : 1), GS_CONV_MIN_WORK);
+    if (nt > jobs) nt = (int)jobs;
+    if (nt < 1) nt = 1;
+    const int64_t kscratch = J->t ? (gs_lut_scratch_bytes(J->isa, J->t, K, shape.rows) + 63) / 64 * 64 : 0;
+    const int64_t packbytes = (gs_lut_packed_bytes(shape.rows, K) + 63) / 64 * 64;
+    const int64_t accbytes = J->out ? shape.rows * shape.cols * 8 : 0;
+    const int64_t tmpbytes = (8 * ((K + 7) & ~(int64_t)7) + 63) / 64 * 64;
+    const int64_t per_thread = kscratch + packbytes + accbytes + shape.rows * 8 + tmpbytes;
+    uint8_t *scratch = gs_alloc(per_thread * nt);
+    /* runs of an interior window: whole filter rows when taps are adjacent in memory */
+    conv_runs R;
+    const int merge = P->dilation_width == 1 && G->cin_g == P->in_channels;
+    R.count = merge ? P->filter_height : P->filter_height * P->filter_width;
+    R.len = merge ? P->filter_width * G->cin_g : G->cin_g;
+    R.off = gs_alloc(((R.count > 0 ? R.count : 1) * 2 + (K > 0 ? K : 1)) * 8);
+    if (!scratch || !R.off) {
+        gs_free(scratch), gs_free(R.off);
+        return gs_fail(GRAPHSWAP_ERR_OUT_OF_MEMORY, "%s: cannot allocate %lld bytes of im2col scratch", fn,
+                       (long long)(per_thread * nt));
+    }
+    R.pos = R.off + (R.count > 0 ? R.count : 1);
+    R.tap = R.pos + (R.count > 0 ? R.count : 1);
+    for (int64_t fh = 0, k = 0; fh < P->filter_height; ++fh)
+        for (int64_t fw = 0; fw < P->filter_width; ++fw)
+            for (int64_t ic = 0; ic < G->cin_g; ++ic, ++k)
+                R.tap[k] = (fh * P->dilation_height * P->in_width + fw * P->dilation_width) * P->in_channels + ic;
+    const int direct = G->cin_g < 4;
+    for (int64_t fh = 0, i = 0; fh < P->filter_height; ++fh)
+        for (int64_t fw = 0; fw < (merge ? 1 : P->filter_width); ++fw, ++i) {
+            R.off[i] = (fh * P->dilation_height * P->in_width + fw * P->dilation_width) * P->in_channels;
+            R.pos[i] = (fh * P->filter_width + fw) * G->cin_g;
+        }
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1) if (nt > 1)
+    for (int64_t job = 0; job < jobs; ++job) {
+#ifdef _OPENMP
+        uint8_t *mine = scratch + (int64_t)omp_get_thread_num() * per_thread;
+#else
+        uint8_t *mine = scratch;
+#endif
+        uint8_t *packed = mine + kscratch;
+        int64_t *acc = (int64_t *)(packed + packbytes);
+        int64_t *sums = (int64_t *)((uint8_t *)acc + accbytes);
+        uint8_t *tmp = (uint8_t *)(sums + shape.rows);
+        const int64_t g = job / (blocks * chunks), rest = job % (blocks * chunks);
+        const int64_t blk = rest / chunks, cc = rest % chunks;
+        const int64_t p0 = blk * shape.rows, rows = min64(shape.rows, G->pixels - p0);
+        const int64_t j0 = cc * shape.cols, ncols = cog > 0 ? min64(shape.cols, cog - j0) : 0;
+        if (direct)
+            gather_direct(P, G, J->codes, J->pad, g, p0, rows, R.tap, packed, sums);
+        else
+            gather(P, G, J->codes, J->pad, g, p0, rows, &R, packed, sums, tmp);
+        if (J->window_sums && cc == 0)
+            for (int64_t r = 0; r < rows; ++r) J->window_sums[(p0 + r) * P->groups + g] = sums[r];
+        if (ncols == 0 || !J->t) continue;
+        const int64_t col0 = g * cog + j0; /* first output channel of the job */
+        gs_lut_args a;
+        a.t = J->t;
+        a.a = packed;
+        a.rows = rows;
+        a.k = K;
+        a.b = J->wq + col0;
+        a.ldb = cout;
+        a.bt = J->w->qt + col0 * K;
+        a.ldbt = K;
+        a.ncols = ncols;
+        a.scratch = mine;
+        if (!J->out) {
+            a.acc = J->acc + p0 * cout + col0;
+            a.ldacc = cout;
+            gs_lut_run(J->isa, &a);
+            continue;
+        }
+        a.acc = acc;
+        a.ldacc = ncols;
+        gs_lut_run(J->isa, &a);
+        gs_epilogue e = {J->w->zero + col0, J->w->colsum + col0, J->sasb + col0,
+                         J->bias ? J->bias + col0 : NULL, J->w->bad + col0, J->zx, K, J->is_unsigned};
+        for (int64_t r = 0; r < rows; ++r)
+            gs_epilogue_row(J->isa, &e, acc + r * ncols, ncols, sums[r], J->out + (p0 + r) * cout + col0);
+    }
+    gs_free(scratch), gs_free(R.off);
+    return GRAPHSWAP_OK;
 }
 
 GRAPHSWAP_EXPORT int32_t graphswap_lut_conv2d(const uint8_t *input, const uint8_t *filter,
@@ -129,130 +276,142 @@ GRAPHSWAP_EXPORT int32_t graphswap_lut_conv2d(const uint8_t *input, const uint8_
                                               int64_t *window_sums,
                                               const graphswap_conv2d_params *params)
 {
-    if (!params) return gs_fail(GRAPHSWAP_ERR_INVALID_ARGUMENT, FN ": params is NULL");
+    static const char fn[] = "graphswap_lut_conv2d";
+    int32_t rc = gs_isa_ready(fn);
+    gs_conv_geo G;
+    if (rc == GRAPHSWAP_OK) rc = gs_conv_validate(fn, params, &G);
+    if (rc != GRAPHSWAP_OK) return rc;
     const graphswap_conv2d_params P = *params;
-    int32_t status = validate(&P);
-    if (status != GRAPHSWAP_OK) return status;
-
-    const int64_t G = P.groups, cin_g = P.in_channels / G, cout_g = P.out_channels / G;
-    int64_t in_elems, kdim, filt_elems, pixels, out_elems, sum_elems, t;
-    if (gs_mul_i64(P.batch, P.in_height, &in_elems) || gs_mul_i64(in_elems, P.in_width, &in_elems) ||
-        gs_mul_i64(in_elems, P.in_channels, &in_elems) ||
-        gs_mul_i64(P.filter_height, P.filter_width, &kdim) || gs_mul_i64(kdim, cin_g, &kdim) ||
-        gs_mul_i64(kdim, P.out_channels, &filt_elems) || gs_mul_i64(kdim, 2 * GS_CONV_PIXELS, &t) ||
-        gs_mul_i64(P.batch, P.out_height, &pixels) || gs_mul_i64(pixels, P.out_width, &pixels) ||
-        gs_mul_i64(pixels, P.out_channels, &out_elems) || gs_mul_i64(out_elems, 8, &t) ||
-        gs_mul_i64(pixels, G, &sum_elems) || gs_mul_i64(sum_elems, 8, &t))
-        return gs_fail(GRAPHSWAP_ERR_OVERFLOW, FN ": tensor sizes overflow int64");
-    if (pixels == 0) return GRAPHSWAP_OK;
-    if (window_sums == NULL && out_elems == 0) return GRAPHSWAP_OK;
-    if (out_elems > 0 && !acc) return gs_fail(GRAPHSWAP_ERR_INVALID_ARGUMENT, FN ": acc is NULL (%lld elements)",
-                                              (long long)out_elems);
-    if (kdim > 0 && ((in_elems > 0 && !input) || (filt_elems > 0 && (!filter || !table))))
-        return gs_fail(GRAPHSWAP_ERR_INVALID_ARGUMENT, FN ": input, filter and table must not be NULL");
-    if (kdim == 0) {
-        if (out_elems) memset(acc, 0, (size_t)out_elems * sizeof acc[0]);
-        if (window_sums) memset(window_sums, 0, (size_t)sum_elems * sizeof window_sums[0]);
+    if (G.pixels == 0) return GRAPHSWAP_OK;
+    if (window_sums == NULL && G.out_elems == 0) return GRAPHSWAP_OK;
+    if (G.out_elems > 0 && !acc)
+        return gs_fail(GRAPHSWAP_ERR_INVALID_ARGUMENT, "%s: acc is NULL (%lld elements)", fn, (long long)G.out_elems);
+    if (G.taps > 0 && ((G.in_elems > 0 && !input) || (G.filter_elems > 0 && (!filter || !table))))
+        return gs_fail(GRAPHSWAP_ERR_INVALID_ARGUMENT, "%s: input, filter and table must not be NULL", fn);
+    if (G.taps == 0) {
+        if (G.out_elems) memset(acc, 0, (size_t)G.out_elems * sizeof acc[0]);
+        if (window_sums) memset(window_sums, 0, (size_t)(G.pixels * P.groups) * sizeof window_sums[0]);
         return GRAPHSWAP_OK;
     }
-
-    /* Strategy (see the file comment). */
-    const int64_t kblock = out_elems > 0 ? gs_lut_kblock(table) : 1;
-    const int64_t npad = (cout_g + 7) & ~(int64_t)7;
-    int64_t ebytes = 0;
-    int strategy = DIRECT;
-    if (out_elems > 0 && kblock >= GS_LUT_KB) {
-        if (!gs_mul_i64(kdim, npad * 256 * (int64_t)sizeof(int32_t), &ebytes) && ebytes <= GS_CONV_FULL_E_BYTES &&
-            pixels >= 48)
-            strategy = FULL_E;
-        else if (pixels >= 48 && cout_g >= 8)
-            strategy = BLOCKED_E;
+    gs_lut_table *t = NULL;
+    if (G.out_elems > 0) {
+        t = gs_lut_table_acquire(table);
+        if (!t) return gs_fail(GRAPHSWAP_ERR_OUT_OF_MEMORY, "%s: cannot allocate the prepared table", fn);
     }
-    if (out_elems == 0) strategy = SUMS_ONLY;
-
-    int32_t *tt = NULL, *E = NULL;
-    if (strategy == FULL_E || strategy == BLOCKED_E) {
-        tt = gs_alloc(65536 * (int64_t)sizeof(int32_t));
-        if (strategy == FULL_E) E = gs_alloc(ebytes * G);
-        if (!tt || (strategy == FULL_E && !E)) {
-            gs_free(tt), gs_free(E);
-            return gs_fail(GRAPHSWAP_ERR_OUT_OF_MEMORY, FN ": cannot allocate the expanded filter");
-        }
-        gs_lut_transpose_table(table, tt);
-        if (strategy == FULL_E)
-            for (int64_t g = 0; g < G; ++g)
-                gs_lut_expand(filter, P.out_channels, kdim, g * cout_g, cout_g, npad, tt,
-                              E + g * (ebytes / (int64_t)sizeof(int32_t)), npad);
+    gs_wquant w;
+    rc = gs_wcodes_make(fn, filter ? filter : (const uint8_t *)"", G.out_elems > 0 ? G.taps : 0,
+                        P.out_channels, &w);
+    if (rc == GRAPHSWAP_OK) {
+        conv_job J = {0};
+        J.P = &P, J.G = &G, J.t = t, J.isa = gs_isa(), J.codes = input, J.pad = pad_code, J.wq = filter;
+        J.w = &w, J.acc = acc, J.window_sums = window_sums;
+        rc = run(fn, &J);
+        gs_wquant_free(&w);
     }
+    gs_lut_table_release(t);
+    return rc;
+}
 
-    const int64_t chunk = strategy == BLOCKED_E ? GS_CONV_PIXELS_BLOCKED : GS_CONV_PIXELS;
-    const int64_t chunks_per_group = (pixels + chunk - 1) / chunk;
-    const int64_t jobs = chunks_per_group * G;
-    const double work = (double)pixels * (double)kdim * (double)(P.out_channels > 0 ? P.out_channels : 1);
-    int nt = gs_threads_for(work, GS_CONV_MIN_WORK);
-    if (nt > jobs) nt = (int)jobs;
-    /* per-thread scratch: patches, int32 partial sums, window sums, expanded block */
-    const int64_t patch_bytes = ((chunk * kdim + 63) / 64) * 64;
-    const int64_t acc_cols = strategy == BLOCKED_E ? GS_LUT_NB : npad;
-    const int64_t acc_bytes = chunk * acc_cols * (int64_t)sizeof(int32_t);
-    const int64_t eblk_bytes = strategy == BLOCKED_E ? (int64_t)GS_LUT_KB * 256 * GS_LUT_NB * 4 : 0;
-    const int64_t per_thread = patch_bytes + acc_bytes + chunk * 8 + eblk_bytes + 256;
-    uint8_t *scratch = gs_alloc(per_thread * nt);
-    if (!scratch) {
-        gs_free(tt), gs_free(E);
-        return gs_fail(GRAPHSWAP_ERR_OUT_OF_MEMORY, FN ": cannot allocate %lld bytes of im2col scratch",
-                       (long long)(per_thread * nt));
-    }
-
-#pragma omp parallel for num_threads(nt) schedule(dynamic, 1) if (nt > 1)
-    for (int64_t job = 0; job < jobs; ++job) {
-#ifdef _OPENMP
-        const int tid = omp_get_thread_num();
-#else
-        const int tid = 0;
-#endif
-        uint8_t *base = scratch + (int64_t)tid * per_thread;
-        uint8_t *patches = base;
-        int32_t *acc32 = (int32_t *)(base + patch_bytes);
-        int64_t *sums = (int64_t *)(base + patch_bytes + acc_bytes);
-        int32_t *eblk = (int32_t *)(base + patch_bytes + acc_bytes + chunk * 8);
-        const int64_t g = job / chunks_per_group;
-        const int64_t p0 = (job % chunks_per_group) * chunk;
-        const int64_t rows = (pixels - p0) < chunk ? (pixels - p0) : chunk;
-        gather_patches(&P, input, pad_code, g, p0, rows, patches, window_sums ? sums : NULL);
-        if (window_sums)
-            for (int64_t r = 0; r < rows; ++r) window_sums[(p0 + r) * G + g] = sums[r];
-        int64_t *c = acc + p0 * P.out_channels + g * cout_g;
-        switch (strategy) {
-        case SUMS_ONLY:
-            break;
-        case FULL_E: {
-            const int32_t *Eg = E + g * (ebytes / (int64_t)sizeof(int32_t));
-            for (int64_t r = 0; r < rows; ++r)
-                for (int64_t j = 0; j < cout_g; ++j) c[r * P.out_channels + j] = 0;
-            for (int64_t k0 = 0; k0 < kdim; k0 += kblock) {
-                const int64_t kc = (kdim - k0) < kblock ? (kdim - k0) : kblock;
-                memset(acc32, 0, (size_t)(rows * npad) * sizeof acc32[0]);
-                gs_lut_expanded_rows(patches + k0, kdim, rows, kc, Eg + k0 * 256 * npad, npad, npad,
-                                     acc32, npad);
-                for (int64_t r = 0; r < rows; ++r)
-                    for (int64_t j = 0; j < cout_g; ++j) c[r * P.out_channels + j] += acc32[r * npad + j];
+/* Output positions whose window (in `group`'s channels) holds a non-finite input get NaN in the
+ * group's output channels.  Rare path: plain loops. */
+static void poison_windows(const graphswap_conv2d_params *P, const gs_conv_geo *G, const float *input,
+                           float *out)
+{
+    const int64_t H = P->in_height, W = P->in_width, C = P->in_channels, cg = G->cin_g, cog = G->cout_g;
+    for (int64_t pix = 0; pix < G->pixels; ++pix) {
+        const int64_t ow = pix % P->out_width, oh = (pix / P->out_width) % P->out_height;
+        const int64_t n = pix / (P->out_width * P->out_height);
+        for (int64_t g = 0; g < P->groups; ++g) {
+            int bad = 0;
+            for (int64_t fh = 0; fh < P->filter_height && !bad; ++fh) {
+                const int64_t ih = oh * P->stride_height - P->pad_top + fh * P->dilation_height;
+                if (ih < 0 || ih >= H) continue;
+                for (int64_t fw = 0; fw < P->filter_width && !bad; ++fw) {
+                    const int64_t iw = ow * P->stride_width - P->pad_left + fw * P->dilation_width;
+                    if (iw < 0 || iw >= W) continue;
+                    const float *s = input + ((n * H + ih) * W + iw) * C + g * cg;
+                    for (int64_t ic = 0; ic < cg; ++ic)
+                        if (!gs_finite(s[ic])) { bad = 1; break; }
+                }
             }
-            break;
-        }
-        case BLOCKED_E: {
-            gs_lut_gemm p = {patches, kdim, filter + g * cout_g, P.out_channels, table,
-                             c, P.out_channels, 1, rows, kdim, cout_g, kblock};
-            gs_lut_expanded_tile(&p, tt, 0, rows, 0, cout_g, eblk, acc32);
-            break;
-        }
-        default: {
-            gs_lut_gemm p = {patches, kdim, filter + g * cout_g, P.out_channels, table,
-                             c, P.out_channels, 1, rows, kdim, cout_g, kblock};
-            gs_lut_gemm_tile(&p, 0, rows, 0, cout_g);
-        }
+            if (bad)
+                for (int64_t j = 0; j < cog; ++j) out[pix * P->out_channels + g * cog + j] = NAN;
         }
     }
-    gs_free(scratch), gs_free(tt), gs_free(E);
-    return GRAPHSWAP_OK;
+}
+
+GRAPHSWAP_EXPORT int32_t graphswap_lut_conv2d_f32(const float *input, const float *filter,
+                                                  const float *bias, float *output,
+                                                  const int32_t *table, const graphswap_lut_quant *quant,
+                                                  const graphswap_conv2d_params *params)
+{
+    static const char fn[] = "graphswap_lut_conv2d_f32";
+    int32_t rc = gs_isa_ready(fn);
+    gs_conv_geo G;
+    gs_qparams qx;
+    if (rc == GRAPHSWAP_OK) rc = gs_conv_validate(fn, params, &G);
+    if (rc == GRAPHSWAP_OK) rc = gs_quant_check(fn, quant, &qx);
+    if (rc != GRAPHSWAP_OK) return rc;
+    const graphswap_conv2d_params P = *params;
+    if (G.in_elems > 0 && !input)
+        return gs_fail(GRAPHSWAP_ERR_INVALID_ARGUMENT, "%s: input is NULL (%lld elements)", fn, (long long)G.in_elems);
+    float lo = INFINITY, hi = -INFINITY;
+    int any_bad = 0;
+    if (quant->activation_mode == GRAPHSWAP_QUANT_DYNAMIC || quant->observed_range)
+        gs_range_f32(input, G.in_elems, &lo, &hi, &any_bad);
+    if (quant->observed_range) quant->observed_range[0] = lo, quant->observed_range[1] = hi;
+    if (quant->activation_mode == GRAPHSWAP_QUANT_DYNAMIC) qx = gs_qparams_dynamic(qx.is_signed, lo, hi);
+    if (G.out_elems == 0) return GRAPHSWAP_OK;
+    if (!output) return gs_fail(GRAPHSWAP_ERR_INVALID_ARGUMENT, "%s: output is NULL (%lld elements)", fn,
+                                (long long)G.out_elems);
+    if (G.taps > 0 && (!filter || !table))
+        return gs_fail(GRAPHSWAP_ERR_INVALID_ARGUMENT, "%s: filter and table must not be NULL", fn);
+
+    gs_wquant w;
+    rc = gs_wquant_make(fn, filter, G.taps, P.out_channels, qx.is_signed,
+                        quant->weight_mode == GRAPHSWAP_QUANT_PER_CHANNEL, &w);
+    if (rc != GRAPHSWAP_OK) return rc;
+    double *sasb = gs_alloc(P.out_channels * 8);
+    uint8_t *codes = gs_alloc(G.in_elems > 0 ? G.in_elems : 1);
+    gs_lut_table *t = G.taps > 0 ? gs_lut_table_acquire(table) : NULL;
+    if (!sasb || !codes || (G.taps > 0 && !t)) {
+        rc = gs_fail(GRAPHSWAP_ERR_OUT_OF_MEMORY, "%s: cannot allocate %lld bytes of input codes", fn,
+                     (long long)G.in_elems);
+    } else {
+        for (int64_t o = 0; o < P.out_channels; ++o) sasb[o] = qx.scale * w.scale[o];
+        if (quant->activation_mode == GRAPHSWAP_QUANT_STATIC) {
+            /* the range pass was skipped unless observed: find non-finite values while quantizing */
+            any_bad = 0;
+        }
+        const int64_t n = G.in_elems, chunk = 1 << 16, chunks = (n + chunk - 1) / chunk;
+        const gs_isa_level isa = gs_isa();
+        int bad = 0;
+        const int nt = gs_threads_for((double)n, 1 << 18);
+#pragma omp parallel for num_threads(nt) schedule(static) reduction(| : bad) if (nt > 1)
+        for (int64_t c = 0; c < chunks; ++c) {
+            const int64_t i0 = c * chunk, len = min64(chunk, n - i0);
+            const double recip = gs_recip(qx.scale);
+            bad |= gs_quantize_span(isa, input + i0, len, &qx.scale, &recip, &qx.zero, 0, qx.is_signed, codes + i0);
+        }
+        any_bad |= bad;
+        if (G.taps == 0) {
+            for (int64_t p = 0; p < G.pixels; ++p)
+                for (int64_t o = 0; o < P.out_channels; ++o) {
+                    float y = (float)(sasb[o] * 0.0);
+                    if (bias) y += bias[o];
+                    output[p * P.out_channels + o] = w.bad[o] ? NAN : y;
+                }
+        } else {
+            conv_job J = {0};
+            J.P = &P, J.G = &G, J.t = t, J.isa = gs_isa(), J.codes = codes, J.pad = (uint8_t)qx.zero;
+            J.wq = w.q, J.w = &w, J.out = output, J.bias = bias, J.sasb = sasb;
+            J.is_unsigned = !qx.is_signed, J.zx = qx.zero;
+            rc = run(fn, &J);
+        }
+        if (rc == GRAPHSWAP_OK && any_bad) poison_windows(&P, &G, input, output);
+    }
+    gs_free(sasb), gs_free(codes);
+    gs_wquant_free(&w);
+    gs_lut_table_release(t);
+    return rc;
 }

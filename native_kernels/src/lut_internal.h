@@ -1,55 +1,247 @@
 /*
- * lut_internal.h -- the table-driven GEMM core shared by lut_gemm.c (graphswap_lut_matmul) and
- * lut_conv.c (graphswap_lut_conv2d).  Not part of the ABI (hidden symbols).
+ * lut_internal.h -- the table-driven ("LUT") GEMM core shared by the integer entry points
+ * (graphswap_lut_matmul, graphswap_lut_conv2d) and the fused float ones (graphswap_lut_matmul_f32,
+ * graphswap_lut_conv2d_f32).  Not part of the ABI (hidden symbols).
+ *
+ * One product is  acc[r, j] = sum_k T[(a[r, k] << 8) | b[k, j]]  for a block of at most
+ * GS_LUT_ROWS rows and a range of columns, computed by one of three per-ISA kernels:
+ *   scalar  (lut_scalar.c)  row by row, one 1 KiB table row per (r, k) swept over the columns;
+ *   avx2    (lut_avx2.c)    expanded weights: E[k][code][j] = T[code][b[k, j]] built per block of
+ *                           8 k x 32 columns by 8x8 transposes of the transposed table, then every
+ *                           row is vector adds of E rows;
+ *   avx512  (lut_avx512.c)  weight-stationary VBMI lookups: one weight code's 256-entry column of
+ *                           (T - min T), split into byte planes, sits in 4 zmm registers per plane,
+ *                           and vpermi2b looks up 64 activations at once.
+ * All three give identical int64 sums (exact integer arithmetic).
+ *
+ * Activations reach the kernels packed: a block's rows in groups of 64, k-major inside a group,
+ *     a[(g * k + kk) * 64 + lane]   for row r = 64 g + lane
+ * (lanes past the block's rows hold code 0 and are ignored).  Weights come both row-major
+ * (b[kk * ldb + j]) and transposed (bt[j * ldbt + kk]).
  */
 #ifndef GRAPHSWAP_LUT_INTERNAL_H
 #define GRAPHSWAP_LUT_INTERNAL_H
 
 #include "internal.h"
 
-/* One table-driven product  c[i*rs_c + j*cs_c] = sum_k table[(a[i*lda + k] << 8) | b[k*ldb + j]]
- * for i < m, j < n.  b's rows are contiguous along j.  Partial sums are int32 over K-blocks of at
- * most `kblock` terms (chosen so they cannot overflow, see gs_lut_kblock) and flushed to int64. */
-typedef struct gs_lut_gemm {
-    const uint8_t *a;
-    int64_t lda;
-    const uint8_t *b;
+#define GS_LUT_ROWS 256  /* rows per block (4 groups of 64) */
+#define GS_LUT_COLS 256  /* columns per job */
+
+/* A multiplier table prepared for the kernels; shared, read-only, reference-counted (lut_table.c). */
+typedef struct gs_lut_table {
+    int32_t table[65536];     /* the caller's table (the cache key) */
+    int32_t tt[65536];        /* transposed: tt[(b << 8) | a] = table[(a << 8) | b] */
+    int32_t tmin, tmax;
+    int64_t kblock;           /* longest run of terms whose int32 sum cannot overflow (>= 1) */
+    int planes;               /* byte planes of (T - tmin): 1..3, or 0 if the span needs more */
+    uint8_t *plane_data;      /* [256 b][planes][256 a]: byte p of T[a][b] - tmin (NULL if planes == 0) */
+    uint16_t *tt16;           /* [256 b][256 a]: T[a][b] - tmin if planes <= 2 (else NULL) */
+    int refs;                 /* users + 1 while cached */
+} gs_lut_table;
+
+/* Prepared table for `table` (from the cache, or built); NULL on allocation failure.  Release
+ * with gs_lut_table_release. */
+gs_lut_table *gs_lut_table_acquire(const int32_t *table);
+void gs_lut_table_release(gs_lut_table *t);
+
+typedef struct gs_lut_args {
+    const gs_lut_table *t;
+    const uint8_t *a;      /* packed block (see above) */
+    int64_t rows, k;
+    const uint8_t *b;      /* b[kk * ldb + j], j < ncols (already offset to the first column) */
     int64_t ldb;
-    const int32_t *table;
-    int64_t *c;
-    int64_t rs_c, cs_c;
-    int64_t m, k, n;
-    int64_t kblock;
-} gs_lut_gemm;
+    const uint8_t *bt;     /* bt[j * ldbt + kk] */
+    int64_t ldbt;
+    int64_t ncols;
+    int64_t *acc;          /* acc[r * ldacc + j] = sum, overwritten */
+    int64_t ldacc;
+    void *scratch;         /* gs_lut_scratch_bytes bytes, 64-byte aligned */
+} gs_lut_args;
 
-/* Largest K-block whose int32 partial sums cannot overflow for this table (>= 1). */
-int64_t gs_lut_kblock(const int32_t *table);
+/* Rows and columns per job for the path in use (rows a multiple of 64): the avx2 kernel amortises
+ * its weight expansion over the rows, so it takes more of them. */
+typedef struct gs_lut_shape {
+    int64_t rows, cols;
+} gs_lut_shape;
+gs_lut_shape gs_lut_job_shape(gs_isa_level isa, const gs_lut_table *t);
 
-/* Computes rows [m0, m1) x columns [n0, n1) of the product on the calling thread. */
-void gs_lut_gemm_tile(const gs_lut_gemm *p, int64_t m0, int64_t m1, int64_t n0, int64_t n1);
+/* Scratch one kernel call of at most `rows` rows needs for the path in use. */
+int64_t gs_lut_scratch_bytes(gs_isa_level isa, const gs_lut_table *t, int64_t k, int64_t rows);
 
-/* 65536-entry transpose: tt[(b << 8) | a] = table[(a << 8) | b]. */
-void gs_lut_transpose_table(const int32_t *table, int32_t *tt);
+/* Runs the kernel of `isa` (falling back to a narrower one when the table does not suit it). */
+void gs_lut_run(gs_isa_level isa, const gs_lut_args *args);
 
-/* Expanded b block: E[kk*256*ldE + code*ldE + j] = tt[(b[kk*ldb + n0 + j] << 8) | code] for
- * kk < kcount, j < nbpad (nbpad a multiple of 8; columns j >= w use b code 0, results unused). */
-void gs_lut_expand(const uint8_t *b, int64_t ldb, int64_t kcount, int64_t n0, int64_t w, int64_t nbpad,
-                   const int32_t *tt, int32_t *E, int64_t ldE);
+/* per-ISA kernels */
+void gs_lut_kernel_scalar(const gs_lut_args *args);
+void gs_lut_kernel_avx2(const gs_lut_args *args);
+void gs_lut_kernel_avx512(const gs_lut_args *args);
+int64_t gs_lut_scratch_avx2(const gs_lut_table *t, int64_t k, int64_t rows);
 
-/* acc[i*ldacc + j] += sum_{kk < kcount} E[(kk*256 + a[i*lda + kk])*ldE + j], i < rows, j < nbpad
- * (int32; the caller keeps kcount within gs_lut_kblock). */
-void gs_lut_expanded_rows(const uint8_t *a, int64_t lda, int64_t rows, int64_t kcount,
-                          const int32_t *E, int64_t ldE, int64_t nbpad, int32_t *acc, int64_t ldacc);
+/* In-register transpose of an 8 x 8 byte block: x[i] byte j <-> x[j] byte i. */
+static inline void gs_transpose8x8_bytes(uint64_t x[8])
+{
+    for (int i = 0; i < 8; i += 2) {
+        const uint64_t t = ((x[i] >> 8) ^ x[i + 1]) & 0x00FF00FF00FF00FFull;
+        x[i + 1] ^= t, x[i] ^= t << 8;
+    }
+    for (int i = 0; i < 8; i += 4)
+        for (int j = 0; j < 2; ++j) {
+            const uint64_t t = ((x[i + j] >> 16) ^ x[i + j + 2]) & 0x0000FFFF0000FFFFull;
+            x[i + j + 2] ^= t, x[i + j] ^= t << 16;
+        }
+    for (int j = 0; j < 4; ++j) {
+        const uint64_t t = ((x[j] >> 32) ^ x[j + 4]) & 0x00000000FFFFFFFFull;
+        x[j + 4] ^= t, x[j] ^= t << 32;
+    }
+}
 
-/* Columns per expanded block / vector tile (work splits along n should be multiples of it). */
-#define GS_LUT_NB 32
-/* k rows per expanded block of gs_lut_expanded_tile. */
-#define GS_LUT_KB 8
+/* Bytes of a packed block of `rows` rows (rows rounded up to 64). */
+static inline int64_t gs_lut_packed_bytes(int64_t rows, int64_t k)
+{
+    return ((rows + 63) / 64) * 64 * k;
+}
 
-/* The expanded-b product for rows [m0, m1) x columns [n0, n1) on the calling thread (see
- * lut_gemm.c).  tt is the transposed table; E (GS_LUT_KB*256*GS_LUT_NB int32) and accp
- * ((m1-m0)*GS_LUT_NB int32) are the caller's scratch.  Requires p->kblock >= GS_LUT_KB. */
-void gs_lut_expanded_tile(const gs_lut_gemm *p, const int32_t *tt, int64_t m0, int64_t m1, int64_t n0,
-                          int64_t n1, int32_t *E, int32_t *accp);
+/* ---- quantization (lut_quant.c): the formulas of graphswap_kernels.h, bit for bit numpy's ---- */
+
+/* rint (round half to even) for |x| <= 2^51, without libm (baseline x86-64 has no roundsd). */
+static inline double gs_rint(double x)
+{
+    const double magic = 6755399441055744.0; /* 1.5 * 2^52 */
+    return (x + magic) - magic;
+}
+
+static inline int gs_finite(float x)
+{
+    union { float f; uint32_t u; } v = {x};
+    return (v.u & 0x7f800000u) != 0x7f800000u;
+}
+
+/* code of finite t: clip(rint(t / s) + z, 0, 255) */
+static inline uint8_t gs_quant_u8(float t, double s, double z)
+{
+    double v = (double)t / s;
+    v = v > 512.0 ? 512.0 : (v < -512.0 ? -512.0 : v); /* t/s may overflow; clipped anyway */
+    double q = gs_rint(v) + z;
+    q = q < 0.0 ? 0.0 : (q > 255.0 ? 255.0 : q);
+    return (uint8_t)(int)q;
+}
+
+/* code of finite t: two's-complement byte of clip(rint(t / s), -127, 127) */
+static inline uint8_t gs_quant_s8(float t, double s)
+{
+    double v = (double)t / s;
+    v = v > 512.0 ? 512.0 : (v < -512.0 ? -512.0 : v);
+    double q = gs_rint(v);
+    q = q < -127.0 ? -127.0 : (q > 127.0 ? 127.0 : q);
+    return (uint8_t)(int8_t)(int)q;
+}
+
+/* Quantization of one tensor (or channel): code = quant(t) for finite t, `zero` for non-finite. */
+typedef struct gs_qparams {
+    int is_signed;
+    double scale;
+    int32_t zero;   /* 0 for signed */
+} gs_qparams;
+
+static inline uint8_t gs_quant(const gs_qparams *q, float t)
+{
+    if (!gs_finite(t)) return (uint8_t)q->zero;
+    return q->is_signed ? gs_quant_s8(t, q->scale) : gs_quant_u8(t, q->scale, (double)q->zero);
+}
+
+/* min / max of the finite values (+inf / -inf if none), and whether any value is not finite;
+ * parallel for large n. */
+void gs_range_f32(const float *x, int64_t n, float *lo, float *hi, int *any_bad);
+
+/* Parameters from a finite range (lo = +inf, hi = -inf when there are no finite values). */
+gs_qparams gs_qparams_dynamic(int is_signed, float lo, float hi);
+
+/* Vectorised quantization, per ISA (bit for bit gs_quant): dst[i] = code of src[i], i < n, with
+ * scale[i] / zero[i] / recip[i] (per_element != 0) or scale[0] / zero[0] / recip[0]; non-finite
+ * values get the zero point.  recip = gs_recip(scale) lets the vector paths multiply instead of
+ * divide (see gs_recip).  Returns 1 if any src[i] is not finite. */
+int gs_quantize_span(gs_isa_level isa, const float *src, int64_t n, const double *scale,
+                     const double *recip, const int32_t *zero, int per_element, int is_signed,
+                     uint8_t *dst);
+int gs_quantize_span_scalar(const float *src, int64_t n, const double *scale, const int32_t *zero,
+                            int per_element, int is_signed, uint8_t *dst);
+int gs_quantize_span_avx2(const float *src, int64_t n, const double *scale, const double *recip,
+                          const int32_t *zero, int per_element, int is_signed, uint8_t *dst);
+int gs_quantize_span_avx512(const float *src, int64_t n, const double *scale, const double *recip,
+                            const int32_t *zero, int per_element, int is_signed, uint8_t *dst);
+
+/* 1/s for the vector quantizers, or NaN when s is outside [1e-300, 1e300] (then they divide).
+ * They compute v = t * (1/s); v differs from the correctly rounded t / s by at most ~3 * 2^-53 |v|,
+ * so rint(v) == rint(fl(t / s)) unless v lies within that of a half-integer: lanes within
+ * 2^-48 |v| of one (or NaN / inf) are divided instead, keeping numpy's results bit for bit. */
+static inline double gs_recip(double s)
+{
+    return (s >= 1e-300 && s <= 1e300) ? 1.0 / s : __builtin_nan("");
+}
+
+/* min / max over the finite values of src[0..n) folded into *lo / *hi; returns 1 if any is not
+ * finite. */
+int gs_range_span_avx2(const float *src, int64_t n, float *lo, float *hi);
+int gs_range_span_avx512(const float *src, int64_t n, float *lo, float *hi);
+
+/* Epilogue of one output row: out[j] = float32(sasb[j] * float64(c_j)) (+ bias[j]), NaN where
+ * bad[j], with c_j = acc[j] - zero[j] * rsum - za * colsum[j] + K * za * zero[j] (unsigned) or
+ * acc[j] (signed) -- exact int64 arithmetic, then one rounding to float64 and one to float32. */
+typedef struct gs_epilogue {
+    const int32_t *zero;
+    const int64_t *colsum;
+    const double *sasb;
+    const float *bias;    /* or NULL */
+    const uint8_t *bad;
+    int64_t za, K;
+    int is_unsigned;
+} gs_epilogue;
+
+static inline void gs_epilogue_row_scalar(const gs_epilogue *e, const int64_t *restrict acc, int64_t n,
+                                          int64_t rsum, float *restrict out)
+{
+    for (int64_t j = 0; j < n; ++j) {
+        int64_t v = acc[j];
+        if (e->is_unsigned) v = v - e->zero[j] * rsum - e->za * e->colsum[j] + e->K * e->za * e->zero[j];
+        float y = (float)(e->sasb[j] * (double)v);
+        if (e->bias) y += e->bias[j];
+        out[j] = e->bad[j] ? __builtin_nanf("") : y;
+    }
+}
+
+void gs_epilogue_row_avx512(const gs_epilogue *e, const int64_t *acc, int64_t n, int64_t rsum, float *out);
+
+static inline void gs_epilogue_row(gs_isa_level isa, const gs_epilogue *e, const int64_t *acc, int64_t n,
+                                   int64_t rsum, float *out)
+{
+    if (isa == GS_ISA_AVX512)
+        gs_epilogue_row_avx512(e, acc, n, rsum, out);
+    else
+        gs_epilogue_row_scalar(e, acc, n, rsum, out);
+}
+
+/* Quantized weights: w is K x N row-major (matmul b, or an HWIO filter as taps x out_channels). */
+typedef struct gs_wquant {
+    uint8_t *q;      /* K x N codes, row-major */
+    double *recip;   /* N: gs_recip(scale) */
+    uint8_t *qt;     /* N x K codes (transposed) */
+    int64_t *colsum; /* N: sum_k q[k, j] */
+    double *scale;   /* N */
+    int32_t *zero;   /* N */
+    uint8_t *bad;    /* N: column has a non-finite value */
+    int any_bad;
+} gs_wquant;
+
+/* Returns GRAPHSWAP_OK or GRAPHSWAP_ERR_OUT_OF_MEMORY (gs_fail called with fn). */
+int32_t gs_wquant_make(const char *fn, const float *w, int64_t K, int64_t N, int is_signed,
+                       int per_channel, gs_wquant *out);
+void gs_wquant_free(gs_wquant *w);
+
+/* Codes of an integer-entry caller (graphswap_lut_matmul / _conv2d): the transposed copy and column
+ * sums only. */
+int32_t gs_wcodes_make(const char *fn, const uint8_t *b, int64_t K, int64_t N, gs_wquant *out);
+
+/* Checks a graphswap_lut_quant; fills the static activation parameters when STATIC. */
+int32_t gs_quant_check(const char *fn, const graphswap_lut_quant *q, gs_qparams *act);
 
 #endif /* GRAPHSWAP_LUT_INTERNAL_H */

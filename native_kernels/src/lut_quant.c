@@ -1,0 +1,241 @@
+/*
+ * lut_quant.c -- quantization for the fused table-driven kernels: ranges, parameters, weight codes.
+ * The formulas are those of graphswap_kernels.h (and graphswap/quantized.py): float64 scale
+ * arithmetic, rint = round half to even, non-finite values out of every range.
+ */
+#include <math.h>
+#include <string.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "lut_internal.h"
+
+#define GS_RANGE_CHUNK (1 << 16)
+
+int gs_quantize_span_scalar(const float *src, int64_t n, const double *scale, const int32_t *zero,
+                            int per_element, int is_signed, uint8_t *dst)
+{
+    int bad = 0;
+    for (int64_t i = 0; i < n; ++i) {
+        const int64_t e = per_element ? i : 0;
+        const float v = src[i];
+        if (!gs_finite(v)) {
+            dst[i] = (uint8_t)zero[e];
+            bad = 1;
+        } else {
+            dst[i] = is_signed ? gs_quant_s8(v, scale[e]) : gs_quant_u8(v, scale[e], (double)zero[e]);
+        }
+    }
+    return bad;
+}
+
+int gs_quantize_span(gs_isa_level isa, const float *src, int64_t n, const double *scale,
+                     const double *recip, const int32_t *zero, int per_element, int is_signed,
+                     uint8_t *dst)
+{
+    switch (isa) {
+    case GS_ISA_AVX512: return gs_quantize_span_avx512(src, n, scale, recip, zero, per_element, is_signed, dst);
+    case GS_ISA_AVX2: return gs_quantize_span_avx2(src, n, scale, recip, zero, per_element, is_signed, dst);
+    default: return gs_quantize_span_scalar(src, n, scale, zero, per_element, is_signed, dst);
+    }
+}
+
+static void range_chunk(const float *x, int64_t n, float *lo, float *hi, int *bad)
+{
+    float l = INFINITY, h = -INFINITY;
+    int b = 0;
+    const gs_isa_level isa = gs_isa();
+    if (isa == GS_ISA_AVX512 || isa == GS_ISA_AVX2) {
+        b = isa == GS_ISA_AVX512 ? gs_range_span_avx512(x, n, &l, &h) : gs_range_span_avx2(x, n, &l, &h);
+        *lo = l, *hi = h, *bad = b;
+        return;
+    }
+    for (int64_t i = 0; i < n; ++i) {
+        const float v = x[i];
+        if (gs_finite(v)) {
+            l = v < l ? v : l;
+            h = v > h ? v : h;
+        } else {
+            b = 1;
+        }
+    }
+    *lo = l, *hi = h, *bad = b;
+}
+
+void gs_range_f32(const float *x, int64_t n, float *lo, float *hi, int *any_bad)
+{
+    float l = INFINITY, h = -INFINITY;
+    int b = 0;
+    const int64_t chunks = (n + GS_RANGE_CHUNK - 1) / GS_RANGE_CHUNK;
+    const int nt = gs_threads_for((double)n, 4.0 * GS_RANGE_CHUNK);
+    if (nt <= 1) {
+        range_chunk(x, n, &l, &h, &b);
+    } else {
+#pragma omp parallel for num_threads(nt) schedule(static) reduction(min : l) reduction(max : h) reduction(| : b)
+        for (int64_t c = 0; c < chunks; ++c) {
+            float cl, ch;
+            int cb;
+            const int64_t lo0 = c * GS_RANGE_CHUNK;
+            range_chunk(x + lo0, n - lo0 < GS_RANGE_CHUNK ? n - lo0 : GS_RANGE_CHUNK, &cl, &ch, &cb);
+            l = cl < l ? cl : l;
+            h = ch > h ? ch : h;
+            b |= cb;
+        }
+    }
+    *lo = l, *hi = h, *any_bad = b;
+}
+
+gs_qparams gs_qparams_dynamic(int is_signed, float flo, float fhi)
+{
+    gs_qparams q = {is_signed, 1.0, 0};
+    if (is_signed) {
+        double amax = 0.0;
+        if (flo <= fhi) { /* some finite value */
+            const double a = fabs((double)flo), b = fabs((double)fhi);
+            amax = a > b ? a : b;
+        }
+        q.scale = amax > 0.0 ? amax / 127.0 : 1.0;
+        return q;
+    }
+    const double lo = (double)flo < 0.0 ? (double)flo : 0.0; /* +inf (no finite value) -> 0 */
+    const double hi = (double)fhi > 0.0 ? (double)fhi : 0.0;
+    if (hi == lo) return q;
+    q.scale = (hi - lo) / 255.0;
+    double z = gs_rint(-lo / q.scale);
+    z = z < 0.0 ? 0.0 : (z > 255.0 ? 255.0 : z);
+    q.zero = (int32_t)z;
+    return q;
+}
+
+int32_t gs_quant_check(const char *fn, const graphswap_lut_quant *q, gs_qparams *act)
+{
+    if (!q) return gs_fail(GRAPHSWAP_ERR_INVALID_ARGUMENT, "%s: quant is NULL", fn);
+    if (q->scheme != GRAPHSWAP_LUT_UNSIGNED && q->scheme != GRAPHSWAP_LUT_SIGNED)
+        return gs_fail(GRAPHSWAP_ERR_INVALID_ARGUMENT,
+                       "%s: quant->scheme must be GRAPHSWAP_LUT_UNSIGNED (0) or GRAPHSWAP_LUT_SIGNED (1), got %d",
+                       fn, (int)q->scheme);
+    if (q->activation_mode != GRAPHSWAP_QUANT_DYNAMIC && q->activation_mode != GRAPHSWAP_QUANT_STATIC)
+        return gs_fail(GRAPHSWAP_ERR_INVALID_ARGUMENT,
+                       "%s: quant->activation_mode must be GRAPHSWAP_QUANT_DYNAMIC (0) or "
+                       "GRAPHSWAP_QUANT_STATIC (1), got %d", fn, (int)q->activation_mode);
+    if (q->weight_mode != GRAPHSWAP_QUANT_PER_TENSOR && q->weight_mode != GRAPHSWAP_QUANT_PER_CHANNEL)
+        return gs_fail(GRAPHSWAP_ERR_INVALID_ARGUMENT,
+                       "%s: quant->weight_mode must be GRAPHSWAP_QUANT_PER_TENSOR (0) or "
+                       "GRAPHSWAP_QUANT_PER_CHANNEL (1), got %d", fn, (int)q->weight_mode);
+    act->is_signed = q->scheme == GRAPHSWAP_LUT_SIGNED;
+    act->scale = 1.0;
+    act->zero = 0;
+    if (q->activation_mode == GRAPHSWAP_QUANT_STATIC) {
+        const double s = q->activation_scale;
+        if (!(s > 0.0) || !isfinite(s))
+            return gs_fail(GRAPHSWAP_ERR_INVALID_ARGUMENT,
+                           "%s: static quant->activation_scale must be finite and > 0, got %g", fn, s);
+        const int32_t z = q->activation_zero_point;
+        if (act->is_signed ? z != 0 : (z < 0 || z > 255))
+            return gs_fail(GRAPHSWAP_ERR_INVALID_ARGUMENT,
+                           "%s: static quant->activation_zero_point must be %s, got %d", fn,
+                           act->is_signed ? "0 for the signed scheme" : "in 0..255", (int)z);
+        act->scale = s;
+        act->zero = z;
+    }
+    return GRAPHSWAP_OK;
+}
+
+void gs_wquant_free(gs_wquant *w)
+{
+    gs_free(w->q), gs_free(w->qt), gs_free(w->colsum), gs_free(w->scale), gs_free(w->zero), gs_free(w->bad);
+    gs_free(w->recip);
+    memset(w, 0, sizeof *w);
+}
+
+static int32_t wquant_alloc(const char *fn, int64_t K, int64_t N, int need_q, gs_wquant *w)
+{
+    memset(w, 0, sizeof *w);
+    const int64_t kn = K * N > 0 ? K * N : 1, n = N > 0 ? N : 1;
+    if (need_q) w->q = gs_alloc(kn);
+    w->qt = gs_alloc(kn);
+    w->colsum = gs_alloc(n * 8);
+    w->scale = gs_alloc(n * 8);
+    w->recip = gs_alloc(n * 8);
+    w->zero = gs_alloc(n * 4);
+    w->bad = gs_alloc(n);
+    if ((need_q && !w->q) || !w->qt || !w->colsum || !w->scale || !w->recip || !w->zero || !w->bad) {
+        gs_wquant_free(w);
+        return gs_fail(GRAPHSWAP_ERR_OUT_OF_MEMORY, "%s: cannot allocate %lld bytes for weight codes", fn,
+                       (long long)(2 * kn + 21 * n));
+    }
+    return GRAPHSWAP_OK;
+}
+
+/* qt and colsum from w->q (K x N). */
+static void transpose_codes(const uint8_t *q, int64_t K, int64_t N, gs_wquant *w)
+{
+    for (int64_t j = 0; j < N; ++j) w->colsum[j] = 0;
+    const int64_t B = 64;
+    for (int64_t k0 = 0; k0 < K; k0 += B)
+        for (int64_t j0 = 0; j0 < N; j0 += B) {
+            const int64_t k1 = K - k0 < B ? K : k0 + B, j1 = N - j0 < B ? N : j0 + B;
+            for (int64_t k = k0; k < k1; ++k)
+                for (int64_t j = j0; j < j1; ++j) w->qt[j * K + k] = q[k * N + j];
+        }
+    for (int64_t k = 0; k < K; ++k)
+        for (int64_t j = 0; j < N; ++j) w->colsum[j] += q[k * N + j];
+}
+
+int32_t gs_wcodes_make(const char *fn, const uint8_t *b, int64_t K, int64_t N, gs_wquant *w)
+{
+    int32_t rc = wquant_alloc(fn, K, N, 0, w);
+    if (rc != GRAPHSWAP_OK) return rc;
+    transpose_codes(b, K, N, w);
+    return GRAPHSWAP_OK;
+}
+
+int32_t gs_wquant_make(const char *fn, const float *wf, int64_t K, int64_t N, int is_signed,
+                       int per_channel, gs_wquant *w)
+{
+    int32_t rc = wquant_alloc(fn, K, N, 1, w);
+    if (rc != GRAPHSWAP_OK) return rc;
+    /* ranges: per column (lo/hi in the colsum/scale buffers' space is not reused: small arrays) */
+    float *lo = gs_alloc((N > 0 ? N : 1) * 4), *hi = gs_alloc((N > 0 ? N : 1) * 4);
+    if (!lo || !hi) {
+        gs_free(lo), gs_free(hi), gs_wquant_free(w);
+        return gs_fail(GRAPHSWAP_ERR_OUT_OF_MEMORY, "%s: cannot allocate weight ranges", fn);
+    }
+    for (int64_t j = 0; j < N; ++j) lo[j] = INFINITY, hi[j] = -INFINITY, w->bad[j] = 0;
+    for (int64_t k = 0; k < K; ++k) {
+        const float *row = wf + k * N;
+        for (int64_t j = 0; j < N; ++j) { /* branch-free: vectorises */
+            const float v = row[j];
+            const int ok = gs_finite(v);
+            const float vl = ok ? v : INFINITY, vh = ok ? v : -INFINITY;
+            lo[j] = vl < lo[j] ? vl : lo[j];
+            hi[j] = vh > hi[j] ? vh : hi[j];
+            w->bad[j] |= (uint8_t)!ok;
+        }
+    }
+    w->any_bad = 0;
+    for (int64_t j = 0; j < N; ++j) w->any_bad |= w->bad[j];
+    if (!per_channel) {
+        float l = INFINITY, h = -INFINITY;
+        for (int64_t j = 0; j < N; ++j) {
+            l = lo[j] < l ? lo[j] : l;
+            h = hi[j] > h ? hi[j] : h;
+        }
+        const gs_qparams q = gs_qparams_dynamic(is_signed, l, h);
+        for (int64_t j = 0; j < N; ++j) w->scale[j] = q.scale, w->zero[j] = q.zero;
+    } else {
+        for (int64_t j = 0; j < N; ++j) {
+            const gs_qparams q = gs_qparams_dynamic(is_signed, lo[j], hi[j]);
+            w->scale[j] = q.scale, w->zero[j] = q.zero;
+        }
+    }
+    gs_free(lo), gs_free(hi);
+    for (int64_t j = 0; j < N; ++j) w->recip[j] = gs_recip(w->scale[j]);
+    const gs_isa_level isa = gs_isa();
+    for (int64_t k = 0; k < K; ++k)
+        gs_quantize_span(isa, wf + k * N, N, w->scale, w->recip, w->zero, 1, is_signed, w->q + k * N);
+    transpose_codes(w->q, K, N, w);
+    return GRAPHSWAP_OK;
+}
