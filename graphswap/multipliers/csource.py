@@ -154,7 +154,7 @@ def _classify(fn: _CFunction, path: str) -> _Signature:
     return _Signature(signed, arg_type, swap, result_twos, generation, tuple(notes))
 
 
-_WRAPPER_VERSION = "1"
+_WRAPPER_VERSION = "2"  # 2: built portable (no -march=native)
 
 
 def _wrapper_source(fn: _CFunction, sig: _Signature, include_name: str) -> str:
@@ -237,7 +237,7 @@ def from_c_source(content: FileContent, function: str | None) -> Multiplier:
     if not chosen:
         # Maybe the source does not even compile: the compiler's message is the useful one then.
         try:
-            compiler.compile_shared([copied], workdir / "syntax-check.so")
+            compiler.compile_shared([copied], workdir / "syntax-check.so", portable=True)
         except compiler.CompilerError as exc:
             raise _compile_error(path, exc) from None
         found = [f"{f.ret} {f.name}({', '.join(' '.join(p) for p in f.params)})"
@@ -258,7 +258,10 @@ def from_c_source(content: FileContent, function: str | None) -> Multiplier:
         wrapper_path = workdir / f"wrapper-{key}.c"
         wrapper_path.write_text(wrapper)
         try:
-            compiler.compile_shared([wrapper_path], library_path, include_dirs=[workdir])
+            # portable: the table is filled once, and a cache shared by machines (a home directory
+            # on a cluster) must not hold code another CPU cannot run
+            compiler.compile_shared([wrapper_path], library_path, include_dirs=[workdir],
+                                    portable=True)
         except compiler.CompilerError as exc:
             raise _compile_error(path, exc) from None
         _record_binary_hash(library_path)

@@ -61,6 +61,21 @@ class Conv2DParams(ctypes.Structure):
         return cls(*(getattr(g, name) for name, _ in cls._fields_))
 
 
+def _load_quietly(path: str):
+    """ctypes.CDLL(path) with OPENBLAS_NUM_THREADS=1 while it loads: graphswap's library links
+    OpenBLAS, whose own thread pool would otherwise be created - and spin - although graphswap
+    only ever calls it single-threaded from its own (sleeping) OpenMP team."""
+    previous = os.environ.get("OPENBLAS_NUM_THREADS")
+    os.environ["OPENBLAS_NUM_THREADS"] = "1"
+    try:
+        return ctypes.CDLL(path)
+    finally:
+        if previous is None:
+            del os.environ["OPENBLAS_NUM_THREADS"]
+        else:
+            os.environ["OPENBLAS_NUM_THREADS"] = previous
+
+
 def _ptr(array: np.ndarray, ctype):
     return array.ctypes.data_as(ctype)
 
@@ -68,6 +83,22 @@ def _ptr(array: np.ndarray, ctype):
 def _as_input(array: np.ndarray, dtype) -> np.ndarray:
     """C-contiguous array of `dtype` (copies only when needed: strided views, other dtypes)."""
     return np.ascontiguousarray(array, dtype=dtype)
+
+
+class LutQuant(ctypes.Structure):
+    """ctypes mirror of graphswap_lut_quant (field order is the ABI; see the header)."""
+
+    _fields_ = [("scheme", ctypes.c_int32), ("activation_mode", ctypes.c_int32),
+                ("weight_mode", ctypes.c_int32), ("activation_zero_point", ctypes.c_int32),
+                ("activation_scale", ctypes.c_double),
+                ("observed_range", ctypes.POINTER(ctypes.c_double))]
+
+
+# graphswap_lut_quant's constants (graphswap_kernels.h)
+LUT_UNSIGNED, LUT_SIGNED = 0, 1
+QUANT_DYNAMIC, QUANT_STATIC = 0, 1
+QUANT_PER_TENSOR, QUANT_PER_CHANNEL = 0, 1
+ISA_PATHS = ("scalar", "avx2", "avx512")
 
 
 class KernelLibrary:
@@ -81,7 +112,7 @@ class KernelLibrary:
             raise KernelLoadError(f"kernel library not found: {self.path}")
         self.sha256 = sha256 or file_sha256(self.path)
         try:
-            self._lib = ctypes.CDLL(self.path)
+            self._lib = _load_quietly(self.path)
         except OSError as exc:
             raise KernelLoadError(
                 f"cannot load kernel library {self.path}: {exc}. It must be a shared library "
@@ -123,6 +154,17 @@ class KernelLibrary:
         self._lut_conv = self._optional("graphswap_lut_conv2d", i32,
                                         [_u8p, _u8p, _i32p, ctypes.c_uint8, _i64p, _i64p,
                                          ctypes.POINTER(Conv2DParams)])
+        quant = ctypes.POINTER(LutQuant)
+        self._lut_matmul_f32 = self._optional(
+            "graphswap_lut_matmul_f32", i32,
+            [_f32p, _f32p, _f32p, _f32p, _i64, _i64, _i64, _i32p, quant])
+        self._lut_conv_f32 = self._optional(
+            "graphswap_lut_conv2d_f32", i32,
+            [_f32p, _f32p, _f32p, _f32p, _i32p, quant, ctypes.POINTER(Conv2DParams)])
+        self._isa = self._optional("graphswap_isa", ctypes.c_char_p, [])
+        self._isa_supported = self._optional("graphswap_isa_supported", ctypes.c_char_p, [])
+        self._set_isa = self._optional("graphswap_set_isa", i32, [ctypes.c_char_p])
+        self._blas_info = self._optional("graphswap_blas_info", ctypes.c_char_p, [])
 
     # -- capabilities ------------------------------------------------------------------------
     @property
@@ -136,6 +178,36 @@ class KernelLibrary:
     def set_num_threads(self, n: int) -> None:
         if self._set_threads is not None:
             self._set_threads(int(n))
+
+    # -- instruction-set paths (graphswap's own library) ----------------------------------------
+    @property
+    def isa(self) -> str | None:
+        """The code path in use ("scalar", "avx2", "avx512"; "none" while a forced path is
+        refused), or None for a library without run-time dispatch."""
+        return self._isa().decode() if self._isa is not None else None
+
+    @property
+    def supported_isas(self) -> tuple:
+        """The code paths this CPU can run."""
+        return tuple(self._isa_supported().decode().split()) if self._isa_supported else ()
+
+    def set_isa(self, name: str) -> None:
+        """Switch the code path: "scalar", "avx2", "avx512" or "auto" (the best the CPU runs)."""
+        if self._set_isa is None:
+            raise KernelLoadError(f"{self.path} has no run-time instruction-set dispatch")
+        self._check("graphswap_set_isa", self._set_isa(str(name).encode("ascii")))
+
+    @property
+    def blas_info(self) -> str | None:
+        return self._blas_info().decode() if self._blas_info is not None else None
+
+    def check_isa(self) -> None:
+        """Raise KernelLoadError when $GRAPHSWAP_ISA forced a path this CPU cannot run."""
+        if self.isa == "none":
+            raise KernelLoadError(
+                f"GRAPHSWAP_ISA={os.environ.get('GRAPHSWAP_ISA')!r} cannot run here: this CPU runs "
+                f"{', '.join(self.supported_isas) or 'scalar'}; unset GRAPHSWAP_ISA or choose one "
+                f"of those (allowed: {', '.join(ISA_PATHS)}, auto)")
 
     # -- calls -------------------------------------------------------------------------------
     def _check(self, function_name: str, code: int) -> None:
@@ -223,6 +295,42 @@ class KernelLibrary:
                                    _ptr(acc, _i64p), sums_ptr, ctypes.byref(params)))
         return acc, sums
 
+    @property
+    def has_fused_lut(self) -> bool:
+        return self._lut_matmul_f32 is not None and self._lut_conv_f32 is not None
+
+    def lut_matmul_f32(self, a, b, table, quant: LutQuant, bias=None) -> np.ndarray:
+        """Quantize a (m,k) and b (k,n), sum table products exactly, correct, dequantize (+ bias):
+        one call (graphswap_lut_matmul_f32)."""
+        a = _as_input(a, np.float32)
+        b = _as_input(b, np.float32)
+        m, k = a.shape
+        if b.ndim != 2 or b.shape[0] != k:
+            raise GraphswapError(f"matmul shapes do not agree: {a.shape} x {b.shape}; the inner "
+                                 f"dimensions must be equal")
+        n = b.shape[1]
+        out = np.empty((m, n), dtype=np.float32)
+        bias_ptr = None if bias is None else _ptr(_as_input(bias, np.float32), _f32p)
+        self._check("graphswap_lut_matmul_f32",
+                    self._lut_matmul_f32(_ptr(a, _f32p), _ptr(b, _f32p), bias_ptr,
+                                         _ptr(out, _f32p), m, k, n, _ptr(table, _i32p),
+                                         ctypes.byref(quant)))
+        return out
+
+    def lut_conv2d_f32(self, x, w, table, quant: LutQuant, geometry: ConvGeometry,
+                       bias=None) -> np.ndarray:
+        """The fused table-driven convolution (graphswap_lut_conv2d_f32)."""
+        x = _as_input(x, np.float32)
+        w = _as_input(w, np.float32)
+        out = np.empty(geometry.output_shape, dtype=np.float32)
+        bias_ptr = None if bias is None else _ptr(_as_input(bias, np.float32), _f32p)
+        params = Conv2DParams.from_geometry(geometry)
+        self._check("graphswap_lut_conv2d_f32",
+                    self._lut_conv_f32(_ptr(x, _f32p), _ptr(w, _f32p), bias_ptr,
+                                       _ptr(out, _f32p), _ptr(table, _i32p),
+                                       ctypes.byref(quant), ctypes.byref(params)))
+        return out
+
     # -- built-in multipliers (native_kernels/src/multipliers.c) --------------------------------
     def builtin_multiplier_table(self, name: str) -> np.ndarray:
         """The 65536-entry int32 table of built-in multiplier `name`, indexed (a_code << 8) | b_code."""
@@ -261,7 +369,8 @@ def shipped_library_path() -> Path:
     """Path of graphswap's own kernel library, building it from a source checkout if needed.
 
     An installed package carries the library built by `pip install`; a source checkout (tests run
-    from the repository) builds native_kernels/ into the user cache, keyed by the sources' hash.
+    from the repository) builds native_kernels/ into the user cache, keyed by the sources' hash and
+    the build's fingerprint (compiler, flags, OpenBLAS): a changed toolchain builds anew.
     """
     packaged = Path(__file__).resolve().parent.parent / compiler.LIBRARY_NAME
     if packaged.is_file():
@@ -271,7 +380,7 @@ def shipped_library_path() -> Path:
         raise KernelLoadError(
             f"graphswap's kernel library {packaged} is missing and no native_kernels/ sources were "
             f"found to build it; reinstall graphswap with 'pip install .' from its source tree")
-    digest = hashlib.sha256()
+    digest = hashlib.sha256(compiler.build_fingerprint().encode())
     for source in sorted([*native_dir.glob("src/*.c"), *native_dir.glob("src/*.h"),
                           *native_dir.glob("include/*.h")]):
         digest.update(source.name.encode())
@@ -287,4 +396,7 @@ def shipped_library_path() -> Path:
 
 
 def shipped_library() -> KernelLibrary:
-    return load_library(shipped_library_path())
+    """graphswap's own kernel library (its forced instruction-set path checked on first load)."""
+    library = load_library(shipped_library_path())
+    library.check_isa()
+    return library
