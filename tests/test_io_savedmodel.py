@@ -554,3 +554,75 @@ def test_finetune_api_writes_each_format_by_the_path(round_trip, tmp_path):
         assert kernels_of(reopened) == {n: KERNEL for n in SWAPPED}
     assert (tmp_path / "tuned_sm" / "saved_model.pb").is_file()
     assert listing(tmp_path) == ["tuned.h5", "tuned.keras", "tuned_sm"]
+
+
+def test_nested_multi_input_model_round_trips(nested_model, tmp_path):
+    swapped = graphswap.rewrite_model(nested_model, kernel="bf16", exclude="head_b")
+    swapped.compile(optimizer="adam", loss=["sparse_categorical_crossentropy", "mse"])
+    gsio.save_model(swapped, tmp_path / "nested_sm")
+    reopened = graphswap.load_model(tmp_path / "nested_sm")
+    assert kernels_of(reopened) == kernels_of(swapped) and len(kernels_of(swapped)) == 6
+    assert "head_b" not in kernels_of(reopened)
+    rng = np.random.default_rng(1)
+    batch = [rng.uniform(size=(5, 8, 8, 3)).astype(np.float32),
+             rng.uniform(size=(5, 7)).astype(np.float32)]
+    for got, want in zip(reopened(batch, training=False), swapped(batch, training=False),
+                         strict=True):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    serve = tf.saved_model.load(str(tmp_path / "nested_sm")).signatures["serving_default"]
+    served = serve(image=tf.constant(batch[0]), vector=tf.constant(batch[1]))
+    lowered = lower_model(swapped)[0](batch, training=False)
+    for name, want in zip(gsio.read_manifest(tmp_path / "nested_sm")["signature"]["outputs"],
+                          lowered, strict=True):
+        assert_close_to_roundoff(served[name].numpy(), np.asarray(want), 64)
+
+
+def test_convert_re_rewrites_a_swapped_model_and_keeps_unselected_kernels(round_trip, tmp_path):
+    work = round_trip["dir"]
+    result = gsio.convert(work / "l.keras", "mul8s_trunc4", include="conv1",
+                          output=tmp_path / "c.keras")
+    assert [e.path for e in result.report.swapped] == ["conv1"]
+    assert kernels_of(keras.models.load_model(tmp_path / "c.keras")) == {
+        **{n: KERNEL for n in SWAPPED}, "conv1": "mul8s_trunc4"}
+    with pytest.raises(graphswap.GraphswapError, match="nothing to swap"):
+        gsio.convert(work / "l_sm", "bf16", include="no_such_layer", output=tmp_path / "d")
+    assert listing(tmp_path) == ["c.keras"]
+
+
+MIRRORED_FROM_A_DIRECTORY = """
+    import json, sys
+    import tensorflow as tf
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(
+        cpu, [tf.config.LogicalDeviceConfiguration(), tf.config.LogicalDeviceConfiguration()])
+    import numpy as np
+    import graphswap
+    source, data, output = sys.argv[1:4]
+    result = graphswap.finetune(source, data, epochs=1, strategy="mirrored", output=output,
+                                verbose=0, seed=0)
+    reopened = graphswap.load_model(output)
+    serve = tf.saved_model.load(output).signatures["serving_default"]
+    x = np.load(data)["x_test"][:16].astype("float32")
+    lowered = graphswap.io.lower_model(reopened)[0](x, training=False)
+    print("RESULT", json.dumps({
+        "replicas": result.model.distribute_strategy.num_replicas_in_sync,
+        "same_weights": all(np.array_equal(a, b) for a, b in
+                            zip(reopened.get_weights(), result.model.get_weights())),
+        "served_vs_lowered": float(np.max(np.abs(serve(pixels=tf.constant(x))["predictions"]
+                                                 - lowered)))}))
+"""
+
+
+def test_mirrored_finetuning_of_a_directory_writes_a_directory(round_trip, tmp_path):
+    import textwrap
+
+    script = tmp_path / "mirrored.py"
+    script.write_text(textwrap.dedent(MIRRORED_FROM_A_DIRECTORY))
+    proc = subprocess.run([sys.executable, str(script), str(round_trip["dir"] / "l_sm"),
+                           str(SAMPLE_DATA), str(tmp_path / "mirrored_sm")], capture_output=True,
+                          text=True, timeout=900, env=package_env(), cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout.split("RESULT", 1)[1])
+    assert report["replicas"] == 2 and report["same_weights"]
+    # softmax outputs (scale 1): the round-off bound of conftest.assert_close_to_roundoff
+    assert report["served_vs_lowered"] <= 8 * np.sqrt(TERMS) * np.finfo(np.float32).eps

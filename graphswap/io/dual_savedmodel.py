@@ -190,7 +190,11 @@ def load_dual_saved_model(path, custom_objects=None, safe_mode: bool = True,
                        (path / "assets" / ASSET_NAME, f"assets/{ASSET_NAME} (the metadata)")):
         if not part.exists():
             raise _missing(path, what)
-    data = model_file.read_bytes()
+    try:
+        data = model_file.read_bytes()
+    except OSError as exc:
+        raise ModelLoadError(f"{path}: cannot read assets/{EMBED_DIR}/{MODEL_FILE} "
+                             f"({exc.strerror or exc})") from None
     recorded = _manifest_field(manifest, path, "model", "sha256")
     if _sha256(data) != recorded:
         raise SavedModelConsistencyError(
@@ -261,6 +265,18 @@ def _first_difference(recorded, actual) -> str:
     return f"{len(recorded)} layer(s) recorded, the embedded model has {len(actual)}"
 
 
+def _serve(serving, feeds: dict) -> dict:
+    """Call the loaded signature; inside a distribution strategy's scope (finetune --strategy
+    loads the model there) the SavedModel's variables are distributed and the signature must run
+    in a replica context: run it on each replica and take the first's outputs."""
+    if not tf.distribute.has_strategy():
+        return serving(**feeds)
+    strategy = tf.distribute.get_strategy()
+    outputs = strategy.run(serving, kwargs=feeds)
+    return {name: strategy.experimental_local_results(value)[0]
+            for name, value in outputs.items()}
+
+
 def _check_serving(path: Path, manifest: dict, model) -> None:
     """serving_default equals the embedded model with its swapped layers lowered."""
     batch_size = _check_batch(manifest, path)
@@ -290,8 +306,8 @@ def _check_serving(path: Path, manifest: dict, model) -> None:
     lowered, _ = lower_model(model, marked=True)
     reference = run_model(lowered, batch)
     try:
-        result = serving(**{name: tf.constant(value, dtype=specs[name].dtype)
-                            for name, value in zip(input_names, batches)})
+        result = _serve(serving, {name: tf.constant(value, dtype=specs[name].dtype)
+                                  for name, value in zip(input_names, batches)})
         actual = [np.asarray(result[name]) for name in output_names]
         comparison = compare_outputs(reference, actual, f"the {SIGNATURE} signature")
     except SavedModelConsistencyError:

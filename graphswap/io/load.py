@@ -50,7 +50,8 @@ def _hdf5_has_architecture(path: Path) -> bool:
 
 
 def load_model(path, custom_objects=None, safe_mode: bool = True, compile: bool = True):
-    """Load a Keras model (.keras or full-model .h5), raising ModelLoadError with a clear message."""
+    """Load a Keras model (.keras, full-model .h5, a graphswap SavedModel directory or a Keras 2
+    SavedModel), raising ModelLoadError with a clear message."""
     path = Path(path)
     if isinstance(custom_objects, (str, os.PathLike)):
         custom_objects = _import_custom_objects(custom_objects)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from graphswap.io.paths import atomic_output, check_output_path, model_output_format
+from graphswap.io.paths import atomic_output, model_output_format
 from graphswap.io.savedmodel import export_saved_model
 
 
@@ -25,7 +25,6 @@ def save_model(model, path, force: bool = False, check_batch: int = 8) -> Path:
     if fmt == "savedmodel":
         export_saved_model(model, path, force=force, check_batch=check_batch)
         return path
-    check_output_path(path, force)
     with atomic_output(path, force) as tmp:
         model.save(tmp)
     return path
