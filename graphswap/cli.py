@@ -153,7 +153,7 @@ def main():
 @click.option("-o", "--output", type=ModelOutput(),
               help=f"Where to write the rewritten model: {MODEL_OUTPUT_HELP} [default: MODEL's "
                    f"name + .swapped.keras; NAME_swapped_savedmodel/ when MODEL is a graphswap "
-                   f"SavedModel directory].")
+                   f"SavedModel directory (NAME: its name without '_savedmodel')].")
 @click.option("-k", "--kernel", default=None,
               help="Kernel for every selected layer: 'exact', 'bf16', 'fp32_m{m}', a built-in "
                    "multiplier (see 'graphswap kernels'), a .c/.lut/.bin multiplier file, "
@@ -391,7 +391,7 @@ def _echo_notes(notes, err=False):
 @click.option("-o", "--output", type=ModelOutput(),
               help=f"Where to write the fine-tuned model: {MODEL_OUTPUT_HELP} [default: MODEL's "
                    f"name + .ft.keras; NAME_ft_savedmodel/ when MODEL is a graphswap SavedModel "
-                   f"directory].")
+                   f"directory (NAME: its name without '_savedmodel')].")
 @click.option("-f", "--force", is_flag=True,
               help="Overwrite the output (and restart an existing checkpoint directory).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
