@@ -76,6 +76,20 @@ class OutputFile(click.Path):
         return value
 
 
+class ModelOutput(click.Path):
+    """Where a model is written: a .keras or .h5 file, or a graphswap SavedModel directory (a path
+    without a suffix or ending in '/'); checked while parsing (io.model_output_format)."""
+
+    def convert(self, value, param, ctx):
+        value = super().convert(value, param, ctx)
+        io.model_output_format(value)
+        return value
+
+
+MODEL_OUTPUT_HELP = (".keras, .h5, or a directory (no suffix, or ending in '/'): a graphswap "
+                     "SavedModel that serves without graphswap and reopens in graphswap")
+
+
 def _trust_kernels(ctx, param, paths):
     for path in paths:
         try:
@@ -136,8 +150,10 @@ def main():
 
 @main.command()
 @click.argument("model_path", metavar="MODEL", type=click.Path())
-@click.option("-o", "--output", type=OutputFile(io.MODEL_OUTPUT_SUFFIXES),
-              help="Where to write the rewritten model [default: MODEL's name + .swapped.keras].")
+@click.option("-o", "--output", type=ModelOutput(),
+              help=f"Where to write the rewritten model: {MODEL_OUTPUT_HELP} [default: MODEL's "
+                   f"name + .swapped.keras; NAME_swapped_savedmodel/ when MODEL is a graphswap "
+                   f"SavedModel directory (NAME: its name without '_savedmodel')].")
 @click.option("-k", "--kernel", default=None,
               help="Kernel for every selected layer: 'exact', 'bf16', 'fp32_m{m}', a built-in "
                    "multiplier (see 'graphswap kernels'), a .c/.lut/.bin multiplier file, "
@@ -163,7 +179,11 @@ def main():
 @model_loading_options
 def convert(model_path, output, kernel, kernel_map, include, exclude, layer_types, backward,
             check_batch, force, as_json, custom_objects, unsafe):
-    """Rewrite MODEL (.keras, .h5) so its Dense/Conv2D layers run KERNEL; save it and report."""
+    """Rewrite MODEL so its Dense/Conv2D layers run KERNEL; save it and report.
+
+    MODEL: .keras, full-model .h5, a graphswap SavedModel directory or a Keras 2 SavedModel.
+    Layers that are already swapped get the new kernel when selected and keep theirs otherwise.
+    """
     result = io.convert(model_path, kernel, kernel_map=kernel_map, include=list(include) or None,
                         exclude=list(exclude) or None,
                         layer_types=tuple(layer_types) or ("Dense", "Conv2D"), backward=backward,
@@ -232,7 +252,7 @@ def kernels_group(ctx, as_json):
 @model_loading_options
 def export_command(model_path, export_format, keep_kernels, output, opset, check_batch, force,
                    as_json, custom_objects, unsafe):
-    """Export MODEL (.keras, .h5, Keras 2 SavedModel) to ONNX or an inference SavedModel.
+    """Export MODEL (.keras, .h5, SavedModel directory) to ONNX or a graphswap SavedModel.
 
     \b
     onnx (default): swapped layers lowered to standard MatMul/Conv with the fine-tuned
@@ -245,7 +265,9 @@ def export_command(model_path, export_format, keep_kernels, output, opset, check
       The approximate arithmetic does NOT run in it (a tf.numpy_function body is not
       serialized): swapped layers run as exact float32 MatMul/Conv2D.  Kernel metadata
       is in assets/graphswap_kernels.json.  --keep-kernels is refused, and so is any
-      model that would still contain Python ops.
+      model that would still contain Python ops.  The directory also holds the
+      rewritten model itself (assets/graphswap/model.keras + manifest.json), so every
+      graphswap command reopens it: finetune, evaluate, convert, export, ...
 
     Every export is run on a sample batch and compared with the Keras model before it
     is written (see docs/EXPORT.md).
@@ -273,7 +295,10 @@ def export_command(model_path, export_format, keep_kernels, output, opset, check
                f"{result.outputs}")
     click.echo(f"verified against the {result.reference}: max |difference| "
                f"{result.max_abs_difference:.3g} on a batch of {check_batch}")
-    click.echo(f"wrote {result.path} ({result.format})")
+    what = result.format
+    if result.format == "savedmodel":
+        what += ": serves without graphswap; graphswap commands reopen it"
+    click.echo(f"wrote {result.path} ({what})")
 
 
 @main.command()
@@ -363,8 +388,10 @@ def _echo_notes(notes, err=False):
               help="Metric choosing the best epoch [default: val accuracy, else val_loss].")
 @click.option("--seed", default=0, show_default=True, help="Seed for weights, shuffling, splits.")
 @_data_options
-@click.option("-o", "--output", type=OutputFile(io.MODEL_OUTPUT_SUFFIXES),
-              help="Where to write the fine-tuned model [default: MODEL's name + .ft.keras].")
+@click.option("-o", "--output", type=ModelOutput(),
+              help=f"Where to write the fine-tuned model: {MODEL_OUTPUT_HELP} [default: MODEL's "
+                   f"name + .ft.keras; NAME_ft_savedmodel/ when MODEL is a graphswap SavedModel "
+                   f"directory (NAME: its name without '_savedmodel')].")
 @click.option("-f", "--force", is_flag=True,
               help="Overwrite the output (and restart an existing checkpoint directory).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
@@ -375,10 +402,13 @@ def finetune(model_path, data_path, val_data, val_split, epochs, batch_size, lea
     """Fine-tune MODEL (e.g. written by convert) with its kernels in the loop; save the result.
 
     Uses the loss/metrics saved with the model (else a stated classifier default), keeps the
-    best epoch by the validation metric, and saves atomically.
+    best epoch by the validation metric, and saves atomically.  MODEL may be a graphswap
+    SavedModel directory (written by 'export --format savedmodel'); the output then is one
+    too by default, serving the fine-tuned weights.
     """
     if output is None:
-        output = io.default_output_path(model_path, "finetune")
+        output = io.default_output_path(model_path, "finetune",
+                                        directory=io.is_graphswap_saved_model(model_path))
     result = research.finetune(
         model_path, data_path, val_data=val_data, val_split=val_split, epochs=epochs,
         batch_size=batch_size, learning_rate=learning_rate, strategy=strategy,

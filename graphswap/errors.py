@@ -56,3 +56,8 @@ class RuleMatchError(GraphswapError, ValueError):
 
 class CustomGradientError(GraphswapError, ValueError):
     """A user forward/gradient function returned something of the wrong shape or type."""
+
+
+class SavedModelConsistencyError(ModelLoadError):
+    """A graphswap SavedModel whose halves disagree: the serving graph, the embedded Keras model and
+    the manifest tying them together (one of them was replaced or edited)."""

@@ -2,7 +2,9 @@
 `graphswap convert` command as one API function returning a result the CLI only prints.
 
 It sits in io/ (not swap/) because it reads and writes files; the rewriting itself is
-graphswap.swap.rewrite_model.
+graphswap.swap.rewrite_model.  A model that is already rewritten (a rewritten .keras, a graphswap
+SavedModel) is re-rewritten: its swapped layers are lowered first, the selection applies to them
+like to any Dense/Conv2D, and the swapped layers the selection leaves out keep their kernel.
 """
 
 from __future__ import annotations
@@ -12,10 +14,14 @@ import os
 from pathlib import Path
 
 from graphswap.errors import GraphswapError
+from graphswap.io.dual_savedmodel import is_graphswap_saved_model
 from graphswap.io.load import load_model
-from graphswap.io.paths import check_output_path, default_output_path, save_model
-from graphswap.swap import (OriginalCannotRunError, RewriteReport, max_output_difference,
-                            rewrite_model, sample_inputs)
+from graphswap.io.lowering import lower_model
+from graphswap.io.paths import check_model_output_path, default_output_path
+from graphswap.io.saving import save_model
+from graphswap.swap import (OriginalCannotRunError, RewriteReport, SwappedConv2D, SwappedDense,
+                            iter_layers, max_output_difference, rewrite_model, sample_inputs,
+                            transform_model)
 
 
 @dataclasses.dataclass
@@ -58,24 +64,33 @@ def convert(model, kernel=None, *, kernel_map=None, include=None, exclude=None,
     `kernel` defaults to "exact", or to none when a `kernel_map` is given (see rewrite_model for
     the selection arguments).  The rewritten model is compared with the original on a random
     batch of `check_batch` (0: skip) and, if `output` is given - or `model` is a path, then
-    beside it as MODEL.swapped.keras - saved there atomically (`force` to replace a file).
-    Raises GraphswapError when no layer is selected: an unchanged copy is not a conversion.
+    beside it as MODEL.swapped.keras (MODEL_swapped_savedmodel/ for a graphswap SavedModel) -
+    saved there atomically as .keras, .h5 or a SavedModel directory, by the path (`force` to
+    replace an existing output).  Layers that are already swapped are re-rewritten when selected
+    and keep their kernel otherwise.  Raises GraphswapError when no layer is selected: an
+    unchanged copy is not a conversion.
     """
     source = Path(model) if isinstance(model, (str, os.PathLike)) else None
     if isinstance(check_batch, bool) or not isinstance(check_batch, int) or check_batch < 0:
         raise GraphswapError(f"check_batch must be a whole number >= 0 (0 skips the comparison), "
                              f"got {check_batch!r}")
     if output is None and source is not None:
-        output = default_output_path(source, "convert")
+        output = default_output_path(source, "convert",
+                                     directory=is_graphswap_saved_model(source))
     if output is not None:
-        output = check_output_path(output, force, inputs=[source])
+        output = check_model_output_path(output, force, inputs=[source])
     if kernel is None and kernel_map is None:
         kernel = "exact"
     original = load_model(source, custom_objects=custom_objects, safe_mode=safe_mode) \
         if source is not None else model
-    swapped, report = rewrite_model(original, kernel=kernel, include=include, exclude=exclude,
+    previous = {path: layer for path, layer in iter_layers(original)
+                if isinstance(layer, (SwappedDense, SwappedConv2D))}
+    base = lower_model(original)[0] if previous else original
+    swapped, report = rewrite_model(base, kernel=kernel, include=include, exclude=exclude,
                                     kernel_map=kernel_map, layer_types=tuple(layer_types),
                                     backward=backward, return_report=True)
+    if previous:
+        swapped = _keep_unselected_kernels(swapped, report, previous)
     if not report.swapped:
         shown = source if source is not None else f"model {original.name!r}"
         raise GraphswapError(
@@ -89,5 +104,31 @@ def convert(model, kernel=None, *, kernel_map=None, include=None, exclude=None,
         except OriginalCannotRunError as exc:
             note = f"comparison with the original skipped: {exc}"
     if output is not None:
-        save_model(swapped, output, force=force)
+        save_model(swapped, output, force=force, check_batch=max(check_batch, 1))
     return ConvertResult(swapped, report, output, check_batch, difference, note)
+
+
+def _keep_unselected_kernels(model, report: RewriteReport, previous: dict):
+    """Give the layers that were swapped before the rewrite and are not selected now their kernel
+    and backward mode back (`model` has them lowered); note both kinds in the report."""
+    entries = {entry.path: entry for entry in report.layers}
+    keep = {}
+    for path, layer in previous.items():
+        entry = entries.get(path)
+        if entry is None:
+            continue
+        if entry.action == "swapped":
+            entry.reason = f"re-swapped (was {layer.arithmetic.spec})"
+        else:
+            entry.reason = f"already swapped: keeps {layer.arithmetic.spec}"
+            entry.kernel = layer.arithmetic.spec
+            keep[path] = layer
+
+    def restore(path, layer):
+        old = keep.get(path)
+        if old is None:
+            return None
+        return type(old).from_config({**layer.get_config(), "arithmetic": old.arithmetic,
+                                      "backward": old.backward})
+
+    return transform_model(model, restore)[0] if keep else model

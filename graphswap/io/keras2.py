@@ -134,8 +134,8 @@ def load_keras2_saved_model(path, custom_objects=None, safe_mode: bool = True,
             f"{path} is an inference-only SavedModel (a TensorFlow graph with no Keras "
             f"architecture: {KERAS_METADATA} is missing), as written by Keras 3 model.export() or "
             f"tf.saved_model.save(); graphswap needs the layers. Convert the model it was exported "
-            f"from (.keras or full-model .h5), or a Keras 2 SavedModel written by tf.keras "
-            f"model.save('dir')")
+            f"from (.keras or full-model .h5), a SavedModel written by graphswap export --format "
+            f"savedmodel, or a Keras 2 SavedModel written by tf.keras model.save('dir')")
     tf_keras = _import_tf_keras()
     classes = _metadata_class_names(path)
     if safe_mode and "Lambda" in classes:

@@ -1,5 +1,6 @@
-"""Loading models from disk: Keras 3 `.keras` archives, legacy full-model HDF5 files and Keras 2
-SavedModel directories (through graphswap.io.keras2 and tf_keras).
+"""Loading models from disk: Keras 3 `.keras` archives, legacy full-model HDF5 files, graphswap
+SavedModel directories (graphswap.io.dual_savedmodel: recognised first, by their assets) and
+Keras 2 SavedModel directories (through graphswap.io.keras2 and tf_keras).
 
 Each way a file can fail to be a usable model (missing, empty, not a model, weights-only HDF5, a
 directory that is not a SavedModel) gets one message that says what was wrong and what would work.
@@ -12,7 +13,7 @@ import zipfile
 from pathlib import Path
 
 from graphswap.errors import ModelLoadError
-from graphswap.io import keras2
+from graphswap.io import dual_savedmodel, keras2
 from graphswap.io.keras3 import load_keras_file
 
 MODEL_SUFFIXES = (".keras", ".h5", ".hdf5")
@@ -49,7 +50,8 @@ def _hdf5_has_architecture(path: Path) -> bool:
 
 
 def load_model(path, custom_objects=None, safe_mode: bool = True, compile: bool = True):
-    """Load a Keras model (.keras or full-model .h5), raising ModelLoadError with a clear message."""
+    """Load a Keras model (.keras, full-model .h5, a graphswap SavedModel directory or a Keras 2
+    SavedModel), raising ModelLoadError with a clear message."""
     path = Path(path)
     if isinstance(custom_objects, (str, os.PathLike)):
         custom_objects = _import_custom_objects(custom_objects)
@@ -82,15 +84,16 @@ def load_model(path, custom_objects=None, safe_mode: bool = True, compile: bool 
             f"is a zip archive written by model.save); re-save or re-copy the model")
     raise ModelLoadError(
         f"{path} is not a Keras model: expected a .keras archive (zip) or a full-model HDF5 (.h5) "
-        f"file, or a Keras 2 SavedModel directory")
-
-
+        f"file, a graphswap SavedModel or a Keras 2 SavedModel directory")
 
 def _load_directory(path: Path, custom_objects, safe_mode, compile):
+    if dual_savedmodel.is_graphswap_saved_model(path):
+        return dual_savedmodel.load_dual_saved_model(path, custom_objects=custom_objects,
+                                                     safe_mode=safe_mode, compile=compile)
     if not (path / "saved_model.pb").is_file():
         raise ModelLoadError(
             f"{path} is a directory but not a SavedModel (no saved_model.pb); expected a .keras or "
-            f".h5 file, or a Keras 2 SavedModel directory")
+            f".h5 file, a graphswap SavedModel or a Keras 2 SavedModel directory")
     return keras2.load_keras2_saved_model(path, custom_objects=custom_objects,
                                           safe_mode=safe_mode, compile=compile)
 

@@ -2,7 +2,9 @@
 
 Every output graphswap writes goes through `atomic_output`: a temporary file (or directory) beside
 the destination, renamed over it only when complete, so an interrupted command never leaves a
-half-written file, and an existing file is replaced only with `force`.
+half-written file, and an existing file is replaced only with `force`.  A model is written as
+`.keras`, `.h5` or - for a path without a suffix or ending in `/` - a graphswap SavedModel
+directory (`model_output_format`; the writer is graphswap.io.saving.save_model).
 """
 
 from __future__ import annotations
@@ -26,15 +28,56 @@ DEFAULT_SUFFIXES = {
 }
 
 
-def default_output_path(source, kind: str) -> Path:
+#: what convert and finetune write by default when MODEL is a graphswap SavedModel directory: a
+#: directory again, named after MODEL without its "_savedmodel" ending + this
+DIRECTORY_SUFFIXES = {
+    "convert": "_swapped_savedmodel",
+    "finetune": "_ft_savedmodel",
+}
+SAVEDMODEL_ENDING = "_savedmodel"
+
+
+def default_output_path(source, kind: str, directory: bool = False) -> Path:
     """The output a command writes when no -o/--output is given: beside `source`, named after it
-    (e.g. model.keras -> model.swapped.keras for convert)."""
+    (e.g. model.keras -> model.swapped.keras for convert).  With `directory` (MODEL is a graphswap
+    SavedModel directory) convert and finetune write a directory: lenet5_savedmodel ->
+    lenet5_ft_savedmodel, l_sm -> l_sm_ft_savedmodel."""
     source = Path(source)
+    if directory and kind in DIRECTORY_SUFFIXES:
+        base = source.name
+        if base.endswith(SAVEDMODEL_ENDING) and len(base) > len(SAVEDMODEL_ENDING):
+            base = base[:-len(SAVEDMODEL_ENDING)]
+        return source.with_name(f"{base}{DIRECTORY_SUFFIXES[kind]}")
     return source.with_name(f"{source.stem}{DEFAULT_SUFFIXES[kind]}")
 
 
-#: what a saved model may be written as
+#: what a saved model may be written as (besides a graphswap SavedModel directory)
 MODEL_OUTPUT_SUFFIXES = (".keras", ".h5")
+MODEL_OUTPUT_FORMATS = {".keras": "keras", ".h5": "h5"}
+
+
+def model_output_format(path) -> str:
+    """How a model is written to `path`: "keras" (.keras), "h5" (.h5) or "savedmodel" (a graphswap
+    SavedModel directory: a path without a suffix, ending in '/', or an existing directory).
+    OutputPathError for anything else (e.g. model.kera), so a typo never becomes a directory."""
+    text = os.fspath(path)
+    candidate = Path(text)
+    if text.endswith(("/", os.sep)) or candidate.is_dir():
+        return "savedmodel"
+    suffix = candidate.suffix.lower()
+    if suffix in MODEL_OUTPUT_FORMATS:
+        return MODEL_OUTPUT_FORMATS[suffix]
+    if suffix == "":
+        return "savedmodel"
+    raise OutputPathError(
+        f"output {text} must end in .keras (or .h5 for legacy HDF5), or name a SavedModel "
+        f"directory (no suffix, or ending in '/', e.g. {candidate.stem}_savedmodel/)")
+
+
+def check_model_output_path(path, force: bool = False, inputs=()) -> Path:
+    """check_output_path for a model output: also checks it names a format (model_output_format)."""
+    model_output_format(path)
+    return check_output_path(path, force, inputs)
 
 
 def check_output_path(path, force: bool = False, inputs=(), suffixes=None) -> Path:
@@ -82,23 +125,34 @@ def atomic_output(path, force: bool = False, suffix: str | None = None):
         yield Path(tmp_name)
         if not os.path.exists(tmp_name):
             raise OutputPathError(f"nothing was written to {path}")
-        os.replace(tmp_name, path)
+        _rename_into_place(tmp_name, path)
     except OSError as exc:
         raise OutputPathError(f"writing {path} failed: {exc.strerror or exc}") from None
     finally:
-        if os.path.isdir(tmp_name):
-            shutil.rmtree(tmp_name, ignore_errors=True)
-        elif os.path.exists(tmp_name):
-            os.unlink(tmp_name)
+        _remove(tmp_name)
 
 
+def _remove(name) -> None:
+    if os.path.isdir(name) and not os.path.islink(name):
+        shutil.rmtree(name, ignore_errors=True)
+    elif os.path.lexists(name):
+        os.unlink(name)
 
 
-def save_model(model, path, force: bool = False) -> Path:
-    """Save a Keras model to `path` (.keras or .h5) atomically."""
-    path = Path(path)
-    if path.suffix not in MODEL_OUTPUT_SUFFIXES:
-        raise OutputPathError(f"output {path} must end in .keras (or .h5 for legacy HDF5)")
-    with atomic_output(path, force) as tmp:
-        model.save(tmp)
-    return path
+def _rename_into_place(tmp_name: str, path: Path) -> None:
+    """Rename the finished `tmp_name` to `path`.  A file replaces a file atomically; a directory
+    (or anything replacing one) cannot be renamed over a non-empty directory, so the old output is
+    first renamed aside and removed only once the new one is in place (restored if that fails)."""
+    if not (os.path.isdir(tmp_name) or os.path.isdir(path)) or not os.path.lexists(path):
+        os.replace(tmp_name, path)
+        return
+    aside = tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old",
+                             dir=path.resolve().parent)
+    os.rmdir(aside)
+    os.replace(path, aside)
+    try:
+        os.replace(tmp_name, path)
+    except OSError:
+        os.replace(aside, path)
+        raise
+    _remove(aside)

@@ -1,6 +1,8 @@
-"""The inference SavedModel export: the lowered model behind a `serving_default` signature with
-named inputs and outputs, only standard TensorFlow ops, so it serves without graphswap (the
-approximate arithmetic does not run in it: a tf.numpy_function body is not serialized)."""
+"""The SavedModel export: the lowered model behind a `serving_default` signature with named inputs
+and outputs, only standard TensorFlow ops, so it serves without graphswap (the approximate
+arithmetic does not run in it: a tf.numpy_function body is not serialized) - plus the rewritten
+Keras model itself and a manifest in assets/graphswap/, so graphswap reopens the directory for
+fine-tuning and re-saving (graphswap.io.dual_savedmodel)."""
 
 from __future__ import annotations
 
@@ -11,11 +13,13 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from graphswap.errors import ExportError
+from graphswap.errors import ExportError, ModelLoadError
+from graphswap.io.dual_savedmodel import embed_model
 from graphswap.io.export_result import ASSET_NAME, ExportResult, metadata_document, verify_export
 from graphswap.io.lowering import lower_model
 from graphswap.io.onnx_export import PYTHON_OPS
 from graphswap.io.paths import atomic_output, check_output_path
+from graphswap.io.serving_graph import check_serving_graph
 from graphswap.io.signatures import feeds, input_specs, serving_function, signature_names
 from graphswap.swap import run_model, sample_inputs
 
@@ -34,13 +38,15 @@ def python_ops_in(concrete) -> list[str]:
 
 
 def export_saved_model(model, path, force: bool = False, check_batch: int = 8) -> ExportResult:
-    """Export the lowered `model` as an inference SavedModel directory at `path`.
+    """Export `model` as a graphswap SavedModel directory at `path`: the lowered model for serving,
+    the model itself (assets/graphswap/model.keras) and the manifest tying them together.
 
     Signature `serving_default`: named inputs (the model's input names) -> dict of named outputs.
     The swapped layers run as standard float32 MatMul/Conv2D (exact arithmetic), so the SavedModel
     needs only TensorFlow.  Refuses (ExportError, nothing written) a model that would still contain
     Python ops.  Verified by loading the written SavedModel and comparing with the lowered Keras
-    model on a sample batch.
+    model on a sample batch; the serving graph must pass graphswap.io.serving_graph (so graphswap
+    can reopen what it wrote).
     """
     path = Path(path)
     check_output_path(path, force)
@@ -84,6 +90,13 @@ def export_saved_model(model, path, force: bool = False, check_batch: int = 8) -
             result = serving(**inputs)
             actual = [np.asarray(result[name]) for name in output_names]
             difference = verify_export(reference, actual, 1e-4, "SavedModel")
+            try:
+                check_serving_graph(tmp)
+            except ModelLoadError as exc:
+                raise ExportError(f"the SavedModel could not be reopened by graphswap: "
+                                  f"{str(exc).replace(str(tmp), str(path))}; nothing was written") \
+                    from None
+            embed_model(model, tmp, records, input_names, output_names, check_batch)
     return ExportResult(path, "savedmodel", records, input_names, output_names, difference,
                         "Keras model with the swapped layers lowered (exact kernel)")
 

@@ -25,7 +25,7 @@ import keras
 import tensorflow as tf
 
 from graphswap.errors import DataError, GraphswapError, OutputPathError
-from graphswap.io import MODEL_OUTPUT_SUFFIXES, check_output_path, load_model, save_model
+from graphswap.io import check_model_output_path, load_model, save_model
 from graphswap.research.data import translate_errors
 from graphswap.research.loading import load_data
 from graphswap.research.checkpoints import (CHECKPOINT_BEST, CHECKPOINT_LAST, CheckpointTracker,
@@ -201,8 +201,10 @@ def finetune(model, data, *, val_data=None, val_split: float | None = None, epoc
       monitor: metric deciding the best epoch [default: val accuracy, else val_loss, else the
         training accuracy/loss]; restore_best returns the best epoch's weights.
       seed: seeds Python, NumPy, TensorFlow and the shuffling (None: no seeding).
-      output: save the fine-tuned model there (.keras or .h5, atomically; checked before any
-        training; `force` replaces an existing file).  Only the chief of a multi-worker run saves.
+      output: save the fine-tuned model there (.keras, .h5, or a path without a suffix / ending
+        in '/': a graphswap SavedModel directory that serves the fine-tuned weights and reopens
+        in graphswap; atomically; checked before any training; `force` replaces an existing
+        output).  Only the chief of a multi-worker run saves.
       log: called with each note (what was loaded, how it is compiled, ...) as it is made;
         the notes are also returned in the result.
 
@@ -220,8 +222,8 @@ def finetune(model, data, *, val_data=None, val_split: float | None = None, epoc
     if patience is not None and patience < 1:
         raise GraphswapError(f"patience must be at least 1 epoch, got {patience}")
     if output is not None:
-        output = check_output_path(output, force, inputs=[model] if isinstance(
-            model, (str, os.PathLike)) else [], suffixes=MODEL_OUTPUT_SUFFIXES)
+        output = check_model_output_path(output, force, inputs=[model] if isinstance(
+            model, (str, os.PathLike)) else [])
     notes = _Notes(log)
     strategy_obj = resolve_strategy(strategy)  # first: multi-worker must precede other TF work
     chief = is_chief(strategy_obj)

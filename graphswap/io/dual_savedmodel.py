@@ -1,0 +1,327 @@
+"""graphswap SavedModels: one directory that serves without graphswap and reopens in graphswap.
+
+    NAME_savedmodel/
+      saved_model.pb, variables/        serving_default: the model with its swapped layers lowered
+                                        (standard TensorFlow ops, exact float32; see savedmodel.py)
+      assets/graphswap_kernels.json     the export metadata (which layer ran which kernel)
+      assets/graphswap/model.keras      the rewritten Keras model itself: architecture, weights,
+                                        optimizer state, the kernel records of its swapped layers
+      assets/graphswap/manifest.json    ties the two together (format version, the lowered layers
+                                        and their kernel records, the embedded model's SHA-256,
+                                        the signature's names, the sample batch of the check)
+
+`embed_model` writes the graphswap half into a SavedModel being exported; `load_dual_saved_model`
+opens such a directory as the Keras model, after checking that its halves agree:
+
+1. the manifest is readable and of a known format version, and every file it needs is present;
+2. the embedded model's bytes (read once) have the SHA-256 the manifest records;
+3. the model is loaded from a private copy of exactly those bytes, through Keras and so through
+   the trust gate (kernels.open_record) like any model file - the directory never adds trust;
+4. its swapped layers, their kernel records and backward modes, and its input/output names are the
+   manifest's (and the export metadata's);
+5. the serving graph passes graphswap.io.serving_graph (it may only compute), and then its
+   `serving_default` outputs equal the embedded model's lowered outputs on the manifest's sample
+   batch (swap.sample_inputs) to `RELATIVE_TOLERANCE` of the outputs' scale.
+
+Any disagreement is a SavedModelConsistencyError naming the halves that disagree.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import tensorflow as tf
+
+from graphswap._version import __version__
+from graphswap.errors import ExportError, ModelLoadError, SavedModelConsistencyError
+from graphswap.io.export_result import ASSET_NAME
+from graphswap.io.keras3 import load_keras_file
+from graphswap.io.lowering import lower_model, swapped_layers
+from graphswap.io.serving_graph import check_serving_graph
+from graphswap.io.signatures import signature_names
+from graphswap.swap import compare_outputs, run_model, sample_inputs
+
+EMBED_DIR = "graphswap"
+MODEL_FILE = "model.keras"
+MANIFEST_FILE = "manifest.json"
+FORMAT = "graphswap-savedmodel"
+FORMAT_VERSION = 1
+SIGNATURE = "serving_default"
+CHECK_SEED = 0
+MAX_CHECK_BATCH = 256
+#: largest |serving - embedded model lowered| accepted, relative to the outputs' scale (as the
+#: export's own verification)
+RELATIVE_TOLERANCE = 1e-4
+
+
+def embedded_dir(path) -> Path:
+    return Path(path) / "assets" / EMBED_DIR
+
+
+def is_graphswap_saved_model(path) -> bool:
+    """Whether `path` is a SavedModel directory graphswap wrote (recognised by its assets:
+    assets/graphswap/ or assets/graphswap_kernels.json), complete or not."""
+    path = Path(path)
+    return path.is_dir() and (embedded_dir(path).exists()
+                              or (path / "assets" / ASSET_NAME).is_file())
+
+
+def _layer_keys(records) -> list[dict]:
+    """What must agree between the manifest, the export metadata and the embedded model, per
+    lowered layer (sorted by layer path: the traversal orders of lowering and listing differ)."""
+    keys = [{"layer": r.get("layer"), "type": r.get("type"), "kernel": r.get("kernel"),
+             "backward": r.get("backward")} for r in records]
+    return sorted(keys, key=lambda k: str(k["layer"]))
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def manifest_document(records, input_names, output_names, model_name: str, model_bytes: bytes,
+                      check_batch: int) -> dict:
+    return {"format": FORMAT, "format_version": FORMAT_VERSION, "producer": "graphswap",
+            "graphswap_version": __version__,
+            "model": {"file": MODEL_FILE, "name": model_name, "sha256": _sha256(model_bytes),
+                      "bytes": len(model_bytes)},
+            "signature": {"name": SIGNATURE, "inputs": list(input_names),
+                          "outputs": list(output_names)},
+            "lowered_layers": _layer_keys(r.to_dict() for r in records),
+            "consistency_check": {
+                "batch": int(check_batch), "seed": CHECK_SEED,
+                "compares": f"{SIGNATURE} with the embedded model, swapped layers lowered, on "
+                            f"graphswap.swap.sample_inputs(model, batch, seed)"}}
+
+
+def embed_model(model, directory, records, input_names, output_names, check_batch: int) -> dict:
+    """Write the graphswap half into the SavedModel being exported at `directory` (a temporary
+    directory the export renames into place): assets/graphswap/model.keras and its manifest."""
+    target = embedded_dir(directory)
+    target.mkdir(parents=True, exist_ok=True)
+    model_path = target / MODEL_FILE
+    try:
+        model.save(model_path)
+    except Exception as exc:  # noqa: BLE001 - Keras raises many types; one clear line
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ExportError(f"cannot embed the Keras model in the SavedModel (model.save failed: "
+                          f"{type(exc).__name__}: {first}); nothing was written") from None
+    manifest = manifest_document(records, input_names, output_names, model.name,
+                                 model_path.read_bytes(), check_batch)
+    (target / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, sort_keys=True),
+                                        encoding="utf-8")
+    return manifest
+
+
+def _missing(path: Path, what: str) -> ModelLoadError:
+    return ModelLoadError(
+        f"{path} is a graphswap SavedModel with a missing part: {what} is missing (the directory "
+        f"was copied incompletely or edited). Re-export it from the model it came from (graphswap "
+        f"export MODEL --format savedmodel), or use that model file directly")
+
+
+def read_manifest(path) -> dict:
+    """The manifest of the graphswap SavedModel at `path` (ModelLoadError if missing/unreadable)."""
+    path = Path(path)
+    manifest_path = embedded_dir(path) / MANIFEST_FILE
+    if not embedded_dir(path).exists():
+        raise ModelLoadError(
+            f"{path} is an inference-only SavedModel exported by graphswap without the embedded "
+            f"Keras model (assets/{EMBED_DIR}/ is missing: written by an older graphswap, or the "
+            f"folder was deleted); graphswap needs the layers. Re-export it with this graphswap "
+            f"(graphswap export MODEL --format savedmodel), or use the .keras it was exported from")
+    if not manifest_path.is_file():
+        raise _missing(path, f"assets/{EMBED_DIR}/{MANIFEST_FILE}")
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise SavedModelConsistencyError(
+            f"{path}: the manifest assets/{EMBED_DIR}/{MANIFEST_FILE} is not readable JSON "
+            f"({exc}); it was edited or damaged. Re-export the directory") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise SavedModelConsistencyError(
+            f"{path}: assets/{EMBED_DIR}/{MANIFEST_FILE} is not a graphswap SavedModel manifest "
+            f"(format {manifest.get('format') if isinstance(manifest, dict) else None!r}, "
+            f"expected {FORMAT!r}); it was edited or replaced. Re-export the directory")
+    version = manifest.get("format_version")
+    if version != FORMAT_VERSION:
+        raise ModelLoadError(
+            f"{path}: manifest format version {version!r}; this graphswap ({__version__}) reads "
+            f"version {FORMAT_VERSION}. Open it with the graphswap that wrote it "
+            f"({manifest.get('graphswap_version', 'unknown')}), or re-export it")
+    return manifest
+
+
+def _manifest_field(manifest: dict, path: Path, *keys):
+    value = manifest
+    for key in keys:
+        if not isinstance(value, dict) or key not in value:
+            raise SavedModelConsistencyError(
+                f"{path}: the manifest has no {'.'.join(keys)}; it was edited. Re-export the "
+                f"directory")
+        value = value[key]
+    return value
+
+
+def _check_batch(manifest: dict, path: Path) -> int:
+    batch = _manifest_field(manifest, path, "consistency_check", "batch")
+    if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= MAX_CHECK_BATCH:
+        raise SavedModelConsistencyError(
+            f"{path}: the manifest's consistency_check.batch is {batch!r}; it must be a whole "
+            f"number 1..{MAX_CHECK_BATCH} (the check cannot be skipped). Re-export the directory")
+    return batch
+
+
+def load_dual_saved_model(path, custom_objects=None, safe_mode: bool = True,
+                          compile: bool = True):  # noqa: A002
+    """Open the graphswap SavedModel at `path` as its embedded Keras model, after the checks in the
+    module docstring.  Raises ModelLoadError (a missing part, a newer format),
+    SavedModelConsistencyError (halves that disagree) or the trust gate's KernelTrustError."""
+    path = Path(path)
+    manifest = read_manifest(path)
+    model_file = embedded_dir(path) / MODEL_FILE
+    for part, what in ((model_file, f"assets/{EMBED_DIR}/{MODEL_FILE} (the embedded model)"),
+                       (path / "saved_model.pb", "saved_model.pb (the serving graph)"),
+                       (path / "variables", "variables/ (the serving weights)"),
+                       (path / "assets" / ASSET_NAME, f"assets/{ASSET_NAME} (the metadata)")):
+        if not part.exists():
+            raise _missing(path, what)
+    try:
+        data = model_file.read_bytes()
+    except OSError as exc:
+        raise ModelLoadError(f"{path}: cannot read assets/{EMBED_DIR}/{MODEL_FILE} "
+                             f"({exc.strerror or exc})") from None
+    recorded = _manifest_field(manifest, path, "model", "sha256")
+    if _sha256(data) != recorded:
+        raise SavedModelConsistencyError(
+            f"{path}: the embedded model assets/{EMBED_DIR}/{MODEL_FILE} has SHA-256 "
+            f"{_sha256(data)[:16]}..., the manifest records {str(recorded)[:16]}...: the embedded "
+            f"model was replaced or edited (or the manifest was). Re-export the directory from "
+            f"the model you trust")
+    model = _load_private_copy(path, data, custom_objects, safe_mode, compile)
+    _check_layers(path, manifest, model)
+    _check_serving(path, manifest, model)
+    return model
+
+
+def _load_private_copy(path: Path, data: bytes, custom_objects, safe_mode, compile):
+    """Load the model from a private copy of the bytes that were hashed (the file in the directory
+    may change between the check and the load)."""
+    shown = f"{path}/assets/{EMBED_DIR}/{MODEL_FILE}"
+    with tempfile.TemporaryDirectory(prefix="graphswap-savedmodel-") as scratch:
+        copy = Path(scratch) / MODEL_FILE
+        fd = os.open(copy, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        try:
+            return load_keras_file(copy, custom_objects, safe_mode, compile)
+        except ModelLoadError as exc:
+            raise ModelLoadError(str(exc).replace(str(copy), shown)) from None
+
+
+def _check_layers(path: Path, manifest: dict, model) -> None:
+    """The embedded model's swapped layers and names are the manifest's and the metadata's."""
+    actual = _layer_keys(r.to_dict() for r in swapped_layers(model))
+    recorded = _manifest_field(manifest, path, "lowered_layers")
+    if not isinstance(recorded, list) or actual != recorded:
+        raise SavedModelConsistencyError(
+            f"{path}: the manifest's lowered layers disagree with the embedded model's swapped "
+            f"layers ({_first_difference(recorded, actual)}): the manifest or the model was edited. "
+            f"Re-export the directory from the model you trust")
+    try:
+        metadata = json.loads((path / "assets" / ASSET_NAME).read_text(encoding="utf-8"))
+        exported = _layer_keys(metadata["swapped_layers"])
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError):
+        exported = None
+    if exported != actual:
+        raise SavedModelConsistencyError(
+            f"{path}: the export metadata assets/{ASSET_NAME} disagrees with the embedded model "
+            f"({_first_difference(exported, actual)}); it was edited. Re-export the directory")
+    inputs, outputs = signature_names(model)
+    names = {"inputs": _manifest_field(manifest, path, "signature", "inputs"),
+             "outputs": _manifest_field(manifest, path, "signature", "outputs")}
+    if names != {"inputs": inputs, "outputs": outputs}:
+        raise SavedModelConsistencyError(
+            f"{path}: the manifest names inputs {names['inputs']} and outputs {names['outputs']}, "
+            f"the embedded model {inputs} and {outputs}; one of them was edited. Re-export the "
+            f"directory")
+
+
+def _first_difference(recorded, actual) -> str:
+    if not isinstance(recorded, list):
+        return f"recorded {type(recorded).__name__}, expected a list of layers"
+    for index, (want, have) in enumerate(zip(recorded, actual)):
+        if want != have:
+            layer = have.get("layer")
+            for key in ("layer", "type", "kernel", "backward"):
+                if not isinstance(want, dict) or want.get(key) != have.get(key):
+                    shown = want.get(key) if isinstance(want, dict) else want
+                    return (f"layer {index} ({layer}): recorded {key} {json.dumps(shown)}, the "
+                            f"embedded model has {json.dumps(have.get(key))}")
+    return f"{len(recorded)} layer(s) recorded, the embedded model has {len(actual)}"
+
+
+def _serve(serving, feeds: dict) -> dict:
+    """Call the loaded signature; inside a distribution strategy's scope (finetune --strategy
+    loads the model there) the SavedModel's variables are distributed and the signature must run
+    in a replica context: run it on each replica and take the first's outputs."""
+    if not tf.distribute.has_strategy():
+        return serving(**feeds)
+    strategy = tf.distribute.get_strategy()
+    outputs = strategy.run(serving, kwargs=feeds)
+    return {name: strategy.experimental_local_results(value)[0]
+            for name, value in outputs.items()}
+
+
+def _check_serving(path: Path, manifest: dict, model) -> None:
+    """serving_default equals the embedded model with its swapped layers lowered."""
+    batch_size = _check_batch(manifest, path)
+    check_serving_graph(path)  # before tf.saved_model.load runs anything of the file's
+    try:
+        loaded = tf.saved_model.load(str(path))
+    except Exception as exc:  # noqa: BLE001 - TensorFlow raises many types; one clear line
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise SavedModelConsistencyError(
+            f"{path}: TensorFlow cannot load its serving half (saved_model.pb + variables/): "
+            f"{type(exc).__name__}: {first}. It was damaged or edited; re-export the directory") \
+            from None
+    serving = loaded.signatures.get(SIGNATURE) if hasattr(loaded, "signatures") else None
+    if serving is None:
+        raise SavedModelConsistencyError(f"{path}: the SavedModel has no {SIGNATURE} signature; "
+                                         f"it was edited. Re-export the directory")
+    input_names, output_names = signature_names(model)
+    specs = serving.structured_input_signature[1]
+    if sorted(specs) != sorted(input_names) or sorted(serving.structured_outputs) != sorted(
+            output_names):
+        raise SavedModelConsistencyError(
+            f"{path}: {SIGNATURE} takes {sorted(specs)} and returns "
+            f"{sorted(serving.structured_outputs)}, the embedded model {input_names} -> "
+            f"{output_names}: the serving graph and the embedded model are not one export")
+    batch = sample_inputs(model, batch_size, seed=CHECK_SEED)
+    batches = batch if isinstance(batch, list) else [batch]
+    lowered, _ = lower_model(model, marked=True)
+    reference = run_model(lowered, batch)
+    try:
+        result = _serve(serving, {name: tf.constant(value, dtype=specs[name].dtype)
+                                  for name, value in zip(input_names, batches)})
+        actual = [np.asarray(result[name]) for name in output_names]
+        comparison = compare_outputs(reference, actual, f"the {SIGNATURE} signature")
+    except SavedModelConsistencyError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a shape mismatch inside TensorFlow or ours
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise SavedModelConsistencyError(
+            f"{path}: the serving graph does not run on the embedded model's inputs "
+            f"({type(exc).__name__}: {first}): the two halves are not one export") from None
+    allowed = RELATIVE_TOLERANCE * comparison.scale
+    if not comparison.max_difference <= allowed:
+        raise SavedModelConsistencyError(
+            f"{path}: the serving signature (saved_model.pb + variables/) and the embedded model "
+            f"(assets/{EMBED_DIR}/{MODEL_FILE}, swapped layers lowered) disagree: max |difference| "
+            f"{comparison.max_difference:.3g} on the manifest's sample batch of {batch_size} "
+            f"(allowed {allowed:.3g}), so one half was replaced or edited (e.g. variables/ copied "
+            f"from another export). Re-export the directory from the model you trust")
