@@ -48,6 +48,19 @@ def median_times(fns, reps: int = 50, budget: float = 3.0, rounds: int = 3) -> l
     return best
 
 
+def cpu_model() -> str:
+    """The CPU's model name (from /proc/cpuinfo on Linux)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
 def machine_line() -> str:
     import tensorflow as tf
 

@@ -25,9 +25,9 @@ from graphswap.io import (ConvertResult, ExportResult, convert, export_model,  #
                           load_model, onnx_session)
 from graphswap.kernels import available_kernels, resolve_kernel  # noqa: E402
 from graphswap.kernels.trust import trust, untrust  # noqa: E402
-from graphswap.research import (Data, EvaluationResult, FinetuneResult, SweepResult,  # noqa: E402
-                                evaluate, finetune, load_data, saliency_map, sweep,
-                                write_saliency_png)
+from graphswap.research import (Data, EvaluationResult, ExploreResult,  # noqa: E402
+                                FinetuneResult, SweepResult, evaluate, explore, finetune,
+                                load_data, saliency_map, sweep, write_saliency_png)
 from graphswap.surgery import (GradientClip, GradientOverride, GradientReversal,  # noqa: E402
                                GradientScale, GuidedReLU, OverrideReport, OverrideWarning,
                                override)
@@ -44,5 +44,5 @@ __all__ = [
     "GradientScale", "GradientClip", "GradientReversal", "GuidedReLU", "GradientOverride",
     "override", "OverrideReport", "OverrideWarning", "saliency_map", "write_saliency_png",
     "Data", "load_data", "finetune", "FinetuneResult", "evaluate", "EvaluationResult", "sweep",
-    "SweepResult",
+    "SweepResult", "explore", "ExploreResult",
 ]

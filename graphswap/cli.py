@@ -159,9 +159,10 @@ def main():
                    "multiplier (see 'graphswap kernels'), a .c/.lut/.bin multiplier file, "
                    "'lib.so:symbol', or an operation-level .so.  [default: exact, or none when "
                    "--kernel-map is given]")
-@click.option("--kernel-map", type=click.Path(dir_okay=False),
+@click.option("--kernel-map", metavar="MAP.json[#INDEX]",
               help='JSON {"layer name or glob": "kernel spec" or null}, e.g. written by '
-                   "'graphswap sweep'; overrides --kernel for the layers it names.")
+                   "'graphswap sweep'; or FRONT.json#INDEX, one point of the front "
+                   "'graphswap explore' writes.  Overrides --kernel for the layers it names.")
 @click.option("--include", multiple=True, metavar="REGEX",
               help="Swap only layers whose name/path matches (repeatable).")
 @click.option("--exclude", multiple=True, metavar="REGEX",
@@ -552,6 +553,86 @@ def sweep_command(model_path, data_path, kernel_spec, power_options, reference_p
     _echo_notes(result.notes)
     click.echo(result.format_table())
     click.echo(f"wrote {output} (graphswap convert {model_path} --kernel-map {output})")
+    if plot is not None:
+        click.echo(f"wrote {plot}")
+
+
+@main.command("explore")
+@click.argument("model_path", metavar="MODEL", type=click.Path())
+@click.option("--data", "data_path", required=True, type=click.Path(),
+              help="Validation data: .npz (x_test/y_test, else x/y) or an image directory.")
+@click.option("--library", "library_sources", multiple=True, required=True,
+              metavar="DIR|FILE|SPEC",
+              help="Circuits to choose from (repeatable): a directory of multiplier files "
+                   "(.c, .lut, .bin), files, 'lib.so:symbol' specs or built-in names.")
+@click.option("--metrics", "metrics_table", type=click.Path(dir_okay=False),
+              help="CSV (name,power,area,delay) or JSON table of hardware figures; overrides "
+                   "the files' PDK45_* headers; a row 'exact' gives the exact multiplier's.")
+@click.option("--budget", default=1.0, show_default=True, type=click.FloatRange(0, 100),
+              metavar="POINTS", help="Accuracy drop allowed against the float model, in points.")
+@click.option("--objective", type=click.Choice(["power", "area", "delay"]), default="power",
+              show_default=True, help="Hardware figure to minimise (MAC-weighted).")
+@click.option("--trials", type=click.IntRange(min=1), default=None,
+              help="Assignments the NSGA-II search measures in all [default: 20 x layers]; "
+                   "a space of at most --exhaustive-limit assignments is enumerated instead.")
+@click.option("--exhaustive-limit", default=256, show_default=True, type=click.IntRange(min=0),
+              help="Enumerate every assignment when there are at most this many.")
+@click.option("--estimate-samples", default=512, show_default=True,
+              type=click.IntRange(min=1),
+              help="Validation examples for the per-(layer, circuit) estimates.")
+@click.option("--finetune-data", type=click.Path(),
+              help="Fine-tune the cheapest front points within the budget on this data "
+                   "(.npz: x_train/y_train) and measure them again.")
+@click.option("--finetune-epochs", default=1, show_default=True, type=click.IntRange(min=1))
+@click.option("--finetune-points", default=3, show_default=True, type=click.IntRange(min=1))
+@click.option("--study", type=click.Path(dir_okay=False),
+              help="SQLite database keeping every measurement: an interrupted exploration "
+                   "resumes, a finished one answers a new --budget without re-measuring.")
+@click.option("--include", multiple=True, metavar="REGEX", help="As for convert.")
+@click.option("--exclude", multiple=True, metavar="REGEX", help="As for convert.")
+@click.option("--batch-size", default=128, show_default=True, type=click.IntRange(min=1))
+@click.option("--seed", default=0, show_default=True)
+@_data_options
+@click.option("-o", "--output", type=OutputFile((".json",)),
+              help="Write the front as JSON [default: MODEL's name + .front.json]; each point's "
+                   "kernel map converts with 'graphswap convert MODEL --kernel-map FRONT#INDEX'.")
+@click.option("--plot", type=OutputFile((".png",)),
+              help="Write accuracy against relative cost (front, references, budget) as PNG.")
+@click.option("-f", "--force", is_flag=True, help="Overwrite output files.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@model_loading_options
+def explore_command(model_path, data_path, library_sources, metrics_table, budget, objective,
+                    trials, exhaustive_limit, estimate_samples, finetune_data, finetune_epochs,
+                    finetune_points, study, include, exclude, batch_size, seed, scale, pad,
+                    resize, output, plot, force, as_json, custom_objects, unsafe):
+    """Choose a multiplier per layer from a library of circuits: the measured Pareto front of
+    accuracy against hardware cost, the cheapest assignment within the budget, and (with
+    --finetune-data) how far retraining recovers it."""
+    if output is None:
+        output = io.default_output_path(model_path, "explore")
+    for path in (output, plot):
+        if path is not None:
+            io.check_output_path(path, force, inputs=[model_path, data_path])
+    result = research.explore(
+        model_path, data_path, list(library_sources), budget=budget / 100.0,
+        objective=objective, metrics=metrics_table, trials=trials,
+        exhaustive_limit=exhaustive_limit, estimate_samples=estimate_samples,
+        finetune_data=finetune_data, finetune_epochs=finetune_epochs,
+        finetune_points=finetune_points, study=study, include=list(include) or None,
+        exclude=list(exclude) or None, batch_size=batch_size, seed=seed, resize=resize,
+        pad=pad, scale=scale, custom_objects=custom_objects, safe_mode=not unsafe,
+        progress=not as_json and sys.stderr.isatty(),
+        log=None if as_json else (lambda note: click.echo(f"  {note}")))
+    result.write(output, force=force)
+    if plot is not None:
+        result.plot(plot, force=force)
+    _remember_named_kernels([c.spec for c in result.library.circuits], err=as_json)
+    if as_json:
+        click.echo(json.dumps({**result.to_dict(), "output": str(output), "plot": plot},
+                              indent=2))
+        return
+    click.echo(result.format_table())
+    click.echo(f"wrote {output} (graphswap convert {model_path} --kernel-map {output}#INDEX)")
     if plot is not None:
         click.echo(f"wrote {plot}")
 

@@ -22,6 +22,7 @@ DEFAULT_SUFFIXES = {
     "convert": ".swapped.keras",
     "finetune": ".ft.keras",
     "sweep": ".kernel_map.json",
+    "explore": ".front.json",
     "onnx": ".onnx",
     "onnx-kept-kernels": ".kept.onnx",
     "savedmodel": "_savedmodel",

@@ -3,12 +3,15 @@
 and saliency maps.
 
 Modules: data (what a model expects, the Data container), loading (reading .npz / image folders /
-tf.data / arrays), scoring, strategies, checkpoints, finetune, evaluate, sweep, saliency (it reads
+tf.data / arrays), scoring, strategies, checkpoints, finetuning, evaluation, sweeping, circuits,
+design_space and exploration (design-space exploration over a library of circuits), saliency (it reads
 images and writes PNGs, so it sits here rather than in surgery/, whose `override` it uses).
 """
 
+from graphswap.research.circuits import Circuit, CircuitLibrary, load_library
 from graphswap.research.data import Data, ModelExpectation, model_expectation
 from graphswap.research.evaluation import EvaluationResult, evaluate
+from graphswap.research.exploration import ExploreResult, explore
 from graphswap.research.finetuning import (CompileSettings, FinetuneResult, compile_settings,
                                          finetune, format_history, swapped_layers)
 from graphswap.research.loading import load_data
@@ -17,7 +20,8 @@ from graphswap.research.saliency import (SaliencyResult, input_gradients, load_s
 from graphswap.research.strategies import STRATEGIES, is_chief, resolve_strategy
 from graphswap.research.sweeping import SweepResult, parse_power_options, sweep
 
-__all__ = ["CompileSettings", "Data", "EvaluationResult", "FinetuneResult", "ModelExpectation",
+__all__ = ["Circuit", "CircuitLibrary", "ExploreResult", "explore", "load_library",
+           "CompileSettings", "Data", "EvaluationResult", "FinetuneResult", "ModelExpectation",
            "STRATEGIES", "SaliencyResult", "SweepResult", "compile_settings", "evaluate",
            "finetune", "format_history", "input_gradients", "is_chief", "load_data",
            "load_sample", "model_expectation", "parse_power_options", "resolve_strategy",

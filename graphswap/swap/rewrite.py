@@ -54,21 +54,45 @@ def _map_lookup(kernel_map: dict, path: str, name: str):
     return False, None
 
 
+def split_map_source(source):
+    """(file path, front index or None) of a kernel map source "PATH" or "PATH#INDEX"."""
+    text = os.fspath(source)
+    path, hash_sign, index = text.rpartition("#")
+    if hash_sign and index.isdigit() and not os.path.exists(text):
+        return path, int(index)
+    return text, None
+
+
 def load_kernel_map(source) -> dict:
     """A kernel map from a dict or a JSON file: {"layer name or glob": "kernel spec" | null}.
 
-    A JSON file may also wrap it as {"kernel_map": {...}} (what `graphswap sweep` writes).
+    A JSON file may also wrap it as {"kernel_map": {...}} (what `graphswap sweep` writes), or be
+    an exploration front {"front": [{"kernel_map": {...}}, ...]} (what `graphswap explore`
+    writes), from which "PATH#INDEX" picks one point.
     """
     if isinstance(source, dict):
         mapping = source
     else:
+        path, index = split_map_source(source)
         try:
-            with open(source, encoding="utf-8") as handle:
+            with open(path, encoding="utf-8") as handle:
                 mapping = json.load(handle)
         except OSError as exc:
-            raise GraphswapError(f"cannot read kernel map {source}: {exc.strerror}") from None
+            raise GraphswapError(f"cannot read kernel map {path}: {exc.strerror}") from None
         except json.JSONDecodeError as exc:
-            raise GraphswapError(f"kernel map {source} is not valid JSON: {exc}") from None
+            raise GraphswapError(f"kernel map {path} is not valid JSON: {exc}") from None
+        front = mapping.get("front") if isinstance(mapping, dict) else None
+        if isinstance(front, list):
+            if index is None:
+                raise GraphswapError(
+                    f"{path} is an exploration front of {len(front)} kernel maps; pick one with "
+                    f"{path}#INDEX (0..{len(front) - 1})")
+            if not 0 <= index < len(front) or not isinstance(front[index], dict):
+                raise GraphswapError(f"{path} has front points 0..{len(front) - 1}, not {index}")
+            mapping = front[index]
+        elif index is not None:
+            raise GraphswapError(f"{path} is a single kernel map; #{index} selects a point of an "
+                                 f"exploration front only")
     if isinstance(mapping, dict) and isinstance(mapping.get("kernel_map"), dict):
         mapping = mapping["kernel_map"]
     if not isinstance(mapping, dict) or not all(
@@ -90,7 +114,7 @@ def resolve_kernel_map(source) -> dict:
     if isinstance(source, dict):
         return {key: None if spec is None else resolve_kernel(spec)
                 for key, spec in mapping.items()}
-    base_dir = os.path.dirname(os.path.abspath(source))
+    base_dir = os.path.dirname(os.path.abspath(split_map_source(source)[0]))
     return {key: None if spec is None else resolve_file_named(
                 spec, base_dir, f"kernel map {source}, entry {key!r}")
             for key, spec in mapping.items()}

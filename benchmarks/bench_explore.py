@@ -1,0 +1,120 @@
+#!/usr/bin/env python
+"""Design-space exploration: wall time to a verified Pareto front, and how many full evaluations
+it needed against the size of the space.
+
+    LeNet-5 (the shipped sample, its 360 test digits)         x 10 circuits
+    ResNet-8 (CIFAR shape 32x32x3, random weights; labels are the float model's own predictions
+              on 500 random images, so "accuracy" is agreement with the float model) x 10 circuits
+
+The 10 unsigned circuits: graphswap's example multipliers (sample_models/multipliers/: their
+PDK45_PWR lines are estimates from the kept array cells) and 7 built-ins whose powers are ASSUMED
+for this benchmark (benchmarks/explore_power.csv: plausible orders of magnitude, not synthesis
+results).  Each run starts from an empty study; "verified" means every front point was measured on
+the whole validation set.
+
+    python benchmarks/bench_explore.py [--budget 1.0] [--trials N] [--only lenet5|resnet8]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import numpy as np  # noqa: E402
+
+BUILTINS = ["mul8u_trunc2", "mul8u_trunc4", "mul8u_trunc6", "mul8u_drum6", "mul8u_drum5",
+            "mul8u_drum4", "mul8u_mitchell"]
+EXAMPLES = ["mul8u_gsbam6.c", "mul8u_gsloa11.c", "mul8u_gsot45.c"]
+
+
+def resnet8(seed: int = 0):
+    """ResNet-8 for CIFAR-shaped inputs: a 16-channel stem and three stages of one basic block
+    (16, 32, 64 channels), global pooling, a 10-way Dense: 9 convolutions (2 of them 1x1
+    projections) and 1 Dense."""
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((32, 32, 3))
+    x = keras.layers.Conv2D(16, 3, padding="same", name="stem")(inputs)
+    x = keras.layers.ReLU()(keras.layers.BatchNormalization()(x))
+    for stage, filters in enumerate((16, 32, 64)):
+        stride = 1 if stage == 0 else 2
+        shortcut = x
+        y = keras.layers.Conv2D(filters, 3, strides=stride, padding="same",
+                                name=f"s{stage}_a")(x)
+        y = keras.layers.ReLU()(keras.layers.BatchNormalization()(y))
+        y = keras.layers.Conv2D(filters, 3, padding="same", name=f"s{stage}_b")(y)
+        y = keras.layers.BatchNormalization()(y)
+        if stride != 1 or shortcut.shape[-1] != filters:
+            shortcut = keras.layers.Conv2D(filters, 1, strides=stride, name=f"s{stage}_proj")(x)
+        x = keras.layers.ReLU()(keras.layers.Add()([y, shortcut]))
+    x = keras.layers.GlobalAveragePooling2D()(x)
+    outputs = keras.layers.Dense(10, activation="softmax", name="fc")(x)
+    model = keras.Model(inputs, outputs, name="resnet8")
+    model.compile(loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    return model
+
+
+def run(name, model, data, library, args, log):
+    import graphswap
+
+    with tempfile.TemporaryDirectory() as scratch:
+        start = time.perf_counter()
+        result = graphswap.explore(model, data, library, metrics=REPO / "benchmarks" /
+                                   "explore_power.csv", budget=args.budget / 100,
+                                   trials=args.trials, study=Path(scratch) / "study.db",
+                                   estimate_samples=args.estimate_samples, progress=False,
+                                   seed=args.seed)
+        seconds = time.perf_counter() - start
+    counts = result.counts
+    best = result.best
+    log(f"\n{name}: {len(result.layers)} layers x {len(result.library.circuits)} circuits "
+        f"(+ exact) = {counts['space']:,} assignments")
+    log(result.format_table())
+    log(f"{name}: verified front in {seconds:.1f} s: {counts['full_evaluations_this_run']} full "
+        f"evaluations ({counts['full_evaluations_this_run'] / counts['space']:.2e} of the "
+        f"exhaustive {counts['space']:,}) + {counts['estimate_evaluations_this_run'] or 0} "
+        f"estimate evaluations on {args.estimate_samples} examples; best within "
+        f"{args.budget:g} points: "
+        + (f"relative power {best['relative_cost']:.3f} at {best['accuracy']:.2%}" if best
+           else "none"))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--budget", type=float, default=1.0, help="points")
+    parser.add_argument("--trials", type=int, default=None)
+    parser.add_argument("--estimate-samples", type=int, default=256)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--only", choices=["lenet5", "resnet8"], default=None)
+    args = parser.parse_args()
+
+    import keras
+
+    from benchmarks._timing import cpu_model, machine_line
+    from graphswap import native
+
+    print(f"CPU: {cpu_model()}; {machine_line()}")
+    print(f"kernel library: {native.shipped_library_path()}")
+    library = BUILTINS + [str(REPO / "sample_models" / "multipliers" / f) for f in EXAMPLES]
+    if args.only in (None, "lenet5"):
+        run("LeNet-5", keras.models.load_model(REPO / "sample_models" / "lenet5.keras"),
+            REPO / "sample_models" / "digits.npz", library, args, print)
+    if args.only in (None, "resnet8"):
+        model = resnet8(args.seed)
+        x = np.random.default_rng(args.seed).uniform(0, 1, (500, 32, 32, 3)).astype(np.float32)
+        y = np.argmax(model.predict(x, batch_size=128, verbose=0), axis=1)
+        run("ResNet-8", model, (x, y), library, args, print)
+
+
+if __name__ == "__main__":
+    main()
