@@ -11,7 +11,8 @@ images and writes PNGs, so it sits here rather than in surgery/, whose `override
 from graphswap.research.circuits import Circuit, CircuitLibrary, load_library
 from graphswap.research.data import Data, ModelExpectation, model_expectation
 from graphswap.research.evaluation import EvaluationResult, evaluate
-from graphswap.research.exploration import ExploreResult, explore
+from graphswap.research.exploration import explore
+from graphswap.research.explore_result import ExploreResult
 from graphswap.research.finetuning import (CompileSettings, FinetuneResult, compile_settings,
                                          finetune, format_history, swapped_layers)
 from graphswap.research.loading import load_data
