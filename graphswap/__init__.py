@@ -31,12 +31,16 @@ from graphswap.research import (Data, EvaluationResult, FinetuneResult, SweepRes
 from graphswap.surgery import (GradientClip, GradientOverride, GradientReversal,  # noqa: E402
                                GradientScale, GuidedReLU, OverrideReport, OverrideWarning,
                                override)
-from graphswap.swap import (RewriteReport, SwappedConv2D, SwappedDense, plan,  # noqa: E402
-                            rewrite_model, transform_model)
+from graphswap.swap import (LAYER_TYPES, RewriteReport, SwappedConv1D,  # noqa: E402
+                            SwappedConv2D, SwappedConv2DTranspose, SwappedDense,
+                            SwappedDepthwiseConv2D, SwappedEinsumDense, SwappedMultiHeadAttention,
+                            SwappedSeparableConv2D, plan, rewrite_model, transform_model)
 
 __all__ = [
     "__version__", "trust", "untrust", "load_model", "convert", "ConvertResult", "rewrite_model",
     "transform_model", "plan", "RewriteReport", "SwappedDense", "SwappedConv2D",
+    "SwappedDepthwiseConv2D", "SwappedSeparableConv2D", "SwappedConv1D", "SwappedConv2DTranspose",
+    "SwappedEinsumDense", "SwappedMultiHeadAttention", "LAYER_TYPES",
     "resolve_kernel", "available_kernels", "export_model", "ExportResult", "onnx_session",
     "GraphswapError", "ExportError", "KernelSpecError", "KernelLoadError", "KernelTrustError",
     "KernelExecutionError", "UnsupportedLayerError", "ShapeError", "ModelLoadError", "DataError",

@@ -188,7 +188,7 @@ def test_sweep_kernel_map_is_accepted_by_convert_and_rewrite(tmp_path):
                                         str(tmp_path / "map.json"), "-o",
                                         str(tmp_path / "clf.map.keras")])
     assert convert.exit_code == 0, convert.output
-    assert "3 of 3 Dense/Conv2D layers swapped" in convert.output
+    assert "3 of 3 layers with weights swapped" in convert.output
     result.plot(tmp_path / "pareto.png")
     assert (tmp_path / "pareto.png").read_bytes().startswith(PNG_SIGNATURE)
 

@@ -124,7 +124,7 @@ def test_report_counts_macs(lenet):
     macs = {e.path: e.macs for e in report.layers if e.macs}
     assert macs == {"conv1": 28 * 28 * 6 * 25, "conv2": 10 * 10 * 16 * 25 * 6,
                     "fc1": 400 * 120, "fc2": 120 * 84, "predictions": 84 * 10}
-    assert "5 of 5 Dense/Conv2D layers swapped" in report.format_table()
+    assert "5 of 5 layers with weights swapped" in report.format_table()
 
 
 def test_subclassed_model_is_refused_clearly():
