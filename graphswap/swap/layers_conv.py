@@ -4,8 +4,10 @@ SwappedConv1D, SwappedConv2DTranspose.
 Like SwappedConv2D they subclass the Keras layers (same weights: names, shapes, order,
 initialisers, constraints), override only the product, and keep the arithmetic's record and the
 backward mode in the config (from_config passes the trust gate: graphswap.swap.layers
-SwappedMixin).  Every Keras option is mirrored; the few that cannot be are refused by
-`check_options` naming the layer and the option.
+SwappedMixin).  Every Keras option is mirrored (Keras itself refuses strides > 1 with dilations > 1 where
+TensorFlow cannot compute them); `check_options` refuses, naming the layer and the option, what
+cannot be: Keras-quantized layers, and any padding Keras may add later.  The spatial input shape
+must be static (the kernel's geometry is fixed when the op is traced).
 
 * DepthwiseConv2D: a grouped conv2d, groups = input channels (graphswap.swap.ops_layers);
   strides, dilations (also together), padding, depth_multiplier, channels_first.
@@ -161,9 +163,3 @@ def check_options(layer) -> None:
         raise UnsupportedLayerError(
             f"layer {layer.name!r}: padding={layer.padding!r} is not supported for {kind}; "
             f"allowed: {', '.join(repr(a) for a in allowed)}")
-    strides, dilations = tuple(layer.strides), tuple(layer.dilation_rate)
-    if isinstance(layer, keras.layers.Conv1D) and max(strides) > 1 and max(dilations) > 1:
-        raise UnsupportedLayerError(
-            f"layer {layer.name!r}: strides={strides} together with dilation_rate={dilations} is "
-            f"not supported for Conv1D (TensorFlow has no gradient for it); allowed: strides=1 "
-            f"or dilation_rate=1")
