@@ -50,9 +50,9 @@ class ConvertResult:
 
 
 def convert(model, kernel=None, *, kernel_map=None, include=None, exclude=None,
-            layer_types=("Dense", "Conv2D"), backward: str = "native", check_batch: int = 8,
+            layer_types=None, backward: str = "native", check_batch: int = 8,
             output=None, force: bool = False, custom_objects=None,
-            safe_mode: bool = True) -> ConvertResult:
+            safe_mode: bool = True, inplace: bool = False) -> ConvertResult:
     """Rewrite `model` (a path, or a keras.Model) so its selected layers run `kernel`.
 
     `kernel` defaults to "exact", or to none when a `kernel_map` is given (see rewrite_model for
@@ -60,6 +60,8 @@ def convert(model, kernel=None, *, kernel_map=None, include=None, exclude=None,
     batch of `check_batch` (0: skip) and, if `output` is given - or `model` is a path, then
     beside it as MODEL.swapped.keras - saved there atomically (`force` to replace a file).
     Raises GraphswapError when no layer is selected: an unchanged copy is not a conversion.
+    `inplace` (subclassed models without get_config only; see rewrite_model) swaps the loaded
+    model's own layers - with a path it is the freshly loaded copy, never the file.
     """
     source = Path(model) if isinstance(model, (str, os.PathLike)) else None
     if isinstance(check_batch, bool) or not isinstance(check_batch, int) or check_batch < 0:
@@ -74,12 +76,12 @@ def convert(model, kernel=None, *, kernel_map=None, include=None, exclude=None,
     original = load_model(source, custom_objects=custom_objects, safe_mode=safe_mode) \
         if source is not None else model
     swapped, report = rewrite_model(original, kernel=kernel, include=include, exclude=exclude,
-                                    kernel_map=kernel_map, layer_types=tuple(layer_types),
-                                    backward=backward, return_report=True)
+                                    kernel_map=kernel_map, layer_types=layer_types,
+                                    backward=backward, return_report=True, inplace=inplace)
     if not report.swapped:
         shown = source if source is not None else f"model {original.name!r}"
         raise GraphswapError(
-            f"nothing to swap in {shown}: no Dense/Conv2D layer was selected "
+            f"nothing to swap in {shown}: no swappable layer was selected "
             f"({len(report.layers)} layers inspected); see 'graphswap inspect MODEL'")
     difference, note = None, None
     if check_batch > 0:

@@ -22,8 +22,10 @@ from graphswap.kernels import Kernel, resolve_file_named, resolve_kernel
 from graphswap.swap import ops
 from graphswap.swap.catalog import (LAYER_TYPES, SWAPPABLE_TYPES, is_swappable_family,
                                     is_swapped, swapped_from, type_name)
-from graphswap.swap.clone import transform_model
+from graphswap.swap.clone import copy_compile_config, transform_model
 from graphswap.swap.report import LayerReport, RewriteReport, attention_macs, layer_macs
+from graphswap.swap.subclassed import (copy_subclassed, is_subclassed, layer_paths, mark_swapped,
+                                       swap_layers)
 
 
 def _as_patterns(value) -> list[str]:
@@ -98,11 +100,14 @@ def resolve_kernel_map(source) -> dict:
 
 
 def rewrite_model(model, kernel="exact", include=None, exclude=None, kernel_map=None,
-                  layer_types=None, backward="native", return_report=False):
+                  layer_types=None, backward="native", return_report=False, inplace=False):
     """Return a copy of `model` whose selected layers' forward products run `kernel`.
 
     Args:
-      model: a built Sequential or Functional keras.Model (never modified).
+      model: a built keras.Model: Sequential or Functional (never modified), or subclassed
+        (class Net(keras.Model) holding its layers as attributes, lists, dicts, nested layers
+        and models): its layers are swapped on a copy made through the class's
+        get_config/from_config, or - only with inplace=True - on `model` itself.
       kernel: kernel spec for every selected layer (see graphswap.kernels); None swaps only the
         layers named in `kernel_map`.
       include / exclude: regular expression(s) searched in each layer's name and nested path
@@ -116,6 +121,8 @@ def rewrite_model(model, kernel="exact", include=None, exclude=None, kernel_map=
       backward: "native" (TensorFlow's gradients, straight-through) or "kernel" (backward
         products through the kernel as well).
       return_report: also return a RewriteReport.
+      inplace: subclassed models only: swap the layers of `model` itself (for a class that
+        cannot be copied through get_config/from_config); `model` is changed and returned.
 
     Raises UnsupportedLayerError (naming the layer and option) for a selected layer whose options
     cannot be reproduced, and KernelSpecError for unknown kernels.
@@ -162,7 +169,15 @@ def rewrite_model(model, kernel="exact", include=None, exclude=None, kernel_map=
         entry.action, entry.kernel = "swapped", spec.spec
         return new_layer
 
-    new_model, _ = transform_model(model, replace)
+    notes = []
+    if is_subclassed(model):
+        new_model = _rewrite_subclassed(model, replace, inplace, notes)
+    else:
+        if inplace:
+            raise GraphswapError(
+                f"inplace=True is for subclassed models; {model.name!r} is a "
+                f"{type(model).__name__} model, which rewrite_model copies (never modifies)")
+        new_model, _ = transform_model(model, replace)
     unmatched = [key for key in mapping
                  if not any(e.path == key or e.path.split("/")[-1] == key
                             or fnmatch.fnmatchcase(e.path.split("/")[-1], key)
@@ -171,8 +186,48 @@ def rewrite_model(model, kernel="exact", include=None, exclude=None, kernel_map=
         raise GraphswapError(
             f"kernel map names layer(s) not in model {model.name!r}: {', '.join(unmatched)}; "
             f"list the layers with 'graphswap inspect MODEL'")
-    report = RewriteReport(model.name, entries)
+    report = RewriteReport(model.name, entries, notes)
     return (new_model, report) if return_report else new_model
+
+
+def _rewrite_subclassed(model, replace, inplace, notes):
+    """Swap the held layers of a subclassed model (graphswap.swap.subclassed), on a copy or -
+    inplace - on the model itself; nested Sequential/Functional models are rewritten copies."""
+    target = model if inplace else copy_subclassed(model)
+    paths = layer_paths(model)  # the original's names (a copy's layers get fresh ones)
+
+    def replace_built(path, layer):
+        if isinstance(layer, keras.Model) and not is_subclassed(layer):
+            entries_before = len(swapped_paths)
+            new_nested, _ = transform_model(layer, counting(replace), prefix=path + "/")
+            return new_nested if len(swapped_paths) > entries_before else None
+        new = counting(replace)(path, layer)
+        if new is not None and layer.built:
+            new.build(**layer._build_shapes_dict)  # the shapes the stock layer was built with
+            new.set_weights(layer.get_weights())
+        return new
+
+    swapped_paths: list = []
+
+    def counting(inner):
+        def wrapped(path, layer):
+            new = inner(path, layer)
+            if new is not None:
+                swapped_paths.append(path)
+            return new
+        return wrapped
+
+    swaps = swap_layers(target, replace_built, paths=paths)
+    if swaps:
+        mark_swapped(target, swaps)
+    if inplace:
+        notes.append(f"subclassed model {model.name!r}: swapped IN PLACE (inplace=True) - the "
+                     f"model passed in now runs the kernels; it was not copied")
+    else:
+        copy_compile_config(model, target)
+        notes.append(f"subclassed model {model.name!r}: swapped on a copy made through "
+                     f"{type(model).__name__}.get_config/from_config")
+    return target
 
 
 def check_layer_types(layer_types) -> tuple[str, ...]:
