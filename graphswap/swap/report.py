@@ -158,17 +158,21 @@ def _channels(shape, layer):
 
 def attention_macs(layer) -> tuple[int, int]:
     """(projection MACs, attention-score MACs) per sample of a built MultiHeadAttention."""
-    projections = [getattr(layer, a, None) for a in ("_query_dense", "_key_dense", "_gate_dense",
-                                                     "_value_dense", "_output_dense")]
-    projection_macs = sum(layer_macs(p) for p in projections if p is not None)
     query, value = getattr(layer, "_query_dense", None), getattr(layer, "_value_dense", None)
+    output = getattr(layer, "_output_dense", None)
+    inputs = [getattr(layer, a, None) for a in ("_query_dense", "_key_dense", "_gate_dense",
+                                                "_value_dense")]
+    projection_macs = sum(layer_macs(p) for p in inputs if p is not None)
+    q_shape = input_shape_of(query) if query is not None else None
+    v_shape = input_shape_of(value) if value is not None else None
     scores = 0
-    if query is not None and value is not None:
-        q_shape, v_shape = input_shape_of(query), input_shape_of(value)
-        if q_shape and v_shape and None not in q_shape[1:] and None not in v_shape[1:]:
-            targets, sources = _prod(q_shape[1:-1]), _prod(v_shape[1:-1])
-            heads = layer.num_heads
-            scores = targets * sources * heads * (layer.key_dim + layer.value_dim)
+    if q_shape and None not in q_shape[1:]:
+        targets = _prod(q_shape[1:-1])
+        if output is not None:  # Keras builds it with the sequence length unknown
+            projection_macs += targets * _prod(output.kernel.shape)
+        if v_shape and None not in v_shape[1:]:
+            scores = targets * _prod(v_shape[1:-1]) * layer.num_heads * (layer.key_dim
+                                                                         + layer.value_dim)
     return projection_macs, scores
 
 
