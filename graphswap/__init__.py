@@ -1,10 +1,10 @@
-"""graphswap: run Keras Dense/Conv2D forward passes through your own C arithmetic, keep
+"""graphswap: run Keras layers' forward products through your own C arithmetic, keep
 TensorFlow's gradients, fine-tune, save, export.
 
     import graphswap
     swapped = graphswap.rewrite_model(model, kernel="mul8u_drum4")
 
-Importing graphswap registers SwappedDense / SwappedConv2D with Keras, so
+Importing graphswap registers the swapped layers (SwappedDense, SwappedConv2D, ...) with Keras, so
 keras.models.load_model() reads rewritten models after a plain `import graphswap`.
 
 The package reads as the pipeline, top to bottom (docs/ARCHITECTURE.md): cli -> research -> io ->
