@@ -138,7 +138,7 @@ def test_subclassed_model_is_rewritten_but_cloning_it_is_refused_clearly():
 
     model = Custom()
     model(np.ones((1, 3), np.float32))
-    swapped = graphswap.rewrite_model(model)  # its attributes (tests/test_swap_subclassed.py)
+    swapped = graphswap.rewrite_model(model, inplace=True)  # (tests/test_swap_subclassed.py)
     assert type(swapped.dense).__name__ == "SwappedDense"
     # exports and gradient overrides clone the graph, which a subclassed model does not have
     with pytest.raises(UnsupportedLayerError, match="subclassed model.*Sequential and Functional"):
