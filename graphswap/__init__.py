@@ -1,10 +1,10 @@
-"""graphswap: run Keras Dense/Conv2D forward passes through your own C arithmetic, keep
+"""graphswap: run Keras layers' forward products through your own C arithmetic, keep
 TensorFlow's gradients, fine-tune, save, export.
 
     import graphswap
     swapped = graphswap.rewrite_model(model, kernel="mul8u_drum4")
 
-Importing graphswap registers SwappedDense / SwappedConv2D with Keras, so
+Importing graphswap registers the swapped layers (SwappedDense, SwappedConv2D, ...) with Keras, so
 keras.models.load_model() reads rewritten models after a plain `import graphswap`.
 
 The package reads as the pipeline, top to bottom (docs/ARCHITECTURE.md): cli -> research -> io ->
@@ -31,12 +31,16 @@ from graphswap.research import (Data, EvaluationResult, ExploreResult,  # noqa: 
 from graphswap.surgery import (GradientClip, GradientOverride, GradientReversal,  # noqa: E402
                                GradientScale, GuidedReLU, OverrideReport, OverrideWarning,
                                override)
-from graphswap.swap import (RewriteReport, SwappedConv2D, SwappedDense, plan,  # noqa: E402
-                            rewrite_model, transform_model)
+from graphswap.swap import (LAYER_TYPES, RewriteReport, SwappedConv1D,  # noqa: E402
+                            SwappedConv2D, SwappedConv2DTranspose, SwappedDense,
+                            SwappedDepthwiseConv2D, SwappedEinsumDense, SwappedMultiHeadAttention,
+                            SwappedSeparableConv2D, plan, rewrite_model, transform_model)
 
 __all__ = [
     "__version__", "trust", "untrust", "load_model", "convert", "ConvertResult", "rewrite_model",
     "transform_model", "plan", "RewriteReport", "SwappedDense", "SwappedConv2D",
+    "SwappedDepthwiseConv2D", "SwappedSeparableConv2D", "SwappedConv1D", "SwappedConv2DTranspose",
+    "SwappedEinsumDense", "SwappedMultiHeadAttention", "LAYER_TYPES",
     "resolve_kernel", "available_kernels", "export_model", "ExportResult", "onnx_session",
     "GraphswapError", "ExportError", "KernelSpecError", "KernelLoadError", "KernelTrustError",
     "KernelExecutionError", "UnsupportedLayerError", "ShapeError", "ModelLoadError", "DataError",

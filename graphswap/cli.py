@@ -130,6 +130,44 @@ def model_loading_options(command):
     return command
 
 
+def _layer_types(ctx, param, values):
+    """--layer-types: repeatable and/or comma-separated type names; () means every type."""
+    names = [name.strip() for value in values for name in value.split(",") if name.strip()]
+    try:
+        return swap.check_layer_types(names) if names else None
+    except GraphswapError as exc:
+        raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
+
+
+def layer_types_option(what):
+    return click.option(
+        "--layer-types", "--type", "layer_types", multiple=True, callback=_layer_types,
+        metavar="TYPE[,TYPE]",
+        help=f"Layer types to {what} (repeatable or comma-separated; --type is the older name): "
+             f"{', '.join(swap.LAYER_TYPES)} [default: all of them].")
+
+
+class SweepProgress:
+    """A click progress bar on stderr for sweep's progress(done, total, label) callback."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self.bar = None
+
+    def __call__(self, done, total, label):
+        if not self.enabled:
+            return
+        if self.bar is None:
+            self.bar = click.progressbar(length=total, label="sweep", file=sys.stderr,
+                                         show_pos=True, item_show_func=lambda item: item)
+            self.bar.__enter__()
+        self.bar.update(1, label)
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.__exit__(None, None, None)
+
+
 def _load(path, custom_objects=None, unsafe=False):
     return io.load_model(path, custom_objects=custom_objects, safe_mode=not unsafe)
 
@@ -137,7 +175,7 @@ def _load(path, custom_objects=None, unsafe=False):
 @click.group(cls=ReportingGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "--version", prog_name="graphswap")
 def main():
-    """Rewrite Keras models so Dense/Conv2D forward passes run your C arithmetic.
+    """Rewrite Keras models so their layers' forward products run your C arithmetic.
 
     Typical session:
 
@@ -167,8 +205,7 @@ def main():
               help="Swap only layers whose name/path matches (repeatable).")
 @click.option("--exclude", multiple=True, metavar="REGEX",
               help="Do not swap layers whose name/path matches (repeatable).")
-@click.option("--type", "layer_types", multiple=True, type=click.Choice(["Dense", "Conv2D"]),
-              help="Layer types to swap (repeatable) [default: both].")
+@layer_types_option("swap")
 @click.option("--backward", type=click.Choice(["native", "kernel"]), default="native",
               show_default=True,
               help="'native': TensorFlow's exact gradients (straight-through); 'kernel': backward "
@@ -180,14 +217,19 @@ def main():
 @model_loading_options
 def convert(model_path, output, kernel, kernel_map, include, exclude, layer_types, backward,
             check_batch, force, as_json, custom_objects, unsafe):
-    """Rewrite MODEL so its Dense/Conv2D layers run KERNEL; save it and report.
+    """Rewrite MODEL so its layers with weights run KERNEL; save it and report.
 
     MODEL: .keras, full-model .h5, a graphswap SavedModel directory or a Keras 2 SavedModel.
-    Layers that are already swapped get the new kernel when selected and keep theirs otherwise.
+    Swapped by default: Dense, Conv2D, DepthwiseConv2D, SeparableConv2D, Conv1D,
+    Conv2DTranspose, EinsumDense and MultiHeadAttention (its projections).  Layers that are
+    already swapped get the new kernel when selected and keep theirs otherwise.  The report
+    gives, per layer type, the multiply-accumulates per sample that run on the kernel and
+    those that stay float.  A subclassed model (class Net(keras.Model)) is converted when
+    its class is registered and has get_config (pass its module with --custom-objects).
     """
     result = io.convert(model_path, kernel, kernel_map=kernel_map, include=list(include) or None,
                         exclude=list(exclude) or None,
-                        layer_types=tuple(layer_types) or ("Dense", "Conv2D"), backward=backward,
+                        layer_types=layer_types, backward=backward,
                         check_batch=check_batch, output=output, force=force,
                         custom_objects=custom_objects, safe_mode=not unsafe)
     _remember_named_kernels([kernel], err=as_json)
@@ -200,13 +242,14 @@ def convert(model_path, output, kernel, kernel_map, include, exclude, layer_type
               help="Kernel to plan with (affects only the kernel column).")
 @click.option("--include", multiple=True, metavar="REGEX", help="As for convert.")
 @click.option("--exclude", multiple=True, metavar="REGEX", help="As for convert.")
+@layer_types_option("plan for")
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 @model_loading_options
-def inspect(model_path, kernel, include, exclude, as_json, custom_objects, unsafe):
+def inspect(model_path, kernel, include, exclude, layer_types, as_json, custom_objects, unsafe):
     """List MODEL's layers and what `convert` would swap (nothing is written)."""
     model = _load(model_path, custom_objects, unsafe)
     report = swap.plan(model, kernel=kernel, include=list(include) or None,
-                  exclude=list(exclude) or None)
+                       exclude=list(exclude) or None, layer_types=layer_types)
     if as_json:
         click.echo(report.to_json())
     else:
@@ -512,8 +555,7 @@ def evaluate_command(model_path, data_path, kernel_specs, finetune_data, epochs,
               help="Accuracy budget in percentage points (0..100) for the written kernel map.")
 @click.option("--include", multiple=True, metavar="REGEX", help="As for convert.")
 @click.option("--exclude", multiple=True, metavar="REGEX", help="As for convert.")
-@click.option("--type", "layer_types", multiple=True, type=click.Choice(["Dense", "Conv2D"]),
-              help="Layer types to sweep (repeatable) [default: both].")
+@layer_types_option("sweep")
 @click.option("--batch-size", default=128, show_default=True,
               help="Evaluation batch size (as evaluate's, so the numbers compare).")
 @_data_options
@@ -528,20 +570,29 @@ def evaluate_command(model_path, data_path, kernel_specs, finetune_data, epochs,
 def sweep_command(model_path, data_path, kernel_spec, power_options, reference_power, max_drop,
                   include, exclude, layer_types, batch_size, scale, pad, resize, output, plot,
                   force, as_json, custom_objects, unsafe):
-    """Swap one layer at a time to KERNEL: accuracy drop, MACs, energy, Pareto plot, kernel map."""
+    """Swap one layer at a time to KERNEL: accuracy drop, MACs, energy, Pareto plot, kernel map.
+
+    A progress bar (click's) on stderr counts the evaluated models: one per layer, then one
+    per cumulative step.
+    """
     if output is None:
         output = io.default_output_path(model_path, "sweep")
     for path in (output, plot):
         if path is not None:
             io.check_output_path(path, force, inputs=[model_path, data_path])
-    result = research.sweep(model_path, data_path, kernel_spec,
-                            power=research.parse_power_options(power_options) or None,
-                            reference_power=reference_power,
-                            max_accuracy_drop=max_drop / 100.0,
-                            layer_types=tuple(layer_types) or ("Dense", "Conv2D"),
-                            include=list(include) or None, exclude=list(exclude) or None,
-                            batch_size=batch_size, resize=resize, pad=pad, scale=scale,
-                            custom_objects=custom_objects, safe_mode=not unsafe)
+    progress = SweepProgress(enabled=not as_json)
+    try:
+        result = research.sweep(model_path, data_path, kernel_spec,
+                                power=research.parse_power_options(power_options) or None,
+                                reference_power=reference_power,
+                                max_accuracy_drop=max_drop / 100.0,
+                                layer_types=layer_types,
+                                include=list(include) or None, exclude=list(exclude) or None,
+                                batch_size=batch_size, resize=resize, pad=pad, scale=scale,
+                                custom_objects=custom_objects, safe_mode=not unsafe,
+                                progress=progress)
+    finally:
+        progress.close()
     result.write_kernel_map(output, force=force)
     if plot is not None:
         result.plot(plot, force=force)

@@ -34,7 +34,7 @@ def test_convert_writes_default_output_and_reports(runner, model_copy, digits):
     assert result.exit_code == 0, result.output
     output = model_copy.with_name("lenet5.swapped.keras")
     assert output.is_file()
-    assert "5 of 5 Dense/Conv2D layers swapped" in result.output
+    assert "5 of 5 layers with weights swapped" in result.output
     assert "max |original - rewritten|" in result.output
     difference = float(result.output.split("random batch of 8: ")[1].split()[0])
     assert difference < 1e-5

@@ -19,8 +19,8 @@ from graphswap.io.load import load_model
 from graphswap.io.lowering import lower_model
 from graphswap.io.paths import check_model_output_path, default_output_path
 from graphswap.io.saving import save_model
-from graphswap.swap import (OriginalCannotRunError, RewriteReport, SwappedConv2D, SwappedDense,
-                            iter_layers, max_output_difference, rewrite_model, sample_inputs,
+from graphswap.swap import (OriginalCannotRunError, RewriteReport, is_swapped, iter_layers,
+                            max_output_difference, rewrite_model, sample_inputs,
                             transform_model)
 
 
@@ -56,9 +56,9 @@ class ConvertResult:
 
 
 def convert(model, kernel=None, *, kernel_map=None, include=None, exclude=None,
-            layer_types=("Dense", "Conv2D"), backward: str = "native", check_batch: int = 8,
+            layer_types=None, backward: str = "native", check_batch: int = 8,
             output=None, force: bool = False, custom_objects=None,
-            safe_mode: bool = True) -> ConvertResult:
+            safe_mode: bool = True, inplace: bool = False) -> ConvertResult:
     """Rewrite `model` (a path, or a keras.Model) so its selected layers run `kernel`.
 
     `kernel` defaults to "exact", or to none when a `kernel_map` is given (see rewrite_model for
@@ -68,7 +68,9 @@ def convert(model, kernel=None, *, kernel_map=None, include=None, exclude=None,
     saved there atomically as .keras, .h5 or a SavedModel directory, by the path (`force` to
     replace an existing output).  Layers that are already swapped are re-rewritten when selected
     and keep their kernel otherwise.  Raises GraphswapError when no layer is selected: an
-    unchanged copy is not a conversion.
+    unchanged copy is not a conversion.  `inplace` (subclassed models without get_config only;
+    see rewrite_model) swaps the loaded model's own layers - with a path it is the freshly loaded
+    copy, never the file.
     """
     source = Path(model) if isinstance(model, (str, os.PathLike)) else None
     if isinstance(check_batch, bool) or not isinstance(check_batch, int) or check_batch < 0:
@@ -83,18 +85,17 @@ def convert(model, kernel=None, *, kernel_map=None, include=None, exclude=None,
         kernel = "exact"
     original = load_model(source, custom_objects=custom_objects, safe_mode=safe_mode) \
         if source is not None else model
-    previous = {path: layer for path, layer in iter_layers(original)
-                if isinstance(layer, (SwappedDense, SwappedConv2D))}
+    previous = {path: layer for path, layer in iter_layers(original) if is_swapped(layer)}
     base = lower_model(original)[0] if previous else original
     swapped, report = rewrite_model(base, kernel=kernel, include=include, exclude=exclude,
-                                    kernel_map=kernel_map, layer_types=tuple(layer_types),
-                                    backward=backward, return_report=True)
+                                    kernel_map=kernel_map, layer_types=layer_types,
+                                    backward=backward, return_report=True, inplace=inplace)
     if previous:
         swapped = _keep_unselected_kernels(swapped, report, previous)
     if not report.swapped:
         shown = source if source is not None else f"model {original.name!r}"
         raise GraphswapError(
-            f"nothing to swap in {shown}: no Dense/Conv2D layer was selected "
+            f"nothing to swap in {shown}: no swappable layer was selected "
             f"({len(report.layers)} layers inspected); see 'graphswap inspect MODEL'")
     difference, note = None, None
     if check_batch > 0:

@@ -1,5 +1,6 @@
-"""Lowering swapped layers for export: back to stock Dense/Conv2D (same weights), or to layers
-whose kernel call is one marked PyFunc that tf2onnx turns into a custom ONNX node.
+"""Lowering swapped layers for export: back to their stock Keras layers (same weights), or to
+layers whose kernel calls are marked PyFuncs that tf2onnx turns into custom ONNX nodes
+(graphswap.io.kept_layers for the layers beyond Dense/Conv2D).
 
 `lower_model(model)` computes what `model` computes with the exact kernel; `kept_kernel_model`
 keeps the kernels.  Both return the per-layer records the export metadata stores.
@@ -13,8 +14,11 @@ import re
 import keras
 import tensorflow as tf
 
+from graphswap.io.kept_layers import KEPT_CLASSES, conv_attributes
+from graphswap.io.onnx_ops import MATMUL_OP
 from graphswap.native import conv_geometry
-from graphswap.swap import SwappedConv2D, SwappedDense, iter_layers, transform_model
+from graphswap.swap import (SWAPPED_CLASSES, SwappedConv2D, SwappedDense,
+                            iter_layers, stock_class, transform_model, type_name)
 
 MARKER = "graphswap_export_{index}"
 MARKER_RE = re.compile(r"graphswap_export_(\d+)(?![0-9])")
@@ -27,7 +31,7 @@ class SwappedLayer:
     index: int
     path: str             # nested path, "outer/inner/fc1"
     name: str
-    layer_type: str       # "Dense" or "Conv2D" (the layer it stands for)
+    layer_type: str       # the stock layer it stands for ("Dense", "Conv2D", "DepthwiseConv2D", ...)
     kernel: dict          # the kernel config stored in the layer ({"spec": ...}, + path/sha256)
     description: str
     backward: str
@@ -86,6 +90,44 @@ class MarkedConv2D(keras.layers.Conv2D):
         return tf.transpose(y, [0, 3, 1, 2]) if channels_first else y
 
 
+class MarkedLayer:
+    """Mixin: the layer's ops in a marking name scope (for the stock classes beyond Dense/Conv2D,
+    which compute without XLA functions on CPU as they are)."""
+
+    graphswap_marker = ""
+
+    def __call__(self, *args, **kwargs):
+        with tf.name_scope(self.graphswap_marker):
+            return super().__call__(*args, **kwargs)
+
+
+class MarkedConv1D(MarkedLayer, keras.layers.Conv1D):
+    """Conv1D; a grouped one as one NHWC Conv2D per group (Keras runs grouped convolutions in an
+    XLA function tf2onnx cannot convert)."""
+
+    def call(self, inputs):
+        if self.groups == 1:
+            return super().call(inputs)
+        x = tf.transpose(inputs, [0, 2, 1]) if self.data_format == "channels_first" else inputs
+        padding = self.padding
+        if padding == "causal":
+            x = tf.pad(x, [[0, 0], [self.dilation_rate[0] * (self.kernel_size[0] - 1), 0], [0, 0]])
+            padding = "valid"
+        x = tf.expand_dims(x, 1)
+        kernel = tf.expand_dims(self.kernel, 0)
+        parts = [tf.nn.convolution(x_group, w_group, strides=[1, self.strides[0]],
+                                   padding=str(padding).upper(),
+                                   dilations=[1, self.dilation_rate[0]])
+                 for x_group, w_group in zip(tf.split(x, self.groups, axis=3),
+                                             tf.split(kernel, self.groups, axis=3))]
+        y = tf.squeeze(tf.concat(parts, axis=3), [1])
+        if self.use_bias:
+            y = tf.add(y, self.bias)
+        if self.data_format == "channels_first":
+            y = tf.transpose(y, [0, 2, 1])
+        return self.activation(y) if self.activation is not None else y
+
+
 class KeptDense(SwappedDense):
     """A swapped Dense whose kernel call is one numpy_function named by its marker (only ever
     traced for tf2onnx: never trained, never saved)."""
@@ -113,6 +155,9 @@ class KeptDense(SwappedDense):
         if self.activation is not None:
             y = self.activation(y)
         return tf.cast(y, dtype) if dtype != tf.float32 else y
+
+    def onnx_node(self, part):
+        return MATMUL_OP, {}
 
 
 class KeptConv2D(SwappedConv2D):
@@ -146,50 +191,82 @@ class KeptConv2D(SwappedConv2D):
             y = tf.transpose(y, [0, 3, 1, 2])
         return tf.cast(y, inputs.dtype) if inputs.dtype != tf.float32 else y
 
+    def onnx_node(self, part):
+        return conv_attributes(self.padding, self.strides, self.dilation_rate, self.groups)
+
+
+def _is_swapped(layer) -> bool:
+    return isinstance(layer, SWAPPED_CLASSES)
+
 
 def swapped_layers(model) -> list[SwappedLayer]:
     """The swapped layers of `model` (nested models included), in traversal order."""
     records = []
     for path, layer in iter_layers(model):
-        if isinstance(layer, (SwappedDense, SwappedConv2D)):
+        if _is_swapped(layer):
             records.append(_record(len(records), path, layer))
     return records
 
 
 def _record(index, path, layer) -> SwappedLayer:
     return SwappedLayer(index=index, path=path, name=layer.name,
-                        layer_type="Dense" if isinstance(layer, SwappedDense) else "Conv2D",
+                        layer_type=type_name(layer) or type(layer).__name__,
                         kernel=layer.arithmetic.to_config(),
                         description=getattr(layer.arithmetic, "description", ""),
                         backward=layer.backward)
 
 
+def _marked_class(stock):
+    """The marking version of a stock class (made once per class)."""
+    if stock is keras.layers.Dense:
+        return MarkedDense
+    if stock is keras.layers.Conv2D:
+        return MarkedConv2D
+    if stock is keras.layers.Conv1D:
+        return MarkedConv1D
+    if stock not in _MARKED:
+        _MARKED[stock] = type(f"Marked{stock.__name__}", (MarkedLayer, stock), {})
+    return _MARKED[stock]
+
+
+_MARKED: dict = {}
+
+
 def lower_model(model, marked: bool = False):
-    """A copy of `model` with every swapped layer replaced by a plain Dense/Conv2D (same weights).
+    """A copy of `model` with every swapped layer replaced by its stock layer (same weights).
 
     Returns (lowered_model, [SwappedLayer, ...]).  The lowered model computes what `model` computes
     with the exact kernel.  With `marked=True` the replacements put their ops in a name scope
     "graphswap_export_<index>" (used to find them in the ONNX graph).
     """
-    dense_cls, conv_cls = (MarkedDense, MarkedConv2D) if marked else (keras.layers.Dense,
-                                                                      keras.layers.Conv2D)
-    return _replace_swapped(model, dense_cls, conv_cls, _plain_config)
+    def class_of(layer):
+        stock = stock_class(layer)
+        return _marked_class(stock) if marked else stock
+
+    return _replace_swapped(model, class_of, _plain_config)
 
 
 def kept_kernel_model(model):
-    """A copy of `model` whose swapped layers call their kernel through one marked PyFunc each."""
-    return _replace_swapped(model, KeptDense, KeptConv2D, _config_keeping_arithmetic)
+    """A copy of `model` whose swapped layers call their kernel through marked PyFuncs."""
+    def class_of(layer):
+        if isinstance(layer, SwappedDense):
+            return KeptDense
+        if isinstance(layer, SwappedConv2D):
+            return KeptConv2D
+        return KEPT_CLASSES[type(layer)]
+
+    return _replace_swapped(model, class_of, _config_keeping_arithmetic)
 
 
-def _replace_swapped(model, dense_cls, conv_cls, config_of):
+def _replace_swapped(model, class_of, config_of):
     records: list[SwappedLayer] = []
 
     def replace(path, layer):
-        if not isinstance(layer, (SwappedDense, SwappedConv2D)):
+        if not _is_swapped(layer):
             return None
         record = _record(len(records), path, layer)
         records.append(record)
-        cls = dense_cls if isinstance(layer, SwappedDense) else conv_cls
+        cls = class_of(layer)
         new_layer = cls.from_config(config_of(layer))
         if hasattr(cls, "graphswap_marker"):
             new_layer.graphswap_marker = MARKER.format(index=record.index)

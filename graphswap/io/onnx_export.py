@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import re
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +23,8 @@ from graphswap.io.signatures import feeds, input_specs, serving_function, signat
 from graphswap.swap import run_model, sample_inputs
 
 PYTHON_OPS = ("PyFunc", "PyFuncStateless", "EagerPyFunc")
+#: which product of a layer a PyFunc is (graphswap.io.kept_layers.part_name)
+PART_RE = re.compile(r"graphswap_export_\d+_part(\d+)")
 
 
 def _kept_node_handler(records, problems):
@@ -35,17 +38,10 @@ def _kept_node_handler(records, problems):
             del node.attr[attribute]
         node.domain = onnx_ops.DOMAIN
         node.set_attr("kernel", json.dumps(record.kernel, sort_keys=True))
-        if record.layer_type == "Dense":
-            node.type = onnx_ops.MATMUL_OP
-        else:
-            layer = record.layer
-            node.type = onnx_ops.CONV2D_OP
-            node.set_attr("padding", str(layer.padding).lower())
-            node.set_attr("stride_h", int(layer.strides[0]))
-            node.set_attr("stride_w", int(layer.strides[1]))
-            node.set_attr("dilation_h", int(layer.dilation_rate[0]))
-            node.set_attr("dilation_w", int(layer.dilation_rate[1]))
-            node.set_attr("groups", int(layer.groups))
+        part = PART_RE.search(node.name)
+        node.type, attributes = record.layer.onnx_node(int(part.group(1)) if part else 0)
+        for key, value in attributes.items():
+            node.set_attr(key, value)
         return node
 
     return handler

@@ -5,6 +5,8 @@ Nothing here imports TensorFlow.  Layers above use:
     KernelLibrary, load_library, shipped_library     - call C kernels on numpy buffers
     ConvGeometry, conv_geometry                     - TensorFlow's SAME/VALID as explicit paddings
     im2col, col2im, conv_via_matmul, conv_gradients_via_matmul - convolution lowered to matmuls
+    einsum_plan, EinsumPlan                         - an EinsumDense equation as one matmul
+    transposed_conv, insert_zeros, flipped_filter   - Conv2DTranspose as a stride-1 conv2d
     FileContent, read_file, file_sha256             - files read once, with the hash of the bytes
     cache_dir, private_copy                         - the owner-only cache
 """
@@ -14,9 +16,14 @@ from graphswap.native.files import FileContent, file_sha256, read_file, sha256_o
 from graphswap.native.geometry import ConvGeometry, conv_geometry
 from graphswap.native.library import (ABI_VERSION, KernelLibrary, load_library, shipped_library,
                                       shipped_library_path)
+from graphswap.native.einsum import EinsumPlan, einsum_plan
 from graphswap.native.lowering import col2im, conv_gradients_via_matmul, conv_via_matmul, im2col
+from graphswap.native.transpose import (TransposedConv, flipped_filter, insert_zeros,
+                                        remove_zeros, transposed_conv, unflipped_filter)
 
-__all__ = ["ABI_VERSION", "ConvGeometry", "FileContent", "KernelLibrary", "cache_dir", "col2im",
+__all__ = ["ABI_VERSION", "ConvGeometry", "EinsumPlan", "TransposedConv", "einsum_plan",
+           "flipped_filter", "insert_zeros", "remove_zeros", "transposed_conv",
+           "unflipped_filter", "FileContent", "KernelLibrary", "cache_dir", "col2im",
            "conv_geometry", "conv_gradients_via_matmul", "conv_via_matmul", "file_sha256",
            "im2col", "load_library", "owner_only_directory", "private_copy", "read_file",
            "sha256_of", "shipped_library", "shipped_library_path", "write_atomically"]

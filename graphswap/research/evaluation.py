@@ -186,7 +186,7 @@ def evaluate(model, data, kernels=None, *, finetune_data=None, epochs: int = 1,
         notes.append(f"{model.name!r} already has {len(already)} swapped layer(s) (kernel(s) "
                      f"{', '.join(sorted(set(os.path.basename(k) for k in already.values())))}): "
                      f"its 'original' row runs them, and each --kernel row swaps only the "
-                     f"remaining float Dense/Conv2D layers")
+                     f"remaining float layers")
     reference = predict(model, test, batch_size)
     rows = [{"name": "original", "kernel": None, "swapped_layers": len(already),
              **classification_metrics(reference, labels, test.label_format, settings.loss,

@@ -1,7 +1,8 @@
 """Per-layer sensitivity sweep: where does an approximate multiplier cost accuracy, and how much
 multiply energy does it save there?
 
-`sweep` swaps one Dense/Conv2D layer at a time to the given kernel (the rest stay the original
+`sweep` swaps one layer at a time (every type rewrite_model swaps: Dense, Conv2D, depthwise,
+separable, 1-D, transposed, einsum, attention) to the given kernel (the rest stay the original
 float layers) and measures accuracy, its drop from the original, and agreement with the original's
 predictions, next to each layer's multiply-accumulates per sample.  It then builds cumulative
 assignments greedily - least harmful layers first - and evaluates each, which traces the
@@ -241,11 +242,14 @@ class SweepResult:
         singles_x = [entry[key] if self.energy_available else entry["mac_share"]
                      for entry in self.layers]
         singles_y = [100 * entry["accuracy"] for entry in self.layers]
-        axes.scatter(singles_x, singles_y, marker="o", color="tab:gray",
-                     label="one layer approximate")
+        axes.scatter(singles_x, singles_y, marker="o", color="tab:gray", s=12 if len(
+            self.layers) > LABEL_ALL else 30, label="one layer approximate")
+        # with many layers only the most sensitive ones are named, so the plot stays readable
+        labelled = labelled_layers(self.layers)
         for entry, x, y in zip(self.layers, singles_x, singles_y):
-            axes.annotate(entry["layer"].split("/")[-1], (x, y), fontsize=7,
-                          xytext=(3, 3), textcoords="offset points")
+            if entry["layer"] in labelled:
+                axes.annotate(entry["layer"].split("/")[-1], (x, y), fontsize=7,
+                              xytext=(3, 3), textcoords="offset points")
         xs = [c[key] for c in self.configurations]
         ys = [100 * c["accuracy"] for c in self.configurations]
         axes.plot(xs, ys, "-", color="tab:blue", alpha=0.5, label="cumulative (greedy)")
@@ -260,13 +264,29 @@ class SweepResult:
                      label=f"max drop {100 * self.max_accuracy_drop:g} pt")
         axes.set_xlabel(label)
         axes.set_ylabel("top-1 accuracy (%)")
-        axes.set_title(f"{self.model_name}: {os.path.basename(self.kernel)}")
+        title = f"{self.model_name}: {os.path.basename(self.kernel)}"
+        if len(labelled) < len(self.layers):
+            title += f"\n(names: the {len(labelled)} most sensitive of {len(self.layers)} layers)"
+        axes.set_title(title, fontsize=10)
         axes.grid(True, alpha=0.3)
         axes.legend(fontsize=8, loc="best")
         figure.tight_layout()
         with atomic_output(path, force, suffix=".png") as tmp:
             figure.savefig(tmp, format="png", dpi=120)
         plt.close(figure)
+
+
+#: up to this many layers every point of the plot is named; beyond, the LABEL_TOP most sensitive
+LABEL_ALL = 12
+LABEL_TOP = 8
+
+
+def labelled_layers(layers: list) -> set:
+    """The layers the Pareto plot names: all of a small model, else the most sensitive."""
+    if len(layers) <= LABEL_ALL:
+        return {entry["layer"] for entry in layers}
+    worst = sorted(layers, key=lambda e: (-e["accuracy_drop"], -e["macs"]))[:LABEL_TOP]
+    return {entry["layer"] for entry in worst}
 
 
 def _mark_pareto(configurations: list, key: str) -> None:
@@ -281,10 +301,10 @@ def _mark_pareto(configurations: list, key: str) -> None:
 
 
 def sweep(model, data, kernel, *, power=None, reference_power=None,
-          max_accuracy_drop: float = 0.01, layer_types=("Dense", "Conv2D"), include=None,
+          max_accuracy_drop: float = 0.01, layer_types=None, include=None,
           exclude=None, backward: str = "native", batch_size: int = 128,
           split: str | None = "test", resize: bool = False, pad: bool = False, scale=None,
-          custom_objects=None, safe_mode: bool = True) -> SweepResult:
+          custom_objects=None, safe_mode: bool = True, progress=None) -> SweepResult:
     """Per-layer sensitivity of `model` to `kernel` on `data`, with MACs and multiply energy.
 
     Args:
@@ -296,9 +316,12 @@ def sweep(model, data, kernel, *, power=None, reference_power=None,
       reference_power: the exact multiplier's power in mW [default: 0.391 (mul8u_1JFF) or, for
         signed multipliers, 0.425 (mul8s_1KV6)].
       max_accuracy_drop: accuracy budget (fraction, 0.01 = 1 point) for the kernel map.
-      layer_types / include / exclude: which layers are candidates (as for rewrite_model).
+      layer_types / include / exclude: which layers are candidates (as for rewrite_model; all
+        swappable types by default).
       batch_size: evaluation batch size; it matters for multipliers whose activations are
         quantized per call (per batch), so keep it equal to evaluate's to compare numbers.
+      progress: called as progress(done, total, label) after each evaluated model (one per
+        layer, then one per cumulative step), e.g. to drive a progress bar.
     """
     if not 0 <= max_accuracy_drop <= 1:
         raise GraphswapError(f"max accuracy drop is a fraction between 0 and 1 (0.01 = one "
@@ -329,12 +352,13 @@ def sweep(model, data, kernel, *, power=None, reference_power=None,
     baseline = classification_metrics(original, labels, test.label_format, settings.loss,
                                       original, from_logits)
     report = plan(model, kernel=spec, include=include, exclude=exclude,
-                  layer_types=tuple(layer_types), backward=backward)
+                  layer_types=None if layer_types is None else tuple(layer_types),
+                  backward=backward)
     candidates = [entry for entry in report.swapped]
     if not candidates:
-        raise GraphswapError(f"no Dense/Conv2D layer of {model.name!r} can be swapped with the "
-                             f"given selection; see 'graphswap inspect'")
-    # MACs of every Dense/Conv2D layer, swappable or not, so the energy covers the whole model
+        raise GraphswapError(f"no layer of {model.name!r} can be swapped with the given "
+                             f"selection; see 'graphswap inspect'")
+    # MACs of every counted layer, swappable or not, so the energy covers the whole model
     all_macs = {entry.path: entry.macs for entry in report.layers if entry.macs}
     for entry in candidates:
         all_macs.setdefault(entry.path, entry.macs)
@@ -342,6 +366,15 @@ def sweep(model, data, kernel, *, power=None, reference_power=None,
     if total_macs == 0:
         raise GraphswapError(f"could not count the MACs of {model.name!r}'s layers (is the model "
                              f"built with a known input shape?)")
+
+    total_steps = 2 * len(candidates) - 1
+    done = 0
+
+    def advance(label):
+        nonlocal done
+        done += 1
+        if progress is not None:
+            progress(done, total_steps, label)
 
     layers = []
     for entry in candidates:
@@ -355,6 +388,7 @@ def sweep(model, data, kernel, *, power=None, reference_power=None,
             "top5_accuracy": metrics["top5_accuracy"], "loss": metrics["loss"],
             "agreement": metrics["agreement"],
             "relative_energy": relative_energy(all_macs, {entry.path}, watts, reference)})
+        advance(entry.path)
 
     def configuration(name, paths, metrics):
         paths = list(paths)
@@ -378,6 +412,7 @@ def sweep(model, data, kernel, *, power=None, reference_power=None,
             swapped = rewrite_model(model, kernel=None, kernel_map={p: spec for p in chosen},
                                     backward=backward)
             metrics = measure(swapped)
+            advance(f"+ {entry['layer']}")
         name = "all swappable layers" if step == len(order) else f"+ {entry['layer']}"
         configurations.append(configuration(name, chosen, metrics))
     # lower energy is better; without energy, more approximate MACs is better

@@ -2,22 +2,32 @@
 TensorFlow's own gradient ops), the swapped Keras layers, the clone-and-replace machinery,
 rewrite_model with its report, and the output comparison used to check a rewrite.
 
-Modules: ops, layers, clone (transform_model, iter_layers), rewrite (rewrite_model, plan, kernel
-maps), report, compare.
+Modules: ops (matmul, conv2d) and ops_layers (depthwise, transposed, einsum), layers (Dense,
+Conv2D), layers_conv (DepthwiseConv2D, SeparableConv2D, Conv1D, Conv2DTranspose) and
+layers_attention (EinsumDense, MultiHeadAttention), catalog (stock -> swapped), tracking (replacing
+held sublayers in place), clone (transform_model, iter_layers), subclassed (subclassed models),
+rewrite (rewrite_model, plan, kernel maps), report, compare.
 """
 
+from graphswap.swap.catalog import LAYER_TYPES, SWAPPED_CLASSES, is_swapped, stock_class, type_name
 from graphswap.swap.clone import (check_cloneable, clone_layer, copy_model, is_functional,
                                   iter_layers, transform_model)
 from graphswap.swap.compare import (OriginalCannotRunError, OutputComparison, compare_outputs,
                                     max_output_difference, run_model, sample_inputs,
                                     tensorflow_reason)
 from graphswap.swap.layers import SwappedConv2D, SwappedDense, check_conv_options
+from graphswap.swap.layers_attention import SwappedEinsumDense, SwappedMultiHeadAttention
+from graphswap.swap.layers_conv import (SwappedConv1D, SwappedConv2DTranspose,
+                                        SwappedDepthwiseConv2D, SwappedSeparableConv2D)
 from graphswap.swap.ops import BACKWARD_MODES, check_backward_mode, swapped_conv2d, swapped_matmul
 from graphswap.swap.report import LayerReport, RewriteReport, layer_macs
-from graphswap.swap.rewrite import (SWAPPABLE_TYPES, load_kernel_map, plan, resolve_kernel_map,
-                                    rewrite_model)
+from graphswap.swap.rewrite import (SWAPPABLE_TYPES, check_layer_types, load_kernel_map, plan,
+                                    resolve_kernel_map, rewrite_model)
 
-__all__ = ["BACKWARD_MODES", "LayerReport", "OriginalCannotRunError", "OutputComparison",
+__all__ = ["LAYER_TYPES", "SWAPPED_CLASSES", "SwappedConv1D", "SwappedConv2DTranspose",
+           "SwappedDepthwiseConv2D", "SwappedEinsumDense", "SwappedMultiHeadAttention",
+           "SwappedSeparableConv2D", "check_layer_types", "is_swapped", "stock_class", "type_name",
+           "BACKWARD_MODES", "LayerReport", "OriginalCannotRunError", "OutputComparison",
            "RewriteReport", "SWAPPABLE_TYPES", "SwappedConv2D", "SwappedDense",
            "check_backward_mode", "check_cloneable", "check_conv_options", "clone_layer",
            "compare_outputs", "copy_model", "is_functional", "iter_layers", "layer_macs",

@@ -27,10 +27,11 @@ def check_cloneable(model) -> None:
         raise GraphswapError(f"expected a keras.Model, got {type(model).__name__}")
     if not isinstance(model, (keras.Sequential,)) and not is_functional(model):
         raise UnsupportedLayerError(
-            f"model {model.name!r} is a subclassed model ({type(model).__name__}); graphswap can "
-            f"rewrite Sequential and Functional models only, because a subclassed model's call() "
-            f"is Python code it cannot rewire. Rebuild it functionally (keras.Input + layer calls), "
-            f"or use SwappedDense/SwappedConv2D directly in its __init__")
+            f"model {model.name!r} is a subclassed model ({type(model).__name__}); this step "
+            f"clones Sequential and Functional models only, because a subclassed model's call() "
+            f"is Python code it cannot rewire (rewrite_model swaps a subclassed model's layer "
+            f"attributes instead; exports and gradient overrides need a functional model). "
+            f"Rebuild it functionally (keras.Input + layer calls)")
 
 
 def is_functional(model) -> bool:
@@ -67,14 +68,15 @@ def clone_layer(layer):
     return layer.__class__.from_config(config)
 
 
-def transform_model(model, replace: Callable, name_suffix: str = ""):
+def transform_model(model, replace: Callable, name_suffix: str = "", prefix: str = ""):
     """Clone `model`, letting `replace(path, layer)` return a new layer (or None to clone as is).
 
     Returns (new_model, {id(original_layer): new_layer}).  Weights of every layer are copied from
     the original; a replacement layer must have the same weights layout as the layer it replaces.
+    `prefix` is put before every path (a model nested in a subclassed one).
     """
     check_cloneable(model)
-    paths = {id(layer): path for path, layer in iter_layers(model)}
+    paths = {id(layer): path for path, layer in iter_layers(model, prefix)}
     pairs: list[tuple] = []
 
     def clone_function(layer):
@@ -98,7 +100,7 @@ def transform_model(model, replace: Callable, name_suffix: str = ""):
                 raise GraphswapError(
                     f"layer {original.name!r} was not built in the clone; is the model built?")
             clone.set_weights(weights)
-    _copy_compile_config(model, new_model)
+    copy_compile_config(model, new_model)
     return new_model, {id(original): clone for original, clone in pairs}
 
 
@@ -110,7 +112,7 @@ def _unsafe_clone_scope():
     return SafeModeScope(False)
 
 
-def _copy_compile_config(model, new_model) -> None:
+def copy_compile_config(model, new_model) -> None:
     """Carry loss/metrics/optimizer settings over (not optimizer state), when the model has them."""
     if not getattr(model, "compiled", False) or getattr(new_model, "compiled", False):
         return

@@ -23,17 +23,29 @@ def _input_range(model) -> tuple[float, float]:
     return 0.0, 1.0
 
 
+def input_shapes(model) -> list[tuple]:
+    """[(name, shape)] of the model's inputs; a subclassed model's from its build config."""
+    try:
+        return [(tensor.name, tuple(tensor.shape)) for tensor in model.inputs]
+    except (AttributeError, ValueError):
+        config = model.get_build_config() if getattr(model, "built", False) else None
+        shape = (config or {}).get("input_shape")
+        if shape is None:
+            raise ShapeError(f"model {model.name!r} has no known input shape: call it on data "
+                             f"(or build it) before saving or converting it") from None
+        shapes = shape if shape and isinstance(shape[0], (list, tuple)) else [shape]
+        return [(f"input_{i}", tuple(s)) for i, s in enumerate(shapes)]
+
+
 def sample_inputs(model, batch_size: int = 8, seed: int = 0):
     """A deterministic random batch matching the model's input shapes (list for multi-input)."""
     rng = np.random.default_rng(seed)
     low, high = _input_range(model)
     batches = []
-    for tensor in model.inputs:
-        shape = [batch_size if d is None else int(d) for d in tensor.shape]
-        if shape and shape[0] != batch_size and tensor.shape[0] is None:
-            shape[0] = batch_size
-        if None in tensor.shape[1:]:
-            raise ShapeError(f"input {tensor.name} has unknown dimensions {tensor.shape}; a sample "
+    for name, dims in input_shapes(model):
+        shape = [batch_size] + [None if d is None else int(d) for d in dims[1:]]
+        if None in shape[1:]:
+            raise ShapeError(f"input {name} has unknown dimensions {dims}; a sample "
                              f"batch needs every dimension but the batch size")
         batches.append(rng.uniform(low, high, size=shape).astype(np.float32))
     return batches[0] if len(batches) == 1 else batches

@@ -126,3 +126,8 @@ def check_conv_options(layer) -> None:
         raise UnsupportedLayerError(
             f"layer {layer.name!r}: Keras-quantized Conv2D ({layer.quantization_mode}) cannot be "
             f"swapped; swap the float model instead")
+
+
+#: the mixin under its public name, for the swapped layers of graphswap.swap.layers_conv and
+#: graphswap.swap.layers_attention
+SwappedMixin = _SwappedMixin

@@ -41,6 +41,10 @@ def _configure_threads(arithmetic: Kernel) -> None:
         _sized_libraries.add(library.path)
 
 
+#: public name, for the ops of graphswap.swap.ops_layers
+configure_threads = _configure_threads
+
+
 def check_backward_mode(backward: str) -> str:
     if backward not in BACKWARD_MODES:
         raise UnsupportedLayerError(f"backward must be one of {BACKWARD_MODES}, got {backward!r}")

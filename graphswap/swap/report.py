@@ -1,5 +1,14 @@
 """What a rewrite did, layer by layer: the report rewrite_model returns and `convert` prints, and
-the multiply-accumulates of a layer."""
+the multiply-accumulates of a layer.
+
+MACs are counted per sample for every layer with weights graphswap can count - swapped or not, so
+a report shows what stays exact float arithmetic: Dense, EinsumDense, every Keras convolution
+(1-D/2-D/3-D, depthwise, separable, transposed) and MultiHeadAttention (its projections; the
+attention-score products Q K^T and scores x V are counted apart as `float_macs`, because they
+multiply activations by activations and no swapped layer runs them).  A transposed convolution
+counts input positions x taps x input channels x filters (the products with inserted zeros that
+the kernel also computes are not counted).
+"""
 
 from __future__ import annotations
 
@@ -8,7 +17,13 @@ import json
 
 import keras
 import numpy as np
+from keras.src.layers.convolutional.base_conv import BaseConv  # Keras 3 has no public bases
+from keras.src.layers.convolutional.base_conv_transpose import BaseConvTranspose
+from keras.src.layers.convolutional.base_depthwise_conv import BaseDepthwiseConv
+from keras.src.layers.convolutional.base_separable_conv import BaseSeparableConv
 
+from graphswap.errors import UnsupportedLayerError
+from graphswap.native import einsum_plan
 from graphswap.tables import format_table
 
 
@@ -21,7 +36,8 @@ class LayerReport:
     action: str          # "swapped", "kept" or a transform-specific verb
     reason: str = ""     # why it was kept / what was done
     kernel: str = ""     # kernel spec, for swapped layers
-    macs: int = 0        # multiply-accumulates per sample (Dense/Conv2D), 0 if unknown
+    macs: int = 0        # weight multiply-accumulates per sample, 0 if none/unknown
+    float_macs: int = 0  # products inside the layer no kernel runs (attention scores)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -31,15 +47,59 @@ class LayerReport:
 class RewriteReport:
     model_name: str
     layers: list[LayerReport]
+    notes: list = dataclasses.field(default_factory=list)
 
     @property
     def swapped(self) -> list[LayerReport]:
         return [entry for entry in self.layers if entry.action == "swapped"]
 
+    @property
+    def kernel_macs(self) -> int:
+        """Weight MACs per sample that run on a kernel."""
+        return sum(e.macs for e in self.swapped)
+
+    @property
+    def total_macs(self) -> int:
+        """Weight MACs per sample of every counted layer, swapped or not."""
+        return sum(e.macs for e in self.layers)
+
+    @property
+    def attention_macs(self) -> int:
+        return sum(e.float_macs for e in self.layers)
+
+    def by_type(self) -> dict:
+        """{layer type: {"layers", "swapped", "kernel_macs", "float_macs"}} over counted layers."""
+        summary: dict = {}
+        for e in self.layers:
+            if not e.macs and e.action != "swapped":
+                continue
+            row = summary.setdefault(e.layer_type, {"layers": 0, "swapped": 0, "kernel_macs": 0,
+                                                    "float_macs": 0})
+            row["layers"] += 1
+            if e.action == "swapped":
+                row["swapped"] += 1
+                row["kernel_macs"] += e.macs
+            else:
+                row["float_macs"] += e.macs
+        return summary
+
+    def summary_line(self) -> str:
+        total = self.total_macs
+        share = 100.0 * self.kernel_macs / total if total else 0.0
+        line = f"{share:.1f}% of {total:,} MACs per sample on the kernel"
+        if self.attention_macs:
+            line += (f" (plus {self.attention_macs:,} attention-score MACs, activations x "
+                     f"activations, in float)")
+        return line
+
     def to_dict(self) -> dict:
         return {"model": self.model_name,
                 "swapped": len(self.swapped),
-                "layers": [entry.to_dict() for entry in self.layers]}
+                "macs": {"kernel": self.kernel_macs, "total": self.total_macs,
+                         "attention_float": self.attention_macs, "by_type": self.by_type()},
+                "summary": self.summary_line(),
+                "layers": [entry.to_dict() for entry in self.layers],
+                **({"notes": list(self.notes)} if self.notes else {})}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
@@ -49,40 +109,103 @@ class RewriteReport:
         rows = [(e.path, e.layer_type, e.action, e.kernel, f"{e.macs:,}" if e.macs else "",
                  e.reason) for e in self.layers]
         out = format_table(headers, rows)
-        total = sum(e.macs for e in self.swapped)
-        out.append(f"{len(self.swapped)} of {sum(1 for e in self.layers if e.macs)} Dense/Conv2D "
-                   f"layers swapped, {total:,} swapped MACs per sample")
+        by_type = self.by_type()
+        if by_type:
+            out.append("")
+            out.extend(format_table(
+                ("type", "layers", "swapped", "MACs/sample on kernel", "MACs/sample float"),
+                [(name, str(row["layers"]), str(row["swapped"]), f"{row['kernel_macs']:,}",
+                  f"{row['float_macs']:,}") for name, row in by_type.items()]))
+        counted = sum(1 for e in self.layers if e.macs or e.action == "swapped")
+        out.append(f"{len(self.swapped)} of {counted} layers with weights swapped; "
+                   f"{self.summary_line()}")
+        out.extend(self.notes)
         return "\n".join(out)
 
 
-def layer_macs(layer) -> int:
-    """Multiply-accumulates per sample of a Dense or Conv2D layer (0 if not built/unknown)."""
+def input_shape_of(layer):
+    """The (first) input shape a layer was called or built with, or None."""
     try:
-        input_shape = layer.input.shape if not isinstance(layer.input, list) else None
-    except (AttributeError, ValueError):
-        input_shape = None
-    if input_shape is None:
-        try:
-            input_shape = layer._build_shapes_dict and next(iter(layer._build_shapes_dict.values()))
-        except (AttributeError, StopIteration, TypeError):
-            input_shape = None
-    if not input_shape:
+        inputs = layer.input
+        if isinstance(inputs, (list, tuple)):
+            inputs = inputs[0]
+        return tuple(inputs.shape)
+    except (AttributeError, ValueError, IndexError):
+        pass
+    shapes = getattr(layer, "_build_shapes_dict", None)
+    if shapes:
+        first = next(iter(shapes.values()))
+        if isinstance(first, (list, tuple)) and first and isinstance(first[0], (list, tuple)):
+            first = first[0]  # a list of input shapes
+        if isinstance(first, (list, tuple)):
+            return tuple(first)
+    return None
+
+
+def _prod(values) -> int:
+    return int(np.prod([int(v) for v in values], dtype=np.int64)) if values else 1
+
+
+def _spatial(shape, layer):
+    return shape[2:] if getattr(layer, "data_format", "channels_last") == "channels_first" \
+        else shape[1:-1]
+
+
+def _channels(shape, layer):
+    return shape[1] if getattr(layer, "data_format", "channels_last") == "channels_first" \
+        else shape[-1]
+
+
+def attention_macs(layer) -> tuple[int, int]:
+    """(projection MACs, attention-score MACs) per sample of a built MultiHeadAttention."""
+    query, value = getattr(layer, "_query_dense", None), getattr(layer, "_value_dense", None)
+    output = getattr(layer, "_output_dense", None)
+    inputs = [getattr(layer, a, None) for a in ("_query_dense", "_key_dense", "_gate_dense",
+                                                "_value_dense")]
+    projection_macs = sum(layer_macs(p) for p in inputs if p is not None)
+    q_shape = input_shape_of(query) if query is not None else None
+    v_shape = input_shape_of(value) if value is not None else None
+    scores = 0
+    if q_shape and None not in q_shape[1:]:
+        targets = _prod(q_shape[1:-1])
+        if output is not None:  # Keras builds it with the sequence length unknown
+            projection_macs += targets * _prod(output.kernel.shape)
+        if v_shape and None not in v_shape[1:]:
+            scores = targets * _prod(v_shape[1:-1]) * layer.num_heads * (layer.key_dim
+                                                                         + layer.value_dim)
+    return projection_macs, scores
+
+
+def layer_macs(layer) -> int:
+    """Weight multiply-accumulates per sample of a layer (0 if not built, unknown or none)."""
+    if isinstance(layer, keras.layers.MultiHeadAttention):
+        return attention_macs(layer)[0] if layer.built else 0
+    shape = input_shape_of(layer)
+    if not shape or not getattr(layer, "built", False):
         return 0
-    if isinstance(layer, keras.layers.Dense):
-        positions = int(np.prod([d for d in input_shape[1:-1]] or [1]))
-        return positions * int(input_shape[-1]) * int(layer.units)
-    if isinstance(layer, keras.layers.Conv2D):
-        if not layer.built:
-            return 0
-        output_shape = layer.compute_output_shape(input_shape)
-        if layer.data_format == "channels_first":
-            out_h, out_w = output_shape[2], output_shape[3]
-            in_c = input_shape[1]
-        else:
-            out_h, out_w = output_shape[1], output_shape[2]
-            in_c = input_shape[3]
-        kh, kw = layer.kernel_size
-        if None in (out_h, out_w, in_c):
-            return 0
-        return int(out_h * out_w * layer.filters * kh * kw * (in_c // layer.groups))
+    try:
+        return _weight_macs(layer, shape)
+    except (TypeError, ValueError, AttributeError, UnsupportedLayerError):
+        return 0
+
+
+def _weight_macs(layer, shape) -> int:
+    layers = keras.layers
+    if isinstance(layer, layers.EinsumDense):
+        return einsum_plan(layer.equation, len(shape)).macs(shape, tuple(layer.kernel.shape))
+    if isinstance(layer, layers.Dense):
+        return _prod(shape[1:-1]) * int(shape[-1]) * int(layer.units)
+    if isinstance(layer, (BaseConv, BaseDepthwiseConv, BaseSeparableConv, BaseConvTranspose)):
+        in_c = int(_channels(shape, layer))
+        taps = _prod(layer.kernel_size)
+        if isinstance(layer, BaseConvTranspose):
+            return _prod(_spatial(shape, layer)) * taps * in_c * int(layer.filters)
+        out = layer.compute_output_shape(shape)
+        positions = _prod(_spatial(out, layer))
+        if isinstance(layer, BaseDepthwiseConv):
+            return positions * in_c * int(layer.depth_multiplier) * taps
+        if isinstance(layer, BaseSeparableConv):
+            middle = in_c * int(layer.depth_multiplier)
+            return positions * (middle * taps + middle * int(layer.filters))
+        return positions * int(layer.filters) * taps * (in_c // int(layer.groups))
     return 0

@@ -1,4 +1,6 @@
-"""`rewrite_model`: a copy of a model whose selected Dense/Conv2D layers run a kernel.
+"""`rewrite_model`: a copy of a model whose selected layers (graphswap.swap.catalog: Dense,
+Conv2D, DepthwiseConv2D, SeparableConv2D, Conv1D, Conv2DTranspose, EinsumDense,
+MultiHeadAttention) run a kernel.
 
 Selection: layer types, include/exclude regular expressions over names and nested paths, and a
 kernel map {name, path or glob: kernel spec | None}.  Each kernel spec is resolved once, here, to
@@ -15,14 +17,15 @@ import re
 
 import keras
 
-from graphswap.errors import GraphswapError, UnsupportedLayerError
+from graphswap.errors import GraphswapError
 from graphswap.kernels import Kernel, resolve_file_named, resolve_kernel
 from graphswap.swap import ops
-from graphswap.swap.clone import transform_model
-from graphswap.swap.layers import SwappedConv2D, SwappedDense, check_conv_options
-from graphswap.swap.report import LayerReport, RewriteReport, layer_macs
-
-SWAPPABLE_TYPES = {"Dense": keras.layers.Dense, "Conv2D": keras.layers.Conv2D}
+from graphswap.swap.catalog import (LAYER_TYPES, SWAPPABLE_TYPES, is_swappable_family,
+                                    is_swapped, swapped_from, type_name)
+from graphswap.swap.clone import copy_compile_config, transform_model
+from graphswap.swap.report import LayerReport, RewriteReport, attention_macs, layer_macs
+from graphswap.swap.subclassed import (copy_subclassed, is_subclassed, layer_paths, mark_swapped,
+                                       swap_layers)
 
 
 def _as_patterns(value) -> list[str]:
@@ -121,11 +124,14 @@ def resolve_kernel_map(source) -> dict:
 
 
 def rewrite_model(model, kernel="exact", include=None, exclude=None, kernel_map=None,
-                  layer_types=("Dense", "Conv2D"), backward="native", return_report=False):
-    """Return a copy of `model` whose Dense/Conv2D forward passes run `kernel`.
+                  layer_types=None, backward="native", return_report=False, inplace=False):
+    """Return a copy of `model` whose selected layers' forward products run `kernel`.
 
     Args:
-      model: a built Sequential or Functional keras.Model (never modified).
+      model: a built keras.Model: Sequential or Functional (never modified), or subclassed
+        (class Net(keras.Model) holding its layers as attributes, lists, dicts, nested layers
+        and models): its layers are swapped on a copy made through the class's
+        get_config/from_config, or - only with inplace=True - on `model` itself.
       kernel: kernel spec for every selected layer (see graphswap.kernels); None swaps only the
         layers named in `kernel_map`.
       include / exclude: regular expression(s) searched in each layer's name and nested path
@@ -133,10 +139,14 @@ def rewrite_model(model, kernel="exact", include=None, exclude=None, kernel_map=
         None) and no exclude.
       kernel_map: {layer name, path or glob: kernel spec, or None to keep the layer}, or a JSON
         file path; entries override `kernel` for the layers they name.
-      layer_types: which of "Dense", "Conv2D" to swap.
+      layer_types: which of graphswap.swap.LAYER_TYPES to swap ("Dense", "Conv2D",
+        "DepthwiseConv2D", "SeparableConv2D", "Conv1D", "Conv2DTranspose", "EinsumDense",
+        "MultiHeadAttention"); None (the default) swaps every one of them.
       backward: "native" (TensorFlow's gradients, straight-through) or "kernel" (backward
         products through the kernel as well).
       return_report: also return a RewriteReport.
+      inplace: subclassed models only: swap the layers of `model` itself (for a class that
+        cannot be copied through get_config/from_config); `model` is changed and returned.
 
     Raises UnsupportedLayerError (naming the layer and option) for a selected layer whose options
     cannot be reproduced, and KernelSpecError for unknown kernels.
@@ -145,11 +155,7 @@ def rewrite_model(model, kernel="exact", include=None, exclude=None, kernel_map=
     include_patterns = _as_patterns(include)
     exclude_patterns = _as_patterns(exclude)
     mapping = resolve_kernel_map(kernel_map) if kernel_map is not None else {}
-    unknown_types = [t for t in layer_types if t not in SWAPPABLE_TYPES]
-    if unknown_types:
-        raise GraphswapError(
-            f"unknown layer type(s) {unknown_types}; allowed: {sorted(SWAPPABLE_TYPES)}")
-    selected_types = tuple(SWAPPABLE_TYPES[t] for t in layer_types)
+    selected_types = check_layer_types(layer_types)
     if kernel is not None:
         kernel = resolve_kernel(kernel)  # resolved once, here: a bad spec fails before cloning
     entries: list[LayerReport] = []
@@ -158,16 +164,16 @@ def rewrite_model(model, kernel="exact", include=None, exclude=None, kernel_map=
         """(spec or None, reason) for one layer."""
         if isinstance(layer, keras.Model):
             return None, "nested model (its layers are listed below)"
-        if not isinstance(layer, (keras.layers.Dense, keras.layers.Conv2D)):
+        if not is_swappable_family(layer):
             return None, ""
-        if type(layer) not in (keras.layers.Dense, keras.layers.Conv2D):
-            if isinstance(layer, (SwappedDense, SwappedConv2D)):
-                return None, f"already swapped ({layer.arithmetic.spec})"
+        if is_swapped(layer):
+            return None, f"already swapped ({layer.arithmetic.spec})"
+        if type_name(layer) is None:
             return None, f"subclass {type(layer).__name__} of a swappable layer: not swapped"
         found, spec = _map_lookup(mapping, path, layer.name)
         if found:
             return spec, "kernel map" if spec is not None else "kernel map: keep"
-        if not isinstance(layer, selected_types):
+        if type_name(layer) not in selected_types:
             return None, "layer type not selected"
         if include_patterns and not _matches(include_patterns, path, layer.name):
             return None, "not matched by include"
@@ -179,28 +185,23 @@ def rewrite_model(model, kernel="exact", include=None, exclude=None, kernel_map=
 
     def replace(path, layer):
         spec, reason = decide(path, layer)
-        macs = layer_macs(layer) if isinstance(layer, (keras.layers.Dense,
-                                                       keras.layers.Conv2D)) else 0
+        entry = describe(path, layer, "kept", reason)
+        entries.append(entry)
         if spec is None:
-            entries.append(LayerReport(path, type(layer).__name__, "kept", reason, "", macs))
             return None
-        config = layer.get_config()
-        if isinstance(layer, keras.layers.Conv2D):
-            check_conv_options(layer)
-            new_layer = SwappedConv2D.from_config({**config, "arithmetic": spec,
-                                                   "backward": backward})
-        else:
-            if getattr(layer, "quantization_mode", None):
-                raise UnsupportedLayerError(
-                    f"layer {layer.name!r}: Keras-quantized Dense ({layer.quantization_mode}) "
-                    f"cannot be swapped; swap the float model instead")
-            new_layer = SwappedDense.from_config({**config, "arithmetic": spec,
-                                                  "backward": backward})
-        entries.append(LayerReport(path, type(layer).__name__, "swapped", reason, spec.spec,
-                                   macs))
+        new_layer = swapped_from(layer, spec, backward)
+        entry.action, entry.kernel = "swapped", spec.spec
         return new_layer
 
-    new_model, _ = transform_model(model, replace)
+    notes = []
+    if is_subclassed(model):
+        new_model = _rewrite_subclassed(model, replace, inplace, notes)
+    else:
+        if inplace:
+            raise GraphswapError(
+                f"inplace=True is for subclassed models; {model.name!r} is a "
+                f"{type(model).__name__} model, which rewrite_model copies (never modifies)")
+        new_model, _ = transform_model(model, replace)
     unmatched = [key for key in mapping
                  if not any(e.path == key or e.path.split("/")[-1] == key
                             or fnmatch.fnmatchcase(e.path.split("/")[-1], key)
@@ -209,8 +210,71 @@ def rewrite_model(model, kernel="exact", include=None, exclude=None, kernel_map=
         raise GraphswapError(
             f"kernel map names layer(s) not in model {model.name!r}: {', '.join(unmatched)}; "
             f"list the layers with 'graphswap inspect MODEL'")
-    report = RewriteReport(model.name, entries)
+    report = RewriteReport(model.name, entries, notes)
     return (new_model, report) if return_report else new_model
+
+
+def _rewrite_subclassed(model, replace, inplace, notes):
+    """Swap the held layers of a subclassed model (graphswap.swap.subclassed), on a copy or -
+    inplace - on the model itself; nested Sequential/Functional models are rewritten copies."""
+    target = model if inplace else copy_subclassed(model)
+    paths = layer_paths(model)  # the original's names (a copy's layers get fresh ones)
+
+    def replace_built(path, layer):
+        if isinstance(layer, keras.Model) and not is_subclassed(layer):
+            entries_before = len(swapped_paths)
+            new_nested, _ = transform_model(layer, counting(replace), prefix=path + "/")
+            return new_nested if len(swapped_paths) > entries_before else None
+        new = counting(replace)(path, layer)
+        if new is not None and layer.built:
+            new.build(**layer._build_shapes_dict)  # the shapes the stock layer was built with
+            new.set_weights(layer.get_weights())
+        return new
+
+    swapped_paths: list = []
+
+    def counting(inner):
+        def wrapped(path, layer):
+            new = inner(path, layer)
+            if new is not None:
+                swapped_paths.append(path)
+            return new
+        return wrapped
+
+    swaps = swap_layers(target, replace_built, paths=paths)
+    if swaps:
+        mark_swapped(target, swaps)
+    if inplace:
+        notes.append(f"subclassed model {model.name!r}: swapped IN PLACE (inplace=True) - the "
+                     f"model passed in now runs the kernels; it was not copied")
+    else:
+        copy_compile_config(model, target)
+        notes.append(f"subclassed model {model.name!r}: swapped on a copy made through "
+                     f"{type(model).__name__}.get_config/from_config")
+    return target
+
+
+def check_layer_types(layer_types) -> tuple[str, ...]:
+    """The selected type names (None: all of LAYER_TYPES); GraphswapError for unknown names."""
+    if layer_types is None:
+        return LAYER_TYPES
+    if isinstance(layer_types, str):
+        layer_types = (layer_types,)
+    unknown = [t for t in layer_types if t not in SWAPPABLE_TYPES]
+    if unknown:
+        raise GraphswapError(
+            f"unknown layer type(s) {', '.join(map(repr, unknown))}; allowed: "
+            f"{', '.join(LAYER_TYPES)}")
+    return tuple(layer_types)
+
+
+def describe(path, layer, action, reason="") -> LayerReport:
+    """A report line for `layer`, with its weight MACs (and attention-score MACs)."""
+    float_macs = 0
+    if isinstance(layer, keras.layers.MultiHeadAttention) and layer.built:
+        float_macs = attention_macs(layer)[1]
+    return LayerReport(path, type(layer).__name__, action, reason, "", layer_macs(layer),
+                       float_macs)
 
 
 def plan(model, **kwargs) -> RewriteReport:

@@ -1,0 +1,109 @@
+"""A transposed convolution (Conv2DTranspose) as an ordinary stride-1 convolution, in numpy.
+
+TensorFlow computes Conv2DTranspose as the input gradient of a convolution (Conv2DBackpropInput):
+the convolution that maps an output-sized tensor (Keras' output shape rule, with its
+output_padding) to the input with the layer's strides, dilations and SAME/VALID padding.  The same
+numbers are a stride-1 convolution - with the same dilation - of the input with zeros inserted
+between its samples (stride - 1 of them), padded by (kernel extent - 1 - that convolution's
+padding) before and whatever completes the output size after, with the filter flipped in both
+spatial axes and its two channel axes swapped (Keras' (h, w, filters, in) -> HWIO (h, w, in,
+filters)).  Every product of the transposed convolution, and only those plus products with the
+inserted zeros, then goes through the kernel's conv2d.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from graphswap.errors import ShapeError
+from graphswap.native.geometry import ConvGeometry, conv_geometry
+
+
+def transposed_output_length(size: int, kernel: int, stride: int, padding: str,
+                             output_padding, dilation: int) -> int:
+    """Keras' Conv2DTranspose output length (keras backend_utils, TensorFlow padding rule)."""
+    extent = (kernel - 1) * dilation + 1
+    if str(padding).lower() == "valid":
+        extra = max(extent, stride) - extent if output_padding is None else output_padding
+        return (size - 1) * stride + extent + extra
+    if output_padding is None:
+        return size * stride
+    return (size - 1) * stride + extent % 2 + output_padding
+
+
+@dataclasses.dataclass(frozen=True)
+class TransposedConv:
+    """How one Conv2DTranspose call runs as a stride-1 convolution (module docstring)."""
+
+    strides: tuple[int, int]
+    inserted_height: int       # (in_h - 1) * stride_h + 1, before cropping
+    inserted_width: int
+    crop_height: int           # rows/columns of the zero-inserted input kept (a negative
+    crop_width: int            # after-padding is a crop)
+    geometry: ConvGeometry     # the stride-1 convolution over the (cropped) zero-inserted input
+
+    @property
+    def output_shape(self):
+        return self.geometry.output_shape
+
+
+def transposed_conv(input_shape, kernel_shape, strides, padding, output_padding=None,
+                    dilations=(1, 1)) -> TransposedConv:
+    """The plan for an NHWC input and a Keras Conv2DTranspose kernel (h, w, filters, in)."""
+    batch, in_h, in_w, in_c = (int(d) for d in input_shape)
+    k_h, k_w, filters, k_in = (int(d) for d in kernel_shape)
+    if k_in != in_c:
+        raise ShapeError(f"Conv2DTranspose kernel has {k_in} input channels, the input {in_c}")
+    s_h, s_w = (int(s) for s in strides)
+    d_h, d_w = (int(d) for d in dilations)
+    pads = (None, None) if output_padding is None else tuple(int(p) for p in output_padding)
+    out_h = transposed_output_length(in_h, k_h, s_h, padding, pads[0], d_h)
+    out_w = transposed_output_length(in_w, k_w, s_w, padding, pads[1], d_w)
+    forward = conv_geometry((batch, out_h, out_w, filters), (k_h, k_w, filters, in_c),
+                            (s_h, s_w), (d_h, d_w), padding)
+    if (forward.out_height, forward.out_width) != (in_h, in_w):
+        raise ShapeError(
+            f"Conv2DTranspose of a {in_h}x{in_w} input to {out_h}x{out_w} is not the transpose of "
+            f"a {padding!r} convolution (TensorFlow rejects it too); change output_padding")
+    z_h, z_w = (in_h - 1) * s_h + 1, (in_w - 1) * s_w + 1
+    top = (k_h - 1) * d_h - forward.pad_top
+    left = (k_w - 1) * d_w - forward.pad_left
+    bottom = out_h + (k_h - 1) * d_h - top - z_h
+    right = out_w + (k_w - 1) * d_w - left - z_w
+    crop_h, crop_w = z_h + min(bottom, 0), z_w + min(right, 0)
+    geometry = ConvGeometry(batch, crop_h, crop_w, in_c, k_h, k_w, filters, out_h, out_w, 1, 1,
+                            d_h, d_w, top, max(bottom, 0), left, max(right, 0), 1)
+    return TransposedConv((s_h, s_w), z_h, z_w, crop_h, crop_w, geometry)
+
+
+def insert_zeros(x: np.ndarray, plan: TransposedConv) -> np.ndarray:
+    """NHWC input with stride - 1 zeros between samples, cropped as the plan says."""
+    s_h, s_w = plan.strides
+    z = np.zeros((x.shape[0], plan.inserted_height, plan.inserted_width, x.shape[3]),
+                 dtype=np.float32)
+    z[:, ::s_h, ::s_w, :] = x
+    return np.ascontiguousarray(z[:, :plan.crop_height, :plan.crop_width, :])
+
+
+def remove_zeros(dz: np.ndarray, plan: TransposedConv, input_shape) -> np.ndarray:
+    """Adjoint of insert_zeros: the samples of `dz` that came from the input."""
+    full = np.zeros((dz.shape[0], plan.inserted_height, plan.inserted_width, dz.shape[3]),
+                    dtype=np.float32)
+    full[:, :plan.crop_height, :plan.crop_width, :] = dz
+    s_h, s_w = plan.strides
+    return np.ascontiguousarray(full[:, ::s_h, ::s_w, :][:, :input_shape[1], :input_shape[2], :])
+
+
+def flipped_filter(kernel: np.ndarray) -> np.ndarray:
+    """Keras' (h, w, filters, in) transposed-conv kernel as the HWIO (h, w, in, filters) filter of
+    the equivalent convolution, flipped in both spatial axes."""
+    return np.ascontiguousarray(np.transpose(kernel[::-1, ::-1], (0, 1, 3, 2)),
+                                dtype=np.float32)
+
+
+def unflipped_filter(filter_gradient: np.ndarray) -> np.ndarray:
+    """Adjoint of flipped_filter (for the filter's gradient)."""
+    return np.ascontiguousarray(np.transpose(filter_gradient, (0, 1, 3, 2))[::-1, ::-1],
+                                dtype=np.float32)

@@ -1,0 +1,66 @@
+"""Which stock Keras layer becomes which swapped layer: the one table rewrite_model, the report,
+the exports and `convert --layer-types` read.
+
+A layer is swapped only when its class is exactly the stock class (a user's subclass of Dense
+has its own call() and is reported, not swapped).  The swapped class is made from the stock
+layer's config plus the arithmetic and the backward mode; its constructor refuses, naming the
+layer and the option, whatever it cannot mirror.
+"""
+
+from __future__ import annotations
+
+import keras
+
+from graphswap.swap.layers import SwappedConv2D, SwappedDense, check_conv_options
+from graphswap.swap.layers_attention import SwappedEinsumDense, SwappedMultiHeadAttention
+from graphswap.swap.layers_conv import (SwappedConv1D, SwappedConv2DTranspose,
+                                        SwappedDepthwiseConv2D, SwappedSeparableConv2D)
+
+#: type name -> (stock class, swapped class), in the order reports list them
+CATALOG = {
+    "Dense": (keras.layers.Dense, SwappedDense),
+    "Conv2D": (keras.layers.Conv2D, SwappedConv2D),
+    "DepthwiseConv2D": (keras.layers.DepthwiseConv2D, SwappedDepthwiseConv2D),
+    "SeparableConv2D": (keras.layers.SeparableConv2D, SwappedSeparableConv2D),
+    "Conv1D": (keras.layers.Conv1D, SwappedConv1D),
+    "Conv2DTranspose": (keras.layers.Conv2DTranspose, SwappedConv2DTranspose),
+    "EinsumDense": (keras.layers.EinsumDense, SwappedEinsumDense),
+    "MultiHeadAttention": (keras.layers.MultiHeadAttention, SwappedMultiHeadAttention),
+}
+
+#: every type graphswap swaps (the default selection)
+LAYER_TYPES = tuple(CATALOG)
+#: the stock class of each type
+SWAPPABLE_TYPES = {name: stock for name, (stock, _) in CATALOG.items()}
+SWAPPED_CLASSES = tuple(swapped for _, swapped in CATALOG.values())
+_BY_STOCK = {stock: name for name, (stock, _) in CATALOG.items()}
+_BY_SWAPPED = {swapped: name for name, (_, swapped) in CATALOG.items()}
+
+
+def type_name(layer) -> str | None:
+    """The catalog name of a stock or swapped layer (None for anything else)."""
+    return _BY_STOCK.get(type(layer)) or _BY_SWAPPED.get(type(layer))
+
+
+def is_swapped(layer) -> bool:
+    return type(layer) in _BY_SWAPPED
+
+
+def is_swappable_family(layer) -> bool:
+    """An instance of a swappable stock class (possibly a user's subclass of it)."""
+    return isinstance(layer, tuple(SWAPPABLE_TYPES.values()))
+
+
+def stock_class(swapped_layer):
+    """The stock Keras class a swapped layer stands for."""
+    return CATALOG[_BY_SWAPPED[type(swapped_layer)]][0]
+
+
+def swapped_from(layer, arithmetic, backward: str):
+    """A swapped copy (unbuilt, same config) of the stock `layer`; refuses what it cannot mirror."""
+    name = _BY_STOCK[type(layer)]
+    if name == "Conv2D":
+        check_conv_options(layer)
+    config = layer.get_config()
+    return CATALOG[name][1].from_config({**config, "arithmetic": arithmetic,
+                                         "backward": backward})

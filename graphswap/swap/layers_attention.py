@@ -1,0 +1,109 @@
+"""Swapped einsum layers: SwappedEinsumDense and SwappedMultiHeadAttention.
+
+SwappedEinsumDense subclasses Keras' EinsumDense (same kernel, bias, bias_axes, LoRA through the
+`kernel` property) and runs `einsum(equation, inputs, kernel)` as one matmul through the kernel
+between the transposes and reshapes the equation resolves to (graphswap.native.einsum); an
+equation outside that class is refused when the layer is made, naming the equation.
+
+SwappedMultiHeadAttention subclasses MultiHeadAttention: after Keras' build creates the query,
+key, value (and gate) and output projections - EinsumDense layers - it replaces each by a
+SwappedEinsumDense in the same tracking position (graphswap.swap.tracking), so weights, their
+order and checkpoints are the stock layer's.  The attention-score products (Q K^T and
+scores x V) are activations times activations, not weights, and stay TensorFlow's float einsums.
+"""
+
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+
+from graphswap.errors import UnsupportedLayerError
+from graphswap.native import einsum_plan
+from graphswap.native.einsum import ELLIPSIS
+from graphswap.swap import ops_layers
+from graphswap.swap.layers import SwappedMixin
+from graphswap.swap.tracking import replace_attribute
+
+#: MultiHeadAttention's projection sublayers, in the order Keras builds them
+PROJECTIONS = ("_query_dense", "_key_dense", "_gate_dense", "_value_dense", "_output_dense")
+
+
+def check_equation(layer) -> None:
+    """Refuse (naming the layer) an equation that is not one matmul (graphswap.native.einsum)."""
+    lhs = str(layer.equation).replace(" ", "").split(",")[0]
+    rank = len(lhs.replace(ELLIPSIS, "")) + (1 if ELLIPSIS in lhs else 0)
+    try:
+        einsum_plan(layer.equation, rank)
+    except UnsupportedLayerError as exc:
+        raise UnsupportedLayerError(f"layer {layer.name!r}: {exc}") from None
+
+
+@keras.saving.register_keras_serializable(package="graphswap")
+class SwappedEinsumDense(SwappedMixin, keras.layers.EinsumDense):
+    """EinsumDense whose product runs a graphswap kernel as one (m,k)x(k,n) matmul."""
+
+    def __init__(self, equation, output_shape, arithmetic=None, backward="native",
+                 swap_kernel=None, **kwargs):
+        super().__init__(equation, output_shape, **kwargs)
+        check_equation(self)
+        if kwargs.get("quantization_config") is not None:
+            raise UnsupportedLayerError(
+                f"layer {self.name!r}: Keras-quantized EinsumDense cannot be swapped; swap the "
+                f"float model instead")
+        self._init_swap(arithmetic, swap_kernel, backward)
+
+    def build(self, input_shape):
+        super().build(input_shape)
+        if self.quantization_mode:
+            raise UnsupportedLayerError(
+                f"layer {self.name!r}: Keras-quantized EinsumDense ({self.quantization_mode}) "
+                f"cannot be swapped; swap the float model instead")
+
+    def call(self, inputs, training=None):
+        x = ops_layers.swapped_einsum(self.equation, inputs, self.kernel, self.arithmetic,
+                                      self.backward)
+        if self.bias is not None:
+            x = tf.add(x, tf.cast(self.bias, x.dtype))
+        if self.activation is not None:
+            x = self.activation(x)
+        return x
+
+    def get_config(self):
+        return {**super().get_config(), **self._swap_config()}
+
+
+@keras.saving.register_keras_serializable(package="graphswap")
+class SwappedMultiHeadAttention(SwappedMixin, keras.layers.MultiHeadAttention):
+    """MultiHeadAttention whose query/key/value/(gate)/output projections run a graphswap
+    kernel (SwappedEinsumDense); the attention-score products stay float."""
+
+    def __init__(self, num_heads, key_dim, arithmetic=None, backward="native",
+                 swap_kernel=None, **kwargs):
+        super().__init__(num_heads, key_dim, **kwargs)
+        self._init_swap(arithmetic, swap_kernel, backward)
+
+    def build(self, query_shape, value_shape, key_shape=None):
+        super().build(query_shape, value_shape, key_shape)
+        key_shape = value_shape if key_shape is None else key_shape
+        output_input = list(self._query_dense.compute_output_shape(query_shape))
+        output_input[-1] = self._value_dim
+        shapes = {"_query_dense": query_shape, "_key_dense": key_shape,
+                  "_gate_dense": query_shape, "_value_dense": value_shape,
+                  "_output_dense": tuple(output_input)}
+        for attribute in PROJECTIONS:
+            stock = getattr(self, attribute, None)
+            if stock is None or isinstance(stock, SwappedEinsumDense):
+                continue
+            swapped = SwappedEinsumDense.from_config({**stock.get_config(),
+                                                      "arithmetic": self.arithmetic,
+                                                      "backward": self.backward})
+            swapped.build(shapes[attribute])
+            swapped.set_weights(stock.get_weights())
+            replace_attribute(self, attribute, swapped)
+
+    def projections(self) -> dict:
+        """{attribute: the projection layer} of a built layer."""
+        return {a: getattr(self, a) for a in PROJECTIONS if getattr(self, a, None) is not None}
+
+    def get_config(self):
+        return {**super().get_config(), **self._swap_config()}

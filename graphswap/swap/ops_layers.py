@@ -1,0 +1,186 @@
+"""TensorFlow ops for the depthwise, transposed and einsum layers: forward through a Kernel,
+backward with TensorFlow's registered gradients of the stock op.
+
+Each op is one `tf.custom_gradient` function of (input, weights), float32:
+
+* forward: one `tf.numpy_function` calling the Kernel - `conv2d` with groups = channels for a
+  depthwise convolution (Keras' (h, w, in, multiplier) kernel is the HWIO filter
+  (h, w, 1, in * multiplier)), `conv2d` of the zero-inserted input with the flipped filter for a
+  transposed convolution (graphswap.native.transpose), one `matmul` between the transposes and
+  reshapes an einsum equation resolves to (graphswap.native.einsum);
+* backward="native": the vector-Jacobian product of the very op the stock Keras layer calls
+  (keras.ops.depthwise_conv, keras.ops.conv_transpose, keras.ops.einsum on the TensorFlow
+  backend), taken with a GradientTape on the same inputs - so the gradient functions are the ones
+  TensorFlow registers for DepthwiseConv2dNative, Conv2DBackpropInput and Einsum, bit for bit.
+  Those gradients do not read the forward's output, so in a traced step the float forward they
+  are taken of is dead code and is pruned;
+* backward="kernel": the backward products through the same Kernel (im2col/col2im lowering of
+  the equivalent convolution; the two matmuls of the einsum).
+
+Conv1D and the pointwise part of SeparableConv2D reuse graphswap.swap.ops.swapped_conv2d.
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from graphswap import native
+from graphswap.errors import UnsupportedLayerError
+from graphswap.kernels import Kernel
+from graphswap.native import conv_geometry, einsum_plan, transposed_conv
+from graphswap.swap.ops import configure_threads
+
+
+def _static(shape, what: str) -> list:
+    dims = list(shape)
+    if None in dims[1:]:
+        raise UnsupportedLayerError(f"swapped {what} needs a static input shape apart from the "
+                                    f"batch, got {tuple(dims)}")
+    return dims
+
+
+def _kernel_op(name, forward_np, stock, kernel_grads_np, out_static, backward, x, w):
+    """The custom-gradient op shared by the layers of this module (module docstring)."""
+
+    @tf.custom_gradient
+    def op(inputs, weights):
+        y = tf.numpy_function(forward_np, [inputs, weights], tf.float32, stateful=False,
+                              name=f"graphswap_{name}")
+        y.set_shape(out_static)
+
+        def grad(dy):
+            if backward == "native":
+                with tf.GradientTape() as tape:
+                    tape.watch([inputs, weights])
+                    reference = stock(inputs, weights)
+                return tape.gradient(reference, [inputs, weights], output_gradients=dy)
+            dx, dw = tf.numpy_function(kernel_grads_np, [inputs, weights, dy],
+                                       [tf.float32, tf.float32], stateful=False,
+                                       name=f"graphswap_{name}_grad")
+            dx.set_shape(inputs.shape)
+            dw.set_shape(weights.shape)
+            return dx, dw
+
+        return y, grad
+
+    dtype = x.dtype
+    y = op(tf.cast(x, tf.float32), tf.cast(w, tf.float32))
+    return tf.cast(y, dtype) if dtype != tf.float32 else y
+
+
+# --------------------------------------------------------------------------------------------
+# depthwise
+# --------------------------------------------------------------------------------------------
+
+def depthwise_filter(kernel_shape) -> tuple[int, int, int, int]:
+    """The HWIO filter shape of a Keras depthwise kernel (h, w, in, multiplier)."""
+    k_h, k_w, channels, multiplier = (int(d) for d in kernel_shape)
+    return (k_h, k_w, 1, channels * multiplier)
+
+
+def depthwise_geometry(input_shape, kernel_shape, strides, padding, dilations):
+    return conv_geometry(input_shape, depthwise_filter(kernel_shape), strides, dilations, padding,
+                         groups=int(kernel_shape[2]))
+
+
+def swapped_depthwise_conv2d(x, kernel, arithmetic: Kernel, strides=(1, 1), padding="valid",
+                             dilations=(1, 1), backward: str = "native"):
+    """NHWC depthwise convolution (Keras kernel (h, w, in, multiplier)) through the arithmetic."""
+    configure_threads(arithmetic)
+    strides = tuple(int(s) for s in strides)
+    dilations = tuple(int(d) for d in dilations)
+    kernel_shape = tuple(int(d) for d in kernel.shape)
+    static = _static(x.shape, "DepthwiseConv2D")
+    g_static = depthwise_geometry((1, *static[1:]), kernel_shape, strides, padding, dilations)
+    out_static = [static[0], g_static.out_height, g_static.out_width, g_static.out_channels]
+    hwio = depthwise_filter(kernel_shape)
+
+    def geometry_of(x_array):
+        return depthwise_geometry(x_array.shape, kernel_shape, strides, padding, dilations)
+
+    def forward_np(x_array, w_array):
+        return arithmetic.conv2d(x_array, w_array.reshape(hwio), geometry_of(x_array))
+
+    def kernel_grads_np(x_array, w_array, dy_array):
+        dx, dw = native.conv_gradients_via_matmul(x_array, w_array.reshape(hwio), dy_array,
+                                                  geometry_of(x_array), arithmetic.matmul)
+        return dx, dw.reshape(kernel_shape)
+
+    def stock(inputs, weights):
+        return keras.ops.depthwise_conv(inputs, weights, strides=strides, padding=padding,
+                                        data_format="channels_last", dilation_rate=dilations)
+
+    return _kernel_op("depthwise_conv2d", forward_np, stock, kernel_grads_np, out_static,
+                      backward, x, kernel)
+
+
+# --------------------------------------------------------------------------------------------
+# transposed convolution
+# --------------------------------------------------------------------------------------------
+
+def swapped_conv2d_transpose(x, kernel, arithmetic: Kernel, strides=(1, 1), padding="valid",
+                             output_padding=None, dilations=(1, 1), backward: str = "native"):
+    """NHWC transposed convolution (Keras kernel (h, w, filters, in)) through the arithmetic."""
+    configure_threads(arithmetic)
+    strides = tuple(int(s) for s in strides)
+    dilations = tuple(int(d) for d in dilations)
+    output_padding = None if output_padding is None else tuple(int(p) for p in output_padding)
+    kernel_shape = tuple(int(d) for d in kernel.shape)
+    static = _static(x.shape, "Conv2DTranspose")
+
+    def plan_of(shape):
+        return transposed_conv(shape, kernel_shape, strides, padding, output_padding, dilations)
+
+    out_static = [static[0], *plan_of((1, *static[1:])).output_shape[1:]]
+
+    def forward_np(x_array, w_array):
+        plan = plan_of(x_array.shape)
+        return arithmetic.conv2d(native.insert_zeros(x_array, plan),
+                                 native.flipped_filter(w_array), plan.geometry)
+
+    def kernel_grads_np(x_array, w_array, dy_array):
+        plan = plan_of(x_array.shape)
+        dz, dw = native.conv_gradients_via_matmul(native.insert_zeros(x_array, plan),
+                                                  native.flipped_filter(w_array), dy_array,
+                                                  plan.geometry, arithmetic.matmul)
+        return (native.remove_zeros(dz, plan, x_array.shape), native.unflipped_filter(dw))
+
+    def stock(inputs, weights):
+        return keras.ops.conv_transpose(inputs, weights, strides=strides, padding=padding,
+                                        output_padding=output_padding,
+                                        data_format="channels_last", dilation_rate=dilations)
+
+    return _kernel_op("conv2d_transpose", forward_np, stock, kernel_grads_np, out_static,
+                      backward, x, kernel)
+
+
+# --------------------------------------------------------------------------------------------
+# einsum
+# --------------------------------------------------------------------------------------------
+
+def swapped_einsum(equation: str, x, kernel, arithmetic: Kernel, backward: str = "native"):
+    """keras.ops.einsum(equation, x, kernel) with its one matmul through the arithmetic."""
+    configure_threads(arithmetic)
+    plan = einsum_plan(equation, x.shape.rank)
+    kernel_shape = tuple(int(d) for d in kernel.shape)
+    out_static = plan.output_shape(list(x.shape), kernel_shape)
+
+    def forward_np(x_array, w_array):
+        x2, w2 = plan.to_matrices(x_array, w_array)
+        return plan.from_product(arithmetic.matmul(x2, w2), x_array.shape, w_array.shape)
+
+    def kernel_grads_np(x_array, w_array, dy_array):
+        x2, w2 = plan.to_matrices(x_array, w_array)
+        dy2 = plan.product_of_output(dy_array)
+        dx2 = arithmetic.matmul(dy2, np.ascontiguousarray(w2.T))
+        dw2 = arithmetic.matmul(np.ascontiguousarray(x2.T), dy2)
+        return (plan.input_of_matrix(dx2, x_array.shape),
+                plan.kernel_of_matrix(dw2, w_array.shape))
+
+    def stock(inputs, weights):
+        return keras.ops.einsum(equation, inputs, weights)
+
+    return _kernel_op("einsum", forward_np, stock, kernel_grads_np, out_static, backward, x,
+                      kernel)
