@@ -61,6 +61,17 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def run_context() -> str:
+    """The line every benchmark prints first: the CPU model, graphswap's code path (ISA) and the
+    BLAS behind its float kernels, and where its kernel library is."""
+    from graphswap import native
+
+    library = native.shipped_library()
+    return (f"CPU: {cpu_model()}; graphswap ISA path: {library.isa} (this CPU runs "
+            f"{', '.join(library.supported_isas)}); float BLAS: {library.blas_info}; "
+            f"library {library.path}")
+
+
 def machine_line() -> str:
     import tensorflow as tf
 

@@ -1,17 +1,22 @@
 #!/usr/bin/env python
-"""graphswap's exact kernels and swapped models next to TensorFlow, measured side by side.
+"""graphswap next to TensorFlow, measured side by side in one run, the way users run models.
 
-    python benchmarks/bench_core.py [--budget SECONDS] [--rounds N]
+    python benchmarks/bench_core.py [--multiplier mul8u_drum4] [--budget SECONDS] [--rounds N]
+                                    [--skip-kernels] [--skip-fit]
 
-Prints, in one run:
-  1. exact C GEMM vs tf.linalg.matmul at 256/512/1024 square and LeNet-5's Dense shapes (batch 256)
-     (target >= 0.8x TensorFlow's throughput);
-  2. exact C Conv2D vs tf.nn.conv2d at LeNet-5's conv shapes, batch 256 (target >= 0.8x), and one
-     larger conv for reference;
-  3. a full LeNet-5 training step (batch 256, train_on_batch), swapped-with-exact vs the original
-     (target <= 1.3x the original's time);
-  4. the fixed overhead of one swapped op call on tiny shapes, in microseconds.
-Each kernel result is also checked against a float64 reference (max error relative to sum |a||b|).
+Prints, after the CPU model, graphswap's ISA path and its BLAS:
+  1. exact C GEMM vs TensorFlow's MatMul (inside a tf.function) at 256/512/1024 square and
+     LeNet-5's Dense shapes (batch 256); exact C Conv2D vs tf.nn.conv2d at LeNet-5's conv shapes
+     (batch 256) and 8x56x56x64 3x3 SAME;                        targets >= 1.0x / >= 0.9x
+  2. the LeNet-5 training step, batch 256, inside a tf.function (forward, GradientTape, SGD
+     apply: what fit runs per step): original, swapped-exact, swapped-LUT;
+                                                                 targets <= 1.15x / <= 2.5x
+     and one epoch of model.fit on the 1,437 training digits for the same three;
+  3. LeNet-5 inference over 10,000 images (the 360 test digits repeated), batch 256, through a
+     tf.function forward loop and through model.predict;        target LUT/float <= 3x
+  4. the fixed cost of one swapped op call on tiny shapes (the numpy_function bridge).
+Each kernel result is also checked against a float64 reference (max error relative to
+sum |a||b|).
 """
 
 from __future__ import annotations
@@ -19,12 +24,15 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
 
-from _timing import REPO, machine_line, median_times, use_repository_package  # noqa: E402
+from _timing import (REPO, machine_line, median_times, run_context,  # noqa: E402
+                     use_repository_package)
 
 use_repository_package()
 
@@ -36,9 +44,10 @@ def kernel_section(args, rng) -> list[tuple[str, float]]:
     from graphswap.native import conv_geometry
 
     lib = native.shipped_library()
-    print(f"library: {lib.path}")
+    tf_matmul = tf.function(lambda a, b: tf.linalg.matmul(a, b))
     header = (f"{'case':<44} {'ours GF/s':>10} {'TF GF/s':>10} {'ours/TF':>8} {'ours ms':>9} "
               f"{'TF ms':>9} {'max rel err':>12}")
+    print("\n1. exact kernels (TF inside a tf.function)")
     print(header)
     print("-" * len(header))
     ratios = []
@@ -55,7 +64,7 @@ def kernel_section(args, rng) -> list[tuple[str, float]]:
         b = rng.standard_normal((k, n), dtype=np.float32)
         ta, tb = tf.constant(a), tf.constant(b)
         t_ours, t_tf = median_times([lambda: lib.matmul_f32(a, b),
-                                     lambda: tf.linalg.matmul(ta, tb)],
+                                     lambda: tf_matmul(ta, tb).numpy()],
                                     args.reps, args.budget, args.rounds)
         a64, b64 = a.astype(np.float64), b.astype(np.float64)
         err = float(np.max(np.abs(lib.matmul_f32(a, b) - a64 @ b64) / (np.abs(a64) @ np.abs(b64))))
@@ -70,8 +79,9 @@ def kernel_section(args, rng) -> list[tuple[str, float]]:
         f = rng.standard_normal((fh, fw, cin, cout), dtype=np.float32)
         geometry = conv_geometry(x.shape, f.shape, padding=padding)
         tx, tfilt = tf.constant(x), tf.constant(f)
+        tf_conv = tf.function(lambda a, b, p=padding.upper(): tf.nn.conv2d(a, b, 1, p))
         t_ours, t_tf = median_times([lambda: lib.conv2d_f32(x, f, geometry),
-                                     lambda: tf.nn.conv2d(tx, tfilt, 1, padding.upper())],
+                                     lambda: tf_conv(tx, tfilt).numpy()],
                                     args.reps, args.budget, args.rounds)
         ref = tf.nn.conv2d(x.astype(np.float64), f.astype(np.float64), 1, padding.upper()).numpy()
         magnitude = tf.nn.conv2d(np.abs(x).astype(np.float64), np.abs(f).astype(np.float64), 1,
@@ -79,41 +89,116 @@ def kernel_section(args, rng) -> list[tuple[str, float]]:
         err = float(np.max(np.abs(lib.conv2d_f32(x, f, geometry) - ref)
                            / np.maximum(magnitude, 1e-30)))
         report(name, 2.0 * geometry.macs, t_ours, t_tf, err)
+    worst = min(ratios, key=lambda item: item[1])
+    print(f"lowest kernel ratio ours/TF: {worst[1]:.2f} ({worst[0]})")
     return ratios
 
 
-def training_step_section(args) -> float:
+def lenet_models(multiplier, compile_for_fit=False):
+    """{label: model}: the original LeNet-5 and its exact and LUT rewrites (same weights)."""
     import keras
 
     import graphswap
 
-    with np.load(REPO / "sample_models" / "digits.npz") as data:
-        x = data["x_train"][:256].astype(np.float32)
-        y = data["y_train"][:256]
     models = {}
-    for label in ("original", "swapped-exact"):
+    for label, kernel in (("original", None), ("swapped-exact", "exact"),
+                          (f"swapped-{multiplier}", multiplier)):
         keras.utils.set_random_seed(0)
         model = keras.models.load_model(REPO / "sample_models" / "lenet5.keras")
-        if label == "swapped-exact":
-            model = graphswap.rewrite_model(model, kernel="exact")
-        model.compile(optimizer=keras.optimizers.SGD(1e-4), loss="sparse_categorical_crossentropy")
+        if kernel is not None:
+            model = graphswap.rewrite_model(model, kernel=kernel)
+        if compile_for_fit:
+            model.compile(optimizer=keras.optimizers.SGD(1e-4),
+                          loss="sparse_categorical_crossentropy")
         models[label] = model
-    steps = {label: (lambda m=m: m.train_on_batch(x, y)) for label, m in models.items()}
-    times = median_times(list(steps.values()), reps=40, budget=max(args.budget * 2, 4.0),
-                         rounds=args.rounds)
-    original, swapped = times
-    print("\nLeNet-5 training step, batch 256 (train_on_batch)")
-    print(f"  original        {original * 1e3:8.2f} ms")
-    print(f"  swapped-exact   {swapped * 1e3:8.2f} ms")
-    print(f"  ratio swapped/original = {swapped / original:.2f}x   (target <= 1.3x)")
-    return swapped / original
+    return models
+
+
+def train_step_fn(model):
+    import keras
+    import tensorflow as tf
+
+    optimizer = keras.optimizers.SGD(1e-4)
+    optimizer.build(model.trainable_variables)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy()
+
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply(grads, model.trainable_variables)
+        return loss
+
+    return step
+
+
+def print_ratios(title, labels, times, unit="ms", scale=1e3, targets=None):
+    print(title)
+    base = times[0]
+    for index, (label, value) in enumerate(zip(labels, times)):
+        ratio = "" if index == 0 else f"   {value / base:5.2f}x the original"
+        target = (targets or {}).get(index)
+        verdict = "" if target is None else (
+            f"   (target <= {target}x: {'MET' if value / base <= target else 'NOT MET'})")
+        print(f"  {label:<24} {value * scale:9.2f} {unit}{ratio}{verdict}")
+
+
+def training_section(args):
+    import tensorflow as tf
+
+    with np.load(REPO / "sample_models" / "digits.npz") as data:
+        x_train, y_train = data["x_train"].astype(np.float32), data["y_train"]
+    x, y = tf.constant(x_train[:256]), tf.constant(y_train[:256])
+    models = lenet_models(args.multiplier)
+    steps = [train_step_fn(m) for m in models.values()]
+    times = median_times([lambda s=s: s(x, y).numpy() for s in steps], reps=40,
+                         budget=max(args.budget * 3, 6.0), rounds=args.rounds)
+    print_ratios("\n2. LeNet-5 training step, batch 256, inside a tf.function", list(models),
+                 times, targets={1: 1.15, 2: 2.5})
+    if args.skip_fit:
+        return
+    fit_models = lenet_models(args.multiplier, compile_for_fit=True)
+    epochs = []
+    for model in fit_models.values():
+        model.fit(x_train, y_train, batch_size=256, epochs=1, verbose=0)  # traces
+    best = {label: float("inf") for label in fit_models}
+    for _ in range(args.rounds):
+        for label, model in fit_models.items():
+            start = time.perf_counter()
+            model.fit(x_train, y_train, batch_size=256, epochs=1, verbose=0)
+            best[label] = min(best[label], time.perf_counter() - start)
+    epochs = [best[label] for label in fit_models]
+    print_ratios("   one epoch of model.fit (1,437 digits, batch 256)", list(fit_models), epochs)
+
+
+def inference_section(args, images=10_000, batch_size=256):
+    import tensorflow as tf
+
+    with np.load(REPO / "sample_models" / "digits.npz") as data:
+        x = np.resize(data["x_test"], (images,) + data["x_test"].shape[1:]).astype(np.float32)
+    batches = [tf.constant(x[i:i + batch_size]) for i in range(0, images, batch_size)]
+    models = lenet_models(args.multiplier)
+    forwards = [tf.function(lambda b, m=m: m(b, training=False)) for m in models.values()]
+
+    def loop(forward):
+        return lambda: [forward(b).numpy() for b in batches]
+
+    times = median_times([loop(f) for f in forwards], reps=3, budget=0, rounds=args.rounds)
+    print_ratios(f"\n3. LeNet-5 inference over {images:,} images, batch {batch_size}, "
+                 f"tf.function forward loop", list(models), times, targets={2: 3})
+    predict_times = median_times(
+        [lambda m=m: m.predict(x, batch_size=batch_size, verbose=0) for m in models.values()],
+        reps=3, budget=0, rounds=args.rounds)
+    print_ratios("   the same through model.predict", list(models), predict_times,
+                 targets={2: 3})
 
 
 def overhead_section(args) -> None:
     import tensorflow as tf
 
-    from graphswap.swap import ops
     from graphswap.kernels import resolve_kernel
+    from graphswap.swap import ops
 
     kernel = resolve_kernel("exact")
     x = tf.constant(np.ones((1, 4), np.float32))
@@ -125,29 +210,30 @@ def overhead_section(args) -> None:
     swapped_conv = tf.function(lambda a, b: ops.swapped_conv2d(a, b, kernel))
     native_conv = tf.function(lambda a, b: tf.nn.conv2d(a, b, 1, "VALID"))
     times = median_times([lambda: swapped_mm(x, w), lambda: native_mm(x, w),
-                          lambda: swapped_conv(xc, wc), lambda: native_conv(xc, wc),
-                          lambda: ops.swapped_matmul(x, w, kernel), lambda: tf.linalg.matmul(x, w)],
+                          lambda: swapped_conv(xc, wc), lambda: native_conv(xc, wc)],
                          reps=400, budget=args.budget, rounds=args.rounds)
-    print("\nFixed overhead of one op call on tiny shapes (median, microseconds)")
-    print(f"  tf.function matmul (1,4)x(4,4):  swapped {times[0] * 1e6:7.1f}   TF {times[1] * 1e6:7.1f}"
-          f"   overhead {(times[0] - times[1]) * 1e6:7.1f}")
-    print(f"  tf.function conv 4x4x1 * 3x3:    swapped {times[2] * 1e6:7.1f}   TF {times[3] * 1e6:7.1f}"
-          f"   overhead {(times[2] - times[3]) * 1e6:7.1f}")
-    print(f"  eager matmul (1,4)x(4,4):        swapped {times[4] * 1e6:7.1f}   TF {times[5] * 1e6:7.1f}"
-          f"   overhead {(times[4] - times[5]) * 1e6:7.1f}")
+    print("\n4. fixed cost of one op call on tiny shapes (median, microseconds, tf.function)")
+    print(f"  matmul (1,4)x(4,4):    swapped {times[0] * 1e6:7.1f}   TF {times[1] * 1e6:7.1f}"
+          f"   bridge {(times[0] - times[1]) * 1e6:7.1f}")
+    print(f"  conv 4x4x1 * 3x3:      swapped {times[2] * 1e6:7.1f}   TF {times[3] * 1e6:7.1f}"
+          f"   bridge {(times[2] - times[3]) * 1e6:7.1f}")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--multiplier", default="mul8u_drum4")
     parser.add_argument("--reps", type=int, default=50, help="max repetitions per block")
     parser.add_argument("--budget", type=float, default=3.0, help="seconds per case")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds per case")
+    parser.add_argument("--skip-kernels", action="store_true")
+    parser.add_argument("--skip-fit", action="store_true")
     args = parser.parse_args()
+    print(run_context())
     print(machine_line())
-    ratios = kernel_section(args, np.random.default_rng(0))
-    worst = min(ratios, key=lambda item: item[1])
-    print(f"lowest kernel ratio ours/TF: {worst[1]:.2f} ({worst[0]})")
-    training_step_section(args)
+    if not args.skip_kernels:
+        kernel_section(args, np.random.default_rng(0))
+    training_section(args)
+    inference_section(args)
     overhead_section(args)
     return 0
 

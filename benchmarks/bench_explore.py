@@ -28,40 +28,13 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
 
 import numpy as np  # noqa: E402
 
 BUILTINS = ["mul8u_trunc2", "mul8u_trunc4", "mul8u_trunc6", "mul8u_drum6", "mul8u_drum5",
             "mul8u_drum4", "mul8u_mitchell"]
 EXAMPLES = ["mul8u_gsbam6.c", "mul8u_gsloa11.c", "mul8u_gsot45.c"]
-
-
-def resnet8(seed: int = 0):
-    """ResNet-8 for CIFAR-shaped inputs: a 16-channel stem and three stages of one basic block
-    (16, 32, 64 channels), global pooling, a 10-way Dense: 9 convolutions (2 of them 1x1
-    projections) and 1 Dense."""
-    import keras
-
-    keras.utils.set_random_seed(seed)
-    inputs = keras.Input((32, 32, 3))
-    x = keras.layers.Conv2D(16, 3, padding="same", name="stem")(inputs)
-    x = keras.layers.ReLU()(keras.layers.BatchNormalization()(x))
-    for stage, filters in enumerate((16, 32, 64)):
-        stride = 1 if stage == 0 else 2
-        shortcut = x
-        y = keras.layers.Conv2D(filters, 3, strides=stride, padding="same",
-                                name=f"s{stage}_a")(x)
-        y = keras.layers.ReLU()(keras.layers.BatchNormalization()(y))
-        y = keras.layers.Conv2D(filters, 3, padding="same", name=f"s{stage}_b")(y)
-        y = keras.layers.BatchNormalization()(y)
-        if stride != 1 or shortcut.shape[-1] != filters:
-            shortcut = keras.layers.Conv2D(filters, 1, strides=stride, name=f"s{stage}_proj")(x)
-        x = keras.layers.ReLU()(keras.layers.Add()([y, shortcut]))
-    x = keras.layers.GlobalAveragePooling2D()(x)
-    outputs = keras.layers.Dense(10, activation="softmax", name="fc")(x)
-    model = keras.Model(inputs, outputs, name="resnet8")
-    model.compile(loss="sparse_categorical_crossentropy", metrics=["accuracy"])
-    return model
 
 
 def run(name, model, data, library, args, log):
@@ -100,11 +73,11 @@ def main() -> None:
 
     import keras
 
-    from benchmarks._timing import cpu_model, machine_line
-    from graphswap import native
+    from _timing import machine_line, run_context
+    from _models import resnet8
 
-    print(f"CPU: {cpu_model()}; {machine_line()}")
-    print(f"kernel library: {native.shipped_library_path()}")
+    print(run_context())
+    print(machine_line())
     library = BUILTINS + [str(REPO / "sample_models" / "multipliers" / f) for f in EXAMPLES]
     if args.only in (None, "lenet5"):
         run("LeNet-5", keras.models.load_model(REPO / "sample_models" / "lenet5.keras"),

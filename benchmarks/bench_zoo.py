@@ -14,61 +14,17 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from _timing import machine_line, median_times, use_repository_package  # noqa: E402
+from _timing import machine_line, median_times, run_context, use_repository_package  # noqa: E402
 
 use_repository_package()
 
 import numpy as np  # noqa: E402
 
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as handle:
-            for line in handle:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
-
-
-def vit(image=224, patch=16, dim=192, heads=3, depth=12, classes=1000):
-    import keras
-
-    inputs = keras.Input((image, image, 3))
-    x = keras.layers.Conv2D(dim, patch, strides=patch, name="patch_embed")(inputs)
-    tokens = (image // patch) ** 2
-    x = keras.layers.Reshape((tokens, dim))(x)
-    for i in range(depth):
-        h = keras.layers.LayerNormalization()(x)
-        x = keras.layers.Add()([x, keras.layers.MultiHeadAttention(heads, dim // heads,
-                                                                   name=f"mha{i}")(h, h)])
-        h = keras.layers.LayerNormalization()(x)
-        h = keras.layers.Dense(4 * dim, activation="gelu", name=f"mlp{i}a")(h)
-        x = keras.layers.Add()([x, keras.layers.Dense(dim, name=f"mlp{i}b")(h)])
-    x = keras.layers.GlobalAveragePooling1D()(keras.layers.LayerNormalization()(x))
-    return keras.Model(inputs, keras.layers.Dense(classes, name="head")(x), name="vit_ti16")
-
-
-def build(name, size):
-    import keras
-
-    shape = (size, size, 3)
-    if name == "MobileNetV2":
-        return keras.applications.MobileNetV2(input_shape=shape, weights=None)
-    if name == "ResNet50":
-        return keras.applications.ResNet50(input_shape=shape, weights=None)
-    if name == "EfficientNetB0":
-        return keras.applications.EfficientNetB0(input_shape=shape, weights=None)
-    if name == "ViT":
-        return vit(image=size)
-    raise SystemExit(f"unknown model {name!r}; choose from MobileNetV2, ResNet50, "
-                     f"EfficientNetB0, ViT")
+from _models import build  # noqa: E402  (benchmarks/ is on sys.path)
 
 
 def main() -> None:
@@ -82,7 +38,8 @@ def main() -> None:
 
     import graphswap
 
-    print(f"CPU: {cpu_model()}; {machine_line()}")
+    print(run_context())
+    print(machine_line())
     print(f"input {args.size}x{args.size}x3, batch {args.batch}, multiplier {args.multiplier}")
     rows = []
     for name in args.models.split(","):

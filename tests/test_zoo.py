@@ -36,13 +36,16 @@ def vit(image=32, patch=8, dim=32, heads=4, depth=2, classes=10):
     return keras.Model(inputs, keras.layers.Dense(classes, name="head")(x), name="vit_tiny")
 
 
+# logits, not softmax outputs: a randomly initialised model's softmax can be uniform to float32
+# precision, which would hide any difference between arithmetics
 ZOO = {
     "MobileNetV2": lambda: keras.applications.MobileNetV2(
-        input_shape=(64, 64, 3), alpha=0.35, weights=None, classes=10),
+        input_shape=(64, 64, 3), alpha=0.35, weights=None, classes=10,
+        classifier_activation=None),
     "ResNet50": lambda: keras.applications.ResNet50(
-        input_shape=(32, 32, 3), weights=None, classes=10),
+        input_shape=(32, 32, 3), weights=None, classes=10, classifier_activation=None),
     "EfficientNetB0": lambda: keras.applications.EfficientNetB0(
-        input_shape=(64, 64, 3), weights=None, classes=10),
+        input_shape=(64, 64, 3), weights=None, classes=10, classifier_activation=None),
     "ViT": vit,
 }
 
