@@ -76,6 +76,20 @@ def _load_quietly(path: str):
             os.environ["OPENBLAS_NUM_THREADS"] = previous
 
 
+#: TensorFlow wraps a numpy_function's result without copying it when the buffer is aligned to
+#: EIGEN_MAX_ALIGN_BYTES (64 on x86-64 builds with AVX-512); numpy aligns to 16 only
+OUTPUT_ALIGNMENT = 64
+
+
+def empty_output(shape, dtype=np.float32) -> np.ndarray:
+    """An uninitialised array whose data is 64-byte aligned (handed to TensorFlow zero-copy)."""
+    dtype = np.dtype(dtype)
+    count = int(np.prod(shape))
+    raw = np.empty(count * dtype.itemsize + OUTPUT_ALIGNMENT, dtype=np.uint8)
+    offset = (-raw.ctypes.data) % OUTPUT_ALIGNMENT
+    return raw[offset:offset + count * dtype.itemsize].view(dtype).reshape(shape)
+
+
 def _ptr(array: np.ndarray, ctype):
     return array.ctypes.data_as(ctype)
 
@@ -245,7 +259,7 @@ class KernelLibrary:
         if k != k2:
             raise GraphswapError(f"matmul shapes do not agree: {a.shape} x {b.shape}; the inner "
                                  f"dimensions must be equal")
-        c = np.empty((m, n), dtype=np.float32)
+        c = empty_output((m, n))
         self._check("graphswap_matmul_f32",
                     self._matmul(_ptr(a, _f32p), _ptr(b, _f32p), _ptr(c, _f32p), m, k, n))
         return c
@@ -255,7 +269,7 @@ class KernelLibrary:
             raise KernelLoadError(f"{self.path} has no graphswap_conv2d_f32")
         x = _as_input(x, np.float32)
         w = _as_input(w, np.float32)
-        out = np.empty(geometry.output_shape, dtype=np.float32)
+        out = empty_output(geometry.output_shape)
         params = Conv2DParams.from_geometry(geometry)
         self._check("graphswap_conv2d_f32",
                     self._conv(_ptr(x, _f32p), _ptr(w, _f32p), _ptr(out, _f32p), ctypes.byref(params)))
@@ -309,7 +323,7 @@ class KernelLibrary:
             raise GraphswapError(f"matmul shapes do not agree: {a.shape} x {b.shape}; the inner "
                                  f"dimensions must be equal")
         n = b.shape[1]
-        out = np.empty((m, n), dtype=np.float32)
+        out = empty_output((m, n))
         bias_ptr = None if bias is None else _ptr(_as_input(bias, np.float32), _f32p)
         self._check("graphswap_lut_matmul_f32",
                     self._lut_matmul_f32(_ptr(a, _f32p), _ptr(b, _f32p), bias_ptr,
@@ -322,7 +336,7 @@ class KernelLibrary:
         """The fused table-driven convolution (graphswap_lut_conv2d_f32)."""
         x = _as_input(x, np.float32)
         w = _as_input(w, np.float32)
-        out = np.empty(geometry.output_shape, dtype=np.float32)
+        out = empty_output(geometry.output_shape)
         bias_ptr = None if bias is None else _ptr(_as_input(bias, np.float32), _f32p)
         params = Conv2DParams.from_geometry(geometry)
         self._check("graphswap_lut_conv2d_f32",

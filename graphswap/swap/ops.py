@@ -30,6 +30,7 @@ BACKWARD_MODES = ("native", "kernel")
 _sized_libraries: set = set()
 
 
+@tf.autograph.experimental.do_not_convert
 def _configure_threads(arithmetic: Kernel) -> None:
     """Size the thread pool of every kernel library a swapped op uses - graphswap's own and the
     arithmetic's - from TensorFlow's intra-op setting, once per library."""
@@ -62,6 +63,7 @@ def _numpy_matmul(arithmetic: Kernel, a, b, m_static, n_static):
     return out
 
 
+@tf.autograph.experimental.do_not_convert  # plain graph-building code: nothing to convert
 def swapped_matmul(x, w, arithmetic: Kernel, backward: str = "native"):
     """x (..., k) @ w (k, n) with the arithmetic's forward; returns x's dtype, shape (..., n)."""
     _configure_threads(arithmetic)
@@ -147,6 +149,7 @@ def _native_conv_gradients(inputs, filters, dy, strides, dilations, groups,
     return tf.concat([p[0] for p in parts], axis=3), tf.concat([p[1] for p in parts], axis=3)
 
 
+@tf.autograph.experimental.do_not_convert
 def swapped_conv2d(x, w, arithmetic: Kernel, strides=(1, 1), padding="valid", dilations=(1, 1),
                    groups=1, backward: str = "native"):
     """NHWC x HWIO convolution with the arithmetic's forward; returns x's dtype."""

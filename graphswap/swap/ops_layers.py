@@ -41,6 +41,7 @@ def _static(shape, what: str) -> list:
     return dims
 
 
+@tf.autograph.experimental.do_not_convert
 def _kernel_op(name, forward_np, stock, kernel_grads_np, out_static, backward, x, w):
     """The custom-gradient op shared by the layers of this module (module docstring)."""
 
@@ -85,6 +86,7 @@ def depthwise_geometry(input_shape, kernel_shape, strides, padding, dilations):
                          groups=int(kernel_shape[2]))
 
 
+@tf.autograph.experimental.do_not_convert
 def swapped_depthwise_conv2d(x, kernel, arithmetic: Kernel, strides=(1, 1), padding="valid",
                              dilations=(1, 1), backward: str = "native"):
     """NHWC depthwise convolution (Keras kernel (h, w, in, multiplier)) through the arithmetic."""
@@ -120,6 +122,7 @@ def swapped_depthwise_conv2d(x, kernel, arithmetic: Kernel, strides=(1, 1), padd
 # transposed convolution
 # --------------------------------------------------------------------------------------------
 
+@tf.autograph.experimental.do_not_convert
 def swapped_conv2d_transpose(x, kernel, arithmetic: Kernel, strides=(1, 1), padding="valid",
                              output_padding=None, dilations=(1, 1), backward: str = "native"):
     """NHWC transposed convolution (Keras kernel (h, w, filters, in)) through the arithmetic."""
@@ -160,6 +163,7 @@ def swapped_conv2d_transpose(x, kernel, arithmetic: Kernel, strides=(1, 1), padd
 # einsum
 # --------------------------------------------------------------------------------------------
 
+@tf.autograph.experimental.do_not_convert
 def swapped_einsum(equation: str, x, kernel, arithmetic: Kernel, backward: str = "native"):
     """keras.ops.einsum(equation, x, kernel) with its one matmul through the arithmetic."""
     configure_threads(arithmetic)
