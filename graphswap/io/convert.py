@@ -15,7 +15,7 @@ from graphswap.errors import GraphswapError
 from graphswap.io.load import load_model
 from graphswap.io.paths import check_output_path, default_output_path, save_model
 from graphswap.swap import (OriginalCannotRunError, RewriteReport, max_output_difference,
-                            rewrite_model, sample_inputs)
+                            rewrite_model, sample_inputs, validate_check_batch)
 
 
 @dataclasses.dataclass
@@ -62,9 +62,7 @@ def convert(model, kernel=None, *, kernel_map=None, include=None, exclude=None,
     Raises GraphswapError when no layer is selected: an unchanged copy is not a conversion.
     """
     source = Path(model) if isinstance(model, (str, os.PathLike)) else None
-    if isinstance(check_batch, bool) or not isinstance(check_batch, int) or check_batch < 0:
-        raise GraphswapError(f"check_batch must be a whole number >= 0 (0 skips the comparison), "
-                             f"got {check_batch!r}")
+    check_batch = validate_check_batch(check_batch)
     if output is None and source is not None:
         output = default_output_path(source, "convert")
     if output is not None:
