@@ -420,7 +420,7 @@ def test_write_lut_of_a_lut_result_round_trips(tmp_path):
                                   kernels.resolve_multiplier("mul8u_mitchell").table)
 
 
-# ---------------------------------------------------------------------------- results at their declared width
+# ------------------------------------------------------------ results at their declared width
 
 OUT_OF_RANGE = {
     # file: (source, what the refusal names)

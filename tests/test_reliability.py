@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import graphswap
-from conftest import SAMPLE_MODEL, compile_library
+from conftest import SAMPLE_MODEL, assert_close_to_roundoff, compile_library, reduction_terms
 from graphswap import SwappedConv2D, SwappedDense, native
 from graphswap import io as gsio
 from graphswap.cli import main
@@ -71,7 +71,7 @@ def test_nan_and_inf_propagate_as_in_tensorflow():
     ref = model(x).numpy()
     out = swapped(x).numpy()
     np.testing.assert_array_equal(np.isnan(out), np.isnan(ref))
-    np.testing.assert_allclose(out[3], ref[3], rtol=1e-5, atol=1e-6)
+    assert_close_to_roundoff(out[3], ref[3], reduction_terms(model))
 
 
 def test_sizes_overflowing_int64_are_refused_not_crashing():

@@ -65,7 +65,8 @@ graphswap.kernels (kernels.lut(spec), kernels.metrics(spec), ...).
 """
 
 from graphswap.multipliers.builtins import DRUM_RANGE, TRUNC_RANGE, builtin_multipliers, looks_like_builtin
-from graphswap.multipliers.checks import check, check_entry, format_check, format_check_lines, verdict
+from graphswap.multipliers.checks import (check, check_entry, format_check, format_check_lines,
+                                          verdict)
 from graphswap.multipliers.loading import FILE_KINDS, builtin, clear_cache, evaluate_anew, from_file
 from graphswap.multipliers.metrics import HEADER_KEYS, agrees_with_header, lut, metrics, parse_header_metrics
 from graphswap.multipliers.plots import plot_error_heatmap

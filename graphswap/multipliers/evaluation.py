@@ -26,7 +26,8 @@ import sys
 
 import numpy as np
 
-from graphswap.errors import KernelCrashError, KernelSpecError, KernelTrustError, MultiplierRangeError
+from graphswap.errors import (KernelCrashError, KernelSpecError, KernelTrustError,
+                              MultiplierRangeError)
 from graphswap.multipliers import table_child
 from graphswap.multipliers.record import TABLE_SIZE
 
@@ -109,7 +110,8 @@ def evaluate_in_process(plan: EvaluationPlan, row_order=None) -> np.ndarray:
     return raw
 
 
-def evaluate_isolated(plan: EvaluationPlan, signed: bool, timeout: float | None = None) -> np.ndarray:
+def evaluate_isolated(plan: EvaluationPlan, signed: bool,
+                      timeout: float | None = None) -> np.ndarray:
     """The raw results evaluated in a child process (see the module docstring); raises
     KernelCrashError when the multiplier crashes there, or hangs past `timeout` seconds
     (default EVALUATION_TIMEOUT)."""
