@@ -541,6 +541,22 @@ def test_the_evaluating_child_loads_only_the_checked_copy(tmp_path):
         evaluate_isolated(plan, signed=False)
 
 
+def test_a_multiplier_that_prints_does_not_corrupt_its_table(tmp_path):
+    """The evaluating child sends the rows on its own descriptor; a debugging printf in the
+    user's function goes to stderr."""
+    path = tmp_path / "mul8u_chatty.c"
+    path.write_text("""#include <stdint.h>
+#include <stdio.h>
+uint16_t mul8u_chatty(uint8_t A, uint8_t B)
+{
+    if (B == 0) { printf("row %d\\n", A); fflush(stdout); }
+    return (uint16_t)(A * (B & 0xF0));
+}
+""")
+    np.testing.assert_array_equal(table_2d(kernels.resolve_multiplier(str(path))),
+                                  expected_asym_unsigned())
+
+
 # ---------------------------------------------------------------------------- published circuits
 
 def _header(multiplier_metrics: dict, keys=("MAE%", "MAE", "WCE%", "WCE", "WCRE%", "EP%", "MRE%")):

@@ -117,7 +117,8 @@ def evaluate_isolated(plan: EvaluationPlan, signed: bool,
     (default EVALUATION_TIMEOUT)."""
     timeout = EVALUATION_TIMEOUT if timeout is None else timeout
     command = [sys.executable, "-I", "-S", CHILD_SCRIPT, plan.to_json()]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE)
     hung = False
     try:
         stdout, stderr = process.communicate(timeout=timeout)

@@ -11,7 +11,7 @@ So this module imports nothing but the standard library (the child starts withou
 in milliseconds).  The plan names a private copy in the owner-only cache and the SHA-256 it must
 have; the bytes are hashed again before the library is loaded.
 
-Output protocol of the script (stdout, binary): b"L" once the library is loaded and the function
+Output protocol of the script (stdout, binary; what the user's code prints goes to stderr): b"L" once the library is loaded and the function
 found, then for each evaluated row of the table 256 raw results as uint64 little-endian (2 KiB),
 in the plan's row order.  The raw result is the function's return value at its declared width,
 zero-extended (unsigned return types) or sign-extended (signed ones) to 64 bits.  Failures before
@@ -24,6 +24,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import json
+import os
 import struct
 import sys
 
@@ -105,7 +106,10 @@ def rows_in_order(plan: dict, order) -> dict:
 
 def _main(argv) -> int:
     plan = json.loads(argv[1])
-    out = sys.stdout.buffer
+    # The rows go out on the original stdout; the user's code printing (a debugging printf) goes
+    # to stderr instead, so it cannot corrupt them.
+    out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
     try:
         row = open_plan(plan)
     except PlanError as exc:
