@@ -485,3 +485,24 @@ def test_a_run_killed_mid_epoch_resumes_to_the_uninterrupted_run_bit_for_bit(tmp
     assert c["history"]["loss"][0] == a["history"]["loss"][0]
     assert c["history"]["loss"][1:] != a["history"]["loss"][1:]
     assert any("carries no random-number state" in note for note in c["notes"])
+
+
+def test_resumed_dropout_state_does_not_depend_on_what_else_the_process_made(tmp_path):
+    """Seed generators are matched by their place in the model: their names depend on how many
+    were created before in the process ("seed_generator_7"), which must not matter."""
+    keras.utils.set_random_seed(2)
+    model = rewrite_model(keras.Sequential([
+        keras.Input((6, 6, 1)), keras.layers.Flatten(), keras.layers.Dropout(0.3),
+        keras.layers.Dense(3, activation="softmax")]), kernel="exact")
+    x, y = small_data()
+    settings = dict(epochs=2, batch_size=8, learning_rate=1e-2, verbose=0, restore_best=False)
+    with pytest.raises(KeyboardInterrupt):
+        finetune(model, (x, y), checkpoint_dir=tmp_path / "ck", callbacks=[Interrupt(after=1)],
+                 **settings)
+    unrelated = [keras.layers.Dropout(0.5) for _ in range(3)]  # more seed generators, other names
+    assert unrelated
+    resumed = finetune(model, (x, y), checkpoint_dir=tmp_path / "ck", resume=True, **settings)
+    straight = finetune(model, (x, y), **settings)
+    assert resumed.history == straight.history
+    for a, b in zip(resumed.model.get_weights(), straight.model.get_weights()):
+        np.testing.assert_array_equal(a, b)
