@@ -244,6 +244,8 @@ def test_symbolic_link_loops_are_named_as_such(tmp_path):
         "kernel": (["convert", str(SAMPLE_MODEL), "-o", str(tmp_path / "x.keras"), "--kernel",
                     str(tmp_path / "loop.c")], "multiplier source"),
         "kernels check": (["kernels", "check", str(tmp_path / "loop.c")], "multiplier source"),
+        "saliency image": (["saliency", str(SAMPLE_MODEL), str(tmp_path / "loop.npz"), "-o",
+                            str(tmp_path / "s.png")], "input file"),
     }
     for case, (args, what) in cases.items():
         result = runner.invoke(main, args)
