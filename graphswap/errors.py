@@ -18,6 +18,16 @@ class KernelTrustError(KernelLoadError):
     """A model names a native library the user has not trusted, or whose hash changed."""
 
 
+class MultiplierRangeError(KernelSpecError):
+    """A multiplier returns values that are not 8x8-bit products (outside the 16-bit range of its
+    signedness, or truncated by its declared type); the message names the operands."""
+
+
+class KernelCrashError(GraphswapError):
+    """A user's kernel crashed (a signal) or hung while graphswap ran it in a child process; the
+    message names the signal and the stage."""
+
+
 class KernelExecutionError(GraphswapError, RuntimeError):
     """A kernel call returned an error code; the message carries the kernel's own message."""
 
@@ -40,6 +50,11 @@ class DataError(GraphswapError, ValueError):
 
 class OutputPathError(GraphswapError):
     """An output path exists (and --force was not given), or its directory is missing/read-only."""
+
+
+class CheckpointError(GraphswapError):
+    """A fine-tuning checkpoint that cannot be resumed: it belongs to another run (another model,
+    other data or settings), or it is inconsistent."""
 
 
 class ExportError(GraphswapError):

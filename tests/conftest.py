@@ -87,25 +87,108 @@ def nested_model():
 EPS32 = float(np.finfo(np.float32).eps)
 
 
-def assert_close_to_roundoff(actual, desired, terms: int, factor: float = 8.0):
+def assert_close_to_roundoff(actual, desired, terms: int, factor: float = 8.0, magnitude=None):
     """Float32 results that may differ only by round-off in sums of `terms` products.
 
     Two correct implementations sum in different orders (TensorFlow's oneDNN blocks differently
     on AVX2 and AVX-512), so an element may differ by about sqrt(terms) * eps32 times the
     magnitude of what is summed; a real error (a wrong tap, padding or weight) is of the order of
-    the values themselves.  The tolerance is factor * sqrt(terms) * eps32 * max|desired|.
+    the values themselves.  The tolerance is factor * sqrt(terms) * eps32 * max|desired|, or
+    with `magnitude` (sum_k |a_k||b_k| of each element, e.g. np.abs(a) @ np.abs(b), for sums
+    that cancel) factor * sqrt(terms) * eps32 * magnitude, element by element.
     """
     actual = np.asarray(actual, dtype=np.float64)
     desired = np.asarray(desired, dtype=np.float64)
     assert actual.shape == desired.shape, f"shape {actual.shape} != {desired.shape}"
     if desired.size == 0:
         return
+    bound = factor * np.sqrt(max(int(terms), 1)) * EPS32
+    if magnitude is not None:  # element by element
+        magnitude = np.broadcast_to(np.abs(np.asarray(magnitude, dtype=np.float64)), desired.shape)
+        tolerance = bound * np.maximum(magnitude, np.finfo(np.float32).tiny)
+        excess = np.abs(actual - desired) / tolerance
+        worst = np.unravel_index(int(np.argmax(excess)), excess.shape)
+        assert excess[worst] <= 1.0, (
+            f"|difference| {abs(actual[worst] - desired[worst]):.3g} at {worst} exceeds the "
+            f"float32 round-off bound {tolerance[worst]:.3g} ({factor} * sqrt({terms}) * eps32 * "
+            f"sum|a||b| {magnitude[worst]:.3g})")
+        return
     scale = max(float(np.max(np.abs(desired))), np.finfo(np.float32).tiny)
-    tolerance = factor * np.sqrt(max(int(terms), 1)) * EPS32 * scale
+    tolerance = bound * scale
     difference = float(np.max(np.abs(actual - desired)))
     assert difference <= tolerance, (
         f"max |difference| {difference:.3g} exceeds the float32 round-off bound {tolerance:.3g} "
         f"({factor} * sqrt({terms}) * eps32 * max|desired| {scale:.3g})")
+
+
+def reduction_terms(model) -> int:
+    """Products summed along the longest path through `model`'s Dense/Conv2D layers (each
+    layer's reduction length, added up): the `terms` of a whole-model output comparison, since
+    every layer adds its own round-off and passes the earlier layers' on."""
+    from graphswap.swap import iter_layers
+
+    total = 0
+    for _, layer in iter_layers(model):
+        if isinstance(layer, (keras.layers.Dense, keras.layers.Conv2D)) and layer.weights:
+            total += int(np.prod(layer.kernel.shape[:-1]))
+    return max(total, 1)
+
+
+def gradient_terms(model, batch: int) -> list[int]:
+    """`terms` of each trainable weight's gradient (aligned with model.trainable_weights): it
+    sums over the batch and every output position of its layer, on top of the forward pass's
+    round-off."""
+    from graphswap.swap import iter_layers
+
+    forward = reduction_terms(model)
+    by_weight = {}
+    for _, layer in iter_layers(model):
+        if isinstance(layer, keras.Model) or not layer.trainable_weights:
+            continue
+        positions = 1
+        if isinstance(layer, keras.layers.Conv2D):
+            try:
+                shape = layer.output.shape
+            except (AttributeError, ValueError):  # shared or never called: no single output
+                shape = None
+            if shape is not None and None not in shape[1:]:
+                spatial = shape[1:-1] if layer.data_format == "channels_last" else shape[2:]
+                positions = int(np.prod(spatial))
+        for weight in layer.trainable_weights:
+            by_weight[id(weight)] = forward + batch * positions
+    return [by_weight.get(id(w), forward + batch) for w in model.trainable_weights]
+
+
+# --------------------------------------------------------------------------------------------
+# graphswap's own kernels on every instruction-set path the library reports
+# --------------------------------------------------------------------------------------------
+
+def library_isas(path=None) -> list[str]:
+    """The instruction-set paths graphswap's shipped C kernels (or the library at `path`) can run
+    on this CPU, as the library reports them (`const char *graphswap_isa(void)`: a comma-separated
+    list such as "scalar,avx2,avx512", selected with GRAPHSWAP_ISA), or [] while the library has
+    no such switch.
+    """
+    import ctypes
+
+    from graphswap import native
+
+    library = ctypes.CDLL(str(path or native.shipped_library_path()))
+    report = getattr(library, "graphswap_isa", None)
+    if report is None:
+        return []
+    report.restype = ctypes.c_char_p
+    report.argtypes = []
+    return [name.strip() for name in (report() or b"").decode().split(",") if name.strip()]
+
+
+def pytest_generate_tests(metafunc):
+    """A test taking `kernel_isa` runs once per ISA path the library reports (GRAPHSWAP_ISA set
+    for the subprocess it starts), or once with the default path (kernel_isa None) when the
+    library reports none - never skipped."""
+    if "kernel_isa" in metafunc.fixturenames:
+        isas = library_isas() or [None]
+        metafunc.parametrize("kernel_isa", isas, ids=[isa or "default-isa" for isa in isas])
 
 
 def tensorflow_runs_nchw_conv_on_cpu() -> bool:

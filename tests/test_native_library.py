@@ -4,19 +4,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import MATMUL_ONLY_LIBRARY, compile_library
+from conftest import MATMUL_ONLY_LIBRARY, assert_close_to_roundoff, compile_library, run_python
 from graphswap import native
 from graphswap.errors import KernelExecutionError, KernelLoadError, KernelSpecError
 from graphswap.native import conv_geometry
 from graphswap.kernels import resolve_kernel
 
 RNG = np.random.default_rng(42)
-
-
-def relative_error(actual, expected, a, b):
-    """Error relative to sum |a||b|, the natural scale of float32 round-off in a dot product."""
-    scale = np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64))
-    return np.max(np.abs(actual - expected) / np.maximum(scale, 1e-30))
 
 
 @pytest.mark.parametrize("m,k,n", [(1, 1, 1), (1, 7, 13), (7, 1, 5), (13, 31, 33), (97, 33, 7),
@@ -27,7 +21,8 @@ def test_exact_matmul_matches_float64(m, k, n):
     b = RNG.standard_normal((k, n)).astype(np.float32)
     c = lib.matmul_f32(a, b)
     assert c.shape == (m, n) and c.dtype == np.float32
-    assert relative_error(c, a.astype(np.float64) @ b, a, b) < 1e-6
+    assert_close_to_roundoff(c, a.astype(np.float64) @ b, terms=k,
+                             magnitude=np.abs(a.astype(np.float64)) @ np.abs(b))
 
 
 def test_exact_matmul_accepts_non_contiguous_views():
@@ -36,7 +31,8 @@ def test_exact_matmul_accepts_non_contiguous_views():
     a = base[::2, ::3]          # strided view (20, 20)
     b = base.T[:20, :9]         # transposed view (20, 9)
     assert not a.flags.c_contiguous and not b.flags.c_contiguous
-    np.testing.assert_allclose(lib.matmul_f32(a, b), a @ b, rtol=1e-5, atol=1e-5)
+    assert_close_to_roundoff(lib.matmul_f32(a, b), a.astype(np.float64) @ b, terms=20,
+                             magnitude=np.abs(a.astype(np.float64)) @ np.abs(b))
 
 
 def test_zero_sized_matmul():
@@ -146,6 +142,62 @@ def test_matmul_only_library_serves_conv_through_lowering(tmp_path):
     f = RNG.standard_normal((3, 3, 2, 6)).astype(np.float32)
     g = conv_geometry(x.shape, f.shape, (2, 1), (1, 1), "same", groups=2)
     expected = native.shipped_library().conv2d_f32(x, f, g)
-    np.testing.assert_allclose(kernel.conv2d(x, f, g), expected, rtol=1e-5, atol=1e-5)
+    magnitude = native.shipped_library().conv2d_f32(np.abs(x), np.abs(f), g)  # sum |x||f|
+    assert_close_to_roundoff(kernel.conv2d(x, f, g), expected, terms=3 * 3 * 2,
+                             magnitude=magnitude)
     config = kernel.to_config()
     assert config["sha256"] == native.file_sha256(lib) and config["path"] == str(lib.resolve())
+
+
+ISA_SCRIPT = """
+    import sys
+    import numpy as np
+    import tensorflow as tf
+    sys.path.insert(0, "tests")
+    import reference
+    from conftest import assert_close_to_roundoff
+    from graphswap import kernels, native
+    from graphswap.native import conv_geometry
+
+    rng = np.random.default_rng(7)
+    lib = native.shipped_library()
+    for m, k, n in [(1, 1, 1), (13, 31, 33), (256, 400, 120), (3, 500, 257)]:
+        a = rng.standard_normal((m, k)).astype(np.float32)
+        b = rng.standard_normal((k, n)).astype(np.float32)
+        assert_close_to_roundoff(lib.matmul_f32(a, b), a.astype(np.float64) @ b, terms=k,
+                                 magnitude=np.abs(a.astype(np.float64)) @ np.abs(b))
+    for strides, dilations, padding in [((1, 1), (1, 1), "valid"), ((2, 1), (1, 1), "same"),
+                                        ((1, 1), (1, 2), "same")]:
+        x = rng.standard_normal((3, 11, 9, 4)).astype(np.float32)
+        f = rng.standard_normal((3, 3, 4, 6)).astype(np.float32)
+        g = conv_geometry(x.shape, f.shape, strides, dilations, padding)
+        expected = tf.nn.convolution(x, f, strides=strides, dilations=dilations,
+                                     padding=padding.upper()).numpy()
+        assert_close_to_roundoff(lib.conv2d_f32(x, f, g), expected, terms=3 * 3 * 4)
+    table = kernels.resolve_multiplier("mul8u_drum4").table
+    a = rng.normal(size=(37, 70)).astype(np.float32)
+    b = rng.normal(size=(70, 19)).astype(np.float32)
+    got = kernels.resolve_kernel("mul8u_drum4").matmul(a, b)
+    np.testing.assert_array_equal(got, reference.quantized_matmul(a, b, table, signed=False))
+    print("ISA-OK")
+"""
+
+
+def test_shipped_kernels_match_references_on_every_isa_path(kernel_isa):
+    """graphswap's C kernels against float64/TensorFlow (exact) and the numpy reference (LUT, bit
+    for bit), once per instruction-set path the library reports (GRAPHSWAP_ISA), or once on the
+    default path while the library has no such switch."""
+    env = {"GRAPHSWAP_ISA": kernel_isa} if kernel_isa else {}
+    completed = run_python(ISA_SCRIPT, timeout=300, env=env)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert "ISA-OK" in completed.stdout
+
+
+def test_the_isa_hook_reads_what_the_library_reports(tmp_path):
+    from conftest import library_isas
+
+    reporting = compile_library(tmp_path, "isa", MATMUL_ONLY_LIBRARY + """
+    GRAPHSWAP_EXPORT const char *graphswap_isa(void) { return "scalar, avx2,avx512"; }
+""")
+    assert library_isas(reporting) == ["scalar", "avx2", "avx512"]
+    assert library_isas(compile_library(tmp_path, "plain", MATMUL_ONLY_LIBRARY)) == []

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import graphswap
-from conftest import SAMPLE_MODEL, compile_library
+from conftest import SAMPLE_MODEL, assert_close_to_roundoff, compile_library, reduction_terms
 from graphswap import SwappedConv2D, SwappedDense, native
 from graphswap import io as gsio
 from graphswap.cli import main
@@ -71,7 +71,7 @@ def test_nan_and_inf_propagate_as_in_tensorflow():
     ref = model(x).numpy()
     out = swapped(x).numpy()
     np.testing.assert_array_equal(np.isnan(out), np.isnan(ref))
-    np.testing.assert_allclose(out[3], ref[3], rtol=1e-5, atol=1e-6)
+    assert_close_to_roundoff(out[3], ref[3], reduction_terms(model))
 
 
 def test_sizes_overflowing_int64_are_refused_not_crashing():
@@ -226,3 +226,150 @@ def test_fuzz_lut_matmul_against_numpy_reference(name, m, k, n, seed):
     np.testing.assert_array_equal(LutKernel(multiplier).matmul(a, b),
                                   reference.quantized_matmul(a, b, multiplier.table,
                                                              multiplier.signed))
+
+
+# --------------------------------------------------------------------------------------------
+# hostile inputs: each one clear error, never "unexpected ..."
+# --------------------------------------------------------------------------------------------
+
+def test_symbolic_link_loops_are_named_as_such(tmp_path):
+    for name in ("loop.keras", "loop.npz", "loop.c", "loop.json"):
+        (tmp_path / name).symlink_to(tmp_path / name)  # points to itself
+    runner = CliRunner()
+    cases = {
+        "model": (["convert", str(tmp_path / "loop.keras")], "model file"),
+        "output": (["convert", str(SAMPLE_MODEL), "-o", str(tmp_path / "loop.keras"), "--force"],
+                   "output"),
+        "data": (["evaluate", str(SAMPLE_MODEL), "--data", str(tmp_path / "loop.npz")], "data"),
+        "kernel": (["convert", str(SAMPLE_MODEL), "-o", str(tmp_path / "x.keras"), "--kernel",
+                    str(tmp_path / "loop.c")], "multiplier source"),
+        "kernels check": (["kernels", "check", str(tmp_path / "loop.c")], "multiplier source"),
+        "saliency image": (["saliency", str(SAMPLE_MODEL), str(tmp_path / "loop.npz"), "-o",
+                            str(tmp_path / "s.png")], "input file"),
+    }
+    for case, (args, what) in cases.items():
+        result = runner.invoke(main, args)
+        assert result.exit_code == 1, (case, result.output)
+        assert result.output.startswith(f"Error: {what} "), (case, result.output)
+        assert "is a symbolic link loop" in result.output, (case, result.output)
+        assert "unexpected" not in result.output and "Traceback" not in result.output, case
+    assert not (tmp_path / "x.keras").exists()
+
+
+def test_a_corrupt_image_in_an_image_folder_is_named(tmp_path, digits):
+    from PIL import Image
+
+    for label in (0, 1):
+        (tmp_path / "images" / f"class{label}").mkdir(parents=True)
+        for i in range(3):
+            pixels = digits["x_test"][i + 3 * label, :, :, 0].astype(np.uint8)
+            Image.fromarray(pixels).save(tmp_path / "images" / f"class{label}" / f"{i}.png")
+    bad = tmp_path / "images" / "class1" / "broken.png"
+    bad.write_bytes(b"\x89PNG\r\n\x1a\n" + b"not really a png" * 8)
+    runner = CliRunner()
+    for args in (["evaluate", str(SAMPLE_MODEL), "--data", str(tmp_path / "images")],
+                 ["finetune", str(SAMPLE_MODEL), "--data", str(tmp_path / "images"), "--epochs",
+                  "1", "-o", str(tmp_path / "ft.keras")]):
+        result = runner.invoke(main, args)
+        assert result.exit_code == 1, result.output
+        error = [line for line in result.output.splitlines() if line.startswith("Error: ")]
+        assert error == [f"Error: 1 image file(s) in {tmp_path / 'images'} cannot be decoded: "
+                         f"{bad} (Invalid PNG. Failed to initialize decoder.); remove or replace "
+                         f"them"], result.output
+    assert not (tmp_path / "ft.keras").exists()
+
+
+def test_check_batch_is_bounded_before_any_work(tmp_path):
+    from graphswap.errors import GraphswapError
+
+    runner = CliRunner()
+    for command, low in (("convert", 0), ("export", 1)):
+        for value in ("100000", str(low - 1)):
+            result = runner.invoke(main, [command, str(SAMPLE_MODEL), "--check-batch", value,
+                                          "-o", str(tmp_path / "out.onnx" if command == "export"
+                                                    else tmp_path / "out.keras")])
+            assert result.exit_code == 2, result.output  # click's usage error
+            assert f"Invalid value for '--check-batch': {value} is not in the range " \
+                   f"{low}<=x<=1024" in result.output
+    # the API refuses it before loading anything (the model path does not even exist)
+    with pytest.raises(GraphswapError, match="the check batch must be a whole number from 0 to "
+                                             "1024, got 100000"):
+        gsio.convert(tmp_path / "missing.keras", "exact", check_batch=100000)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_output_below_a_file_is_refused(tmp_path):
+    (tmp_path / "some_file").write_text("x")
+    result = CliRunner().invoke(main, ["convert", str(SAMPLE_MODEL), "-o",
+                                       str(tmp_path / "some_file" / "x.keras")])
+    assert result.exit_code == 1
+    assert f"{tmp_path / 'some_file'} is a file, not a directory" in result.output
+    assert (tmp_path / "some_file").read_text() == "x"
+
+
+def test_finetune_refuses_a_bad_output_before_training(tmp_path):
+    result = CliRunner().invoke(main, ["finetune", str(SAMPLE_MODEL), "--data",
+                                       str(SAMPLE_MODEL.parent / "digits.npz"), "-o",
+                                       str(tmp_path / "x.npz"), "--checkpoint-dir",
+                                       str(tmp_path / "ck")])
+    assert result.exit_code == 1
+    assert "-o/--output" in result.output and "must end in .keras or .h5" in result.output
+    assert "epoch" not in result.output.lower()
+    assert not (tmp_path / "ck").exists() and not (tmp_path / "x.npz").exists()
+    with pytest.raises(OutputPathError, match="must end in .keras or .h5"):
+        graphswap.finetune(SAMPLE_MODEL, SAMPLE_MODEL.parent / "digits.npz",
+                           output=tmp_path / "x.npz", checkpoint_dir=tmp_path / "ck")
+    assert not (tmp_path / "ck").exists()
+
+
+def _keras_archive_with_config(path, config_bytes: int, declared: int | None = None):
+    """A .keras archive (the sample's) whose config.json is `config_bytes` long (padded with
+    spaces, so it compresses to almost nothing); `declared` overwrites the size it claims."""
+    import struct
+    import zipfile
+
+    with zipfile.ZipFile(SAMPLE_MODEL) as source:
+        members = {name: source.read(name) for name in source.namelist()}
+    config = members["config.json"]
+    members["config.json"] = config + b" " * (config_bytes - len(config))
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        for name, data in members.items():
+            archive.writestr(name, data)
+    if declared is not None:  # lie about the uncompressed size in both headers
+        data = bytearray(path.read_bytes())
+        name = b"config.json"
+        local = data.find(b"PK\x03\x04")
+        while local != -1:
+            if data[local + 30:local + 30 + len(name)] == name:
+                struct.pack_into("<I", data, local + 22, declared)
+            local = data.find(b"PK\x03\x04", local + 4)
+        central = data.find(b"PK\x01\x02")
+        while central != -1:
+            if data[central + 46:central + 46 + len(name)] == name:
+                struct.pack_into("<I", data, central + 24, declared)
+            central = data.find(b"PK\x01\x02", central + 4)
+        path.write_bytes(bytes(data))
+    return path
+
+
+def test_a_config_that_inflates_to_gigabytes_is_refused_before_keras_reads_it(tmp_path,
+                                                                              monkeypatch):
+    from graphswap.io import keras3
+
+    def keras_must_not_read(*args, **kwargs):
+        raise AssertionError("Keras was asked to load the archive")
+
+    monkeypatch.setattr(keras3, "MAX_ARCHIVE_JSON_BYTES", 8 * 1024 * 1024)  # 8 MiB for the test
+    monkeypatch.setattr(keras.models, "load_model", keras_must_not_read)
+    big = _keras_archive_with_config(tmp_path / "big.keras", 9 * 1024 * 1024)
+    assert big.stat().st_size < 1024 * 1024  # it is small on disk
+    with pytest.raises(ModelLoadError, match=r"its config.json declares 9,437,184 bytes, more "
+                                             r"than the 8,388,608 bytes graphswap reads"):
+        gsio.load_model(big)
+    # an archive lying about the size: the decompression itself is bounded (zipfile stops at the
+    # declared size, and the CRC then fails)
+    liar = _keras_archive_with_config(tmp_path / "liar.keras", 9 * 1024 * 1024, declared=4096)
+    with pytest.raises(ModelLoadError, match="is not a valid Keras archive"):
+        gsio.load_model(liar)
+    result = CliRunner().invoke(main, ["convert", str(big)])
+    assert result.exit_code == 1 and "its config.json declares" in result.output

@@ -7,6 +7,7 @@ import pytest
 import tensorflow as tf
 import keras
 
+from conftest import assert_close_to_roundoff
 from graphswap import gradients as gg
 from graphswap.errors import GraphswapError
 
@@ -220,8 +221,11 @@ def test_straight_through_several_inputs_and_variables():
         total = tf.reduce_sum(y * 2.0)
     np.testing.assert_array_equal(y.numpy(), np.round(x.numpy() @ w.numpy()))
     gx, gw = tape.gradient(total, [x, w])
-    np.testing.assert_allclose(gx.numpy(), np.full((3, 2), 2.0) @ w.numpy().T, rtol=1e-6)
-    np.testing.assert_allclose(gw.numpy(), x.numpy().T @ np.full((3, 2), 2.0), rtol=1e-6)
+    two = np.full((3, 2), 2.0)
+    assert_close_to_roundoff(gx.numpy(), two @ w.numpy().T, terms=2,
+                             magnitude=two @ np.abs(w.numpy()).T)
+    assert_close_to_roundoff(gw.numpy(), x.numpy().T @ two, terms=3,
+                             magnitude=np.abs(x.numpy()).T @ two)
 
     # f reading a variable (a layer): the variable's gradient comes from b as well
     dense = keras.layers.Dense(2, use_bias=False)
@@ -230,7 +234,8 @@ def test_straight_through_several_inputs_and_variables():
         out = gg.straight_through(lambda a: tf.round(dense(a)), lambda a: dense(a))(x)
         total = tf.reduce_sum(out)
     (g_kernel,) = tape.gradient(total, [dense.kernel])
-    np.testing.assert_allclose(g_kernel.numpy(), x.numpy().T @ np.ones((3, 2)), rtol=1e-6)
+    assert_close_to_roundoff(g_kernel.numpy(), x.numpy().T @ np.ones((3, 2)), terms=3,
+                             magnitude=np.abs(x.numpy()).T @ np.ones((3, 2)))
 
 
 def test_straight_through_errors():
@@ -353,12 +358,15 @@ def test_functions_on_swapped_layer_outputs():
             tape.watch(x)
             swapped = fn(layer(x))
             plain = reference(x)
-        np.testing.assert_allclose(swapped.numpy(), plain.numpy(), rtol=1e-6, atol=1e-6)
-        np.testing.assert_allclose(tape.gradient(swapped, layer.kernel).numpy(),
-                                   factor * tape.gradient(plain, reference.kernel).numpy(),
-                                   rtol=1e-6)
-        np.testing.assert_allclose(tape.gradient(swapped, x).numpy(),
-                                   factor * tape.gradient(plain, x).numpy(), rtol=1e-6)
+        kernel = np.abs(layer.kernel.numpy())
+        assert_close_to_roundoff(swapped.numpy(), plain.numpy(), terms=6,
+                                 magnitude=np.abs(x.numpy()) @ kernel)
+        assert_close_to_roundoff(tape.gradient(swapped, layer.kernel).numpy(),
+                                 factor * tape.gradient(plain, reference.kernel).numpy(), terms=4,
+                                 magnitude=abs(factor) * np.abs(x.numpy()).T @ np.ones((4, 3)))
+        assert_close_to_roundoff(tape.gradient(swapped, x).numpy(),
+                                 factor * tape.gradient(plain, x).numpy(), terms=3,
+                                 magnitude=abs(factor) * np.ones((4, 3)) @ kernel.T)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from graphswap.io.paths import check_model_output_path, default_output_path
 from graphswap.io.saving import save_model
 from graphswap.swap import (OriginalCannotRunError, RewriteReport, is_swapped, iter_layers,
                             max_output_difference, rewrite_model, sample_inputs,
-                            transform_model)
+                            transform_model, validate_check_batch)
 
 
 @dataclasses.dataclass
@@ -73,9 +73,7 @@ def convert(model, kernel=None, *, kernel_map=None, include=None, exclude=None,
     copy, never the file.
     """
     source = Path(model) if isinstance(model, (str, os.PathLike)) else None
-    if isinstance(check_batch, bool) or not isinstance(check_batch, int) or check_batch < 0:
-        raise GraphswapError(f"check_batch must be a whole number >= 0 (0 skips the comparison), "
-                             f"got {check_batch!r}")
+    check_batch = validate_check_batch(check_batch)
     if output is None and source is not None:
         output = default_output_path(source, "convert",
                                      directory=is_graphswap_saved_model(source))

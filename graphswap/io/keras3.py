@@ -1,5 +1,8 @@
 """Reading Keras 3 model files (.keras archives, full-model HDF5) with one clear error per failure.
 
+A .keras archive's config.json and metadata.json are size-checked before Keras reads them
+(`check_archive_members`): Keras reads them into memory whole.
+
 Keras wraps many failures in its own exception types; `load_keras_file` translates them into one
 ModelLoadError saying what was wrong and what would work, and lets graphswap's own errors (an
 untrusted kernel: KernelTrustError) through unchanged.
@@ -7,12 +10,56 @@ untrusted kernel: KernelTrustError) through unchanged.
 
 from __future__ import annotations
 
+import zipfile
 from pathlib import Path
 
 import keras
 
 from graphswap.errors import GraphswapError, ModelLoadError
 from graphswap.swap import layers as _swapped_layers  # noqa: F401 - registers the swapped layers
+
+
+#: largest config.json / metadata.json graphswap lets Keras read from a .keras archive.  Real
+#: configs are kilobytes to a few megabytes; one that inflates to gigabytes is an attack (Keras
+#: reads it into memory whole, and parses it).
+MAX_ARCHIVE_JSON_BYTES = 64 * 1024 * 1024
+ARCHIVE_JSON_MEMBERS = ("config.json", "metadata.json")
+
+
+def check_archive_members(path: Path) -> None:
+    """Refuse a .keras archive whose JSON members would inflate beyond MAX_ARCHIVE_JSON_BYTES,
+    before Keras reads them: by the size the archive declares, and by decompressing at most that
+    many bytes (a declared size can lie).  Raises ModelLoadError."""
+    limit = MAX_ARCHIVE_JSON_BYTES
+    try:
+        with zipfile.ZipFile(path) as archive:
+            for name in ARCHIVE_JSON_MEMBERS:
+                try:
+                    info = archive.getinfo(name)
+                except KeyError:
+                    continue
+                declared = info.file_size
+                if declared > limit:
+                    raise ModelLoadError(_too_large(path, name, f"declares {declared:,} bytes,"))
+                with archive.open(info) as member:
+                    inflated = 0
+                    while True:
+                        block = member.read(1 << 20)
+                        if not block:
+                            break
+                        inflated += len(block)
+                        if inflated > limit:
+                            raise ModelLoadError(_too_large(path, name, "inflates to"))
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError) as exc:
+        raise ModelLoadError(f"{path} is not a valid Keras archive: {exc}; re-save or re-copy "
+                             f"the model") from None
+
+
+def _too_large(path: Path, name: str, how: str) -> str:
+    return (f"{path}: its {name} {how} more than the {MAX_ARCHIVE_JSON_BYTES:,} bytes graphswap "
+            f"reads (a model's configuration is kilobytes to a few megabytes); refusing to load it "
+            f"- a file that inflates to gigabytes would exhaust the memory. Re-save the model, or "
+            f"check where the file came from")
 
 
 def require_built(model, path: Path):

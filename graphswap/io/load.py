@@ -14,7 +14,8 @@ from pathlib import Path
 
 from graphswap.errors import ModelLoadError
 from graphswap.io import dual_savedmodel, keras2
-from graphswap.io.keras3 import load_keras_file
+from graphswap.io.keras3 import check_archive_members, load_keras_file
+from graphswap.native import missing_reason
 
 MODEL_SUFFIXES = (".keras", ".h5", ".hdf5")
 
@@ -56,7 +57,9 @@ def load_model(path, custom_objects=None, safe_mode: bool = True, compile: bool 
     if isinstance(custom_objects, (str, os.PathLike)):
         custom_objects = _import_custom_objects(custom_objects)
     if not path.exists():
-        raise ModelLoadError(f"model file not found: {path}")
+        reason = missing_reason(path)
+        raise ModelLoadError(f"model file not found: {path}" if reason == "does not exist" else
+                             f"model file {path} {reason}; expected a .keras or .h5 file")
     if path.is_dir():
         return _load_directory(path, custom_objects, safe_mode, compile)
     if path.stat().st_size == 0:
@@ -77,6 +80,7 @@ def load_model(path, custom_objects=None, safe_mode: bool = True, compile: bool 
                 f"file written by model.save('model.keras')")
         if path.suffix != ".keras":
             raise ModelLoadError(f"{path} looks like a Keras archive; rename it to end in .keras")
+        check_archive_members(path)
         return load_keras_file(path, custom_objects, safe_mode, compile)
     if path.suffix == ".keras":
         raise ModelLoadError(

@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 
 from graphswap.errors import OutputPathError
+from graphswap.native import missing_reason
 
 #: what each command writes by default, beside its input: MODEL's stem + this
 DEFAULT_SUFFIXES = {
@@ -81,6 +82,14 @@ def check_model_output_path(path, force: bool = False, inputs=()) -> Path:
     return check_output_path(path, force, inputs)
 
 
+def _resolve(path) -> Path | None:
+    """The absolute path with links resolved, or None for a symbolic link loop."""
+    try:
+        return Path(path).resolve()
+    except (RuntimeError, OSError):  # Python < 3.13 raises RuntimeError for a loop
+        return None
+
+
 def check_output_path(path, force: bool = False, inputs=(), suffixes=None) -> Path:
     """Validate an output path before any work is done; raise OutputPathError otherwise.
 
@@ -88,9 +97,12 @@ def check_output_path(path, force: bool = False, inputs=(), suffixes=None) -> Pa
     path = Path(path)
     if suffixes is not None and path.suffix.lower() not in suffixes:
         raise OutputPathError(f"output {path} must end in {' or '.join(suffixes)}")
-    resolved = path.resolve()
+    resolved = _resolve(path)
+    if resolved is None:
+        raise OutputPathError(f"output {path} {missing_reason(path)}; remove it or choose another "
+                              f"-o/--output")
     for source in inputs:
-        if source is not None and Path(source).resolve() == resolved and not force:
+        if source is not None and _resolve(source) == resolved and not force:
             raise OutputPathError(
                 f"output {path} is the input file; refusing to overwrite it (pass --force, or "
                 f"choose another -o/--output)")

@@ -3,7 +3,8 @@ process so that a segfault, an abort or a hang in the user's code is reported as
 (with the signal and the stage it happened in), not a dead command line.
 
 What is checked, beyond graphswap.multipliers.check() for multipliers:
-  - the kernel loads (compiles, evaluates its table) without crashing;
+  - the kernel loads (compiles, evaluates its table) without crashing, its results are 8x8-bit
+    products at their declared width (graphswap.multipliers.evaluation);
   - determinism: evaluating / calling it twice gives bit-identical results;
   - re-entrancy: calls from several threads at once equal sequential calls (graphswap calls kernels
     concurrently from TensorFlow's thread pools and tf.distribute replicas);
@@ -22,20 +23,28 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 import numpy as np
 
 from graphswap import multipliers
-from graphswap.errors import KernelSpecError
+from graphswap.errors import GraphswapError, KernelCrashError, KernelSpecError, MultiplierRangeError
 from graphswap.kernels.specs import parse_file_spec
 from graphswap.native import conv_geometry
 from graphswap.kernels.quantized import LutKernel
-from graphswap.kernels.registry import evaluate_anew, resolve_kernel, resolve_multiplier
+from graphswap.kernels.registry import (evaluate_anew, file_not_found_message, resolve_kernel,
+                                        resolve_multiplier)
 
 GUARD_FLOATS = 1024
 SENTINEL = np.uint32(0x7FC0DEAD)  # a NaN payload no arithmetic produces by chance
 STAGE_PREFIX = "GRAPHSWAP-CHECK-STAGE:"
 RESULT_PREFIX = "GRAPHSWAP-CHECK-RESULT:"
+#: re-entrancy: threads calling at once, least rounds, and the time budget of the whole check
+REENTRANCY_THREADS = 4
+REENTRANCY_MIN_ROUNDS = 8
+REENTRANCY_BUDGET_S = 2.0
+#: a call shorter than this is made longer (more rows) so concurrent calls overlap in time
+REENTRANCY_MIN_CALL_S = 0.002
 
 
 # --------------------------------------------------------------------------------------------
@@ -60,12 +69,59 @@ def _guards_intact(whole: np.ndarray) -> bool:
 
 
 def _run_concurrently(functions) -> None:
-    """Start every function on its own thread at once, and wait for all of them."""
-    threads = [threading.Thread(target=function) for function in functions]
+    """Run every function on its own thread, released together by a barrier; wait for all."""
+    barrier = threading.Barrier(len(functions))
+
+    def released(function):
+        barrier.wait()
+        function()
+
+    threads = [threading.Thread(target=released, args=(function,)) for function in functions]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
+
+
+def reentrancy_check(call, make_inputs, threads: int = REENTRANCY_THREADS,
+                     min_rounds: int = REENTRANCY_MIN_ROUNDS,
+                     budget_s: float = REENTRANCY_BUDGET_S) -> tuple[bool, str]:
+    """Is `call(*inputs)` re-entrant?  Every thread gets inputs of the same shape but its own
+    values (`make_inputs(thread, rows)`), so calls that share state - a static scratch buffer, a
+    global accumulator - mix the threads' results; each concurrent result is compared bit for bit
+    with the same call made alone.  Rounds repeat (at least `min_rounds`, then until `budget_s`)
+    and stop at the first difference.  Returns (passed, detail)."""
+    rows = 16
+    while True:  # make one call long enough that concurrent calls overlap in time
+        probe = make_inputs(0, rows)
+        started = time.perf_counter()
+        call(*probe)
+        if time.perf_counter() - started >= REENTRANCY_MIN_CALL_S or rows >= 8192:
+            break
+        rows *= 4
+    inputs = [make_inputs(thread, rows) for thread in range(threads)]
+    reference = [call(*args) for args in inputs]
+    first_shape = tuple(np.shape(inputs[0][0]))
+    wrong: list[tuple[int, int]] = []
+    rounds = 0
+    started = time.monotonic()
+    while not wrong and (rounds < min_rounds or time.monotonic() - started < budget_s):
+        results = [None] * threads
+
+        def work(thread):
+            results[thread] = call(*inputs[thread])
+
+        _run_concurrently([lambda thread=thread: work(thread) for thread in range(threads)])
+        rounds += 1
+        wrong = [(rounds, thread) for thread in range(threads)
+                 if not np.array_equal(results[thread], reference[thread], equal_nan=True)]
+    if wrong:
+        return False, (f"{len(wrong)} of {threads} concurrent calls (input {first_shape}, round "
+                       f"{wrong[0][0]}) differ from the same call made alone: the kernel is not "
+                       f"re-entrant (a shared scratch buffer or other global state?); allocate "
+                       f"per call or use thread-local storage")
+    return True, (f"{rounds} rounds of {threads} concurrent calls on input {first_shape}, each "
+                  f"with its own values: all equal the sequential results bit for bit")
 
 
 def _matmul_with_non_finite_rows(matmul) -> np.ndarray:
@@ -105,22 +161,23 @@ def _library_checks(library, add) -> None:
         "inputs unchanged" if inputs_ok else "the kernel modified an input buffer")
     add("matmul vs float64 product", None,
         f"max error relative to sum|a||b|: {worst:.3g} (float32 round-off is ~1e-7)")
+    if not (guard_ok and inputs_ok):
+        add("further checks", None, "skipped: the kernel writes outside its output, so calling "
+                                    "it again could corrupt the checking process's memory")
+        return
     _stage("determinism")
     same = all(np.array_equal(library.matmul_f32(a, b), c) for a, b, c in outputs.values())
     add("deterministic (repeated calls)", same,
         "bit-identical" if same else "repeated calls with the same inputs differ")
     _stage("concurrent calls")
-    results = {}
 
-    def work(key):
-        a, b, _ = outputs[key]
-        results[key] = [library.matmul_f32(a, b) for _ in range(5)]
+    def matmul_inputs(thread, rows):
+        local = np.random.default_rng(100 + thread)
+        return (local.standard_normal((rows, 96)).astype(np.float32),
+                local.standard_normal((96, 40)).astype(np.float32))
 
-    _run_concurrently([lambda key=key: work(key) for key in outputs])
-    reentrant = all(np.array_equal(r, outputs[key][2]) for key, rs in results.items() for r in rs)
-    add("re-entrant (concurrent calls equal sequential)", reentrant,
-        "equal" if reentrant else "concurrent calls gave different results: the kernel is not "
-                                  "re-entrant (global state?)")
+    reentrant, detail = reentrancy_check(library.matmul_f32, matmul_inputs)
+    add("re-entrant (concurrent calls equal sequential)", reentrant, detail)
     _stage("zero-size call")
     try:
         empty = library.matmul_f32(np.zeros((0, 4), np.float32), np.zeros((4, 3), np.float32))
@@ -143,24 +200,47 @@ def _library_checks(library, add) -> None:
         ok = code == 0 and _guards_intact(whole)
         add("conv2d: no writes outside the output", ok,
             "guard zones intact" if ok else f"returned {code} or wrote outside its output")
+        if ok:
+            _stage("concurrent conv2d calls")
+
+            def conv_inputs(thread, rows):
+                local = np.random.default_rng(200 + thread)
+                return (local.standard_normal((max(1, rows // 16), 9, 8, 3)).astype(np.float32),
+                        local.standard_normal((3, 3, 3, 5)).astype(np.float32))
+
+            def conv(x, w):
+                return library.conv2d_f32(x, w, conv_geometry(x.shape, w.shape, (2, 1), (1, 1),
+                                                              "same"))
+
+            reentrant, detail = reentrancy_check(conv, conv_inputs)
+            add("conv2d: re-entrant (concurrent calls equal sequential)", reentrant, detail)
 
 
-def _multiplier_checks(spec, add) -> dict:
-    _stage("evaluating the multiplier table")
-    multiplier = resolve_multiplier(spec)
+def _multiplier_checks(spec, multiplier, add) -> dict:
     table = multiplier.table.copy()
     _stage("sanity checks and metrics")
     result = multipliers.check(multiplier)
     if multiplier.kind in ("c", "so"):
+        add("results are 8x8-bit products", True,
+            "every result fits the 16-bit range of its signedness at its declared width")
+        # The table above came from a fresh child process; these evaluations run here, one after
+        # the other, so state the function keeps between calls shows up as a difference.
         _stage("determinism")
-        again = evaluate_anew(spec).table
-        add("deterministic (table evaluated twice)", bool(np.array_equal(again, table)),
-            "bit-identical" if np.array_equal(again, table) else
-            "a second evaluation gave a different table: the function has state or is random")
+        again = [evaluate_anew(spec).table for _ in range(2)]
+        same = all(np.array_equal(t, table) for t in again)
+        add("deterministic (table evaluated three times)", same,
+            "bit-identical" if same else
+            "evaluations of the same operands gave different tables: the function has state or "
+            "is random")
         _stage("concurrent evaluation")
-        tables = []
-        _run_concurrently([lambda: tables.append(evaluate_anew(spec).table)] * 4)
-        same = len(tables) == 4 and all(np.array_equal(t, table) for t in tables)
+        tables = {}
+
+        def evaluate(start):  # each thread at other operands than the others at any moment
+            order = [(start + i) % 256 for i in range(256)]
+            tables[start] = evaluate_anew(spec, row_order=order).table
+
+        _run_concurrently([lambda start=start: evaluate(start) for start in (0, 64, 128, 192)])
+        same = len(tables) == 4 and all(np.array_equal(t, table) for t in tables.values())
         add("re-entrant (concurrent evaluation)", same,
             "equal" if same else "concurrent evaluations differ: the function is not re-entrant")
     _stage("NaN/Inf inputs through the quantized kernel")
@@ -171,22 +251,45 @@ def _multiplier_checks(spec, add) -> dict:
     return result
 
 
+def failed_result(spec: str, check: str, detail: str, **extra) -> dict:
+    """A check result with one failed check (a kernel that cannot be checked further)."""
+    return {"spec": spec, "name": spec, "description": "", **extra,
+            "checks": [multipliers.check_entry(check, False, detail)], "passed": False}
+
+
+def _emit(result: dict) -> int:
+    print(RESULT_PREFIX + json.dumps(result, default=float), flush=True)
+    return 0
+
+
 def child_main(spec: str, plot: str | None) -> int:
     extra: list[dict] = []
 
     def add(name, passed, detail):
-        extra.append({"check": name, "passed": passed, "detail": detail})
+        extra.append(multipliers.check_entry(name, passed, detail))
 
-    _stage("resolving the kernel")
-    multiplier = resolve_multiplier(spec)
+    _stage("evaluating the multiplier table")
+    try:
+        multiplier = resolve_multiplier(spec)
+    except MultiplierRangeError as exc:
+        return _emit(failed_result(spec, "results are 8x8-bit products", str(exc)))
+    except KernelCrashError as exc:
+        return _emit(failed_result(spec, "runs without crashing (stage: evaluating the "
+                                         "multiplier table)", str(exc), crashed=True))
+    except GraphswapError as exc:  # compile errors keep the compiler's whole output
+        return _emit(failed_result(spec, "loads (compiles, links, evaluates)", str(exc)))
     if multiplier is not None:
-        result = _multiplier_checks(spec, add)
+        result = _multiplier_checks(spec, multiplier, add)
         if plot:
             _stage("plotting")
             multipliers.plot_error_heatmap(multiplier, plot)
             result["plot"] = plot
     else:
-        kernel = resolve_kernel(spec)
+        _stage("resolving the kernel")
+        try:
+            kernel = resolve_kernel(spec)
+        except GraphswapError as exc:
+            return _emit(failed_result(spec, "loads", str(exc)))
         library = getattr(kernel, "library", None)
         result = {"spec": kernel.spec, "name": kernel.spec, "description": kernel.description,
                   "kind": "operation-level", "checks": []}
@@ -198,8 +301,7 @@ def child_main(spec: str, plot: str | None) -> int:
             add("plot", None, "--plot applies to multipliers only; no heat map written")
     result["checks"] = list(result.get("checks", [])) + extra
     result["passed"] = all(c["passed"] is not False for c in result["checks"])
-    print(RESULT_PREFIX + json.dumps(result, default=float), flush=True)
-    return 0
+    return _emit(result)
 
 
 # --------------------------------------------------------------------------------------------
@@ -207,10 +309,7 @@ def child_main(spec: str, plot: str | None) -> int:
 # --------------------------------------------------------------------------------------------
 
 def _failure(spec: str, stage: str, detail: str) -> dict:
-    return {"spec": spec, "name": spec, "description": "", "crashed": True,
-            "checks": [{"check": f"runs without crashing (stage: {stage})", "passed": False,
-                        "detail": detail}],
-            "passed": False}
+    return failed_result(spec, f"runs without crashing (stage: {stage})", detail, crashed=True)
 
 
 def check_kernel(spec: str, plot: str | None = None, timeout: float = 120.0) -> dict:
@@ -222,8 +321,7 @@ def check_kernel(spec: str, plot: str | None = None, timeout: float = 120.0) -> 
     if file_spec is None:
         resolve_kernel(spec)
     elif not os.path.isfile(file_spec.path):
-        raise KernelSpecError(f"{file_spec.what} not found: {file_spec.path} (resolved to "
-                              f"{os.path.abspath(file_spec.path)}); check the path")
+        raise KernelSpecError(file_not_found_message(file_spec, os.path.abspath(file_spec.path)))
 
     # the directory holding the graphswap package (graphswap/kernels/check.py -> three up)
     package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -233,13 +331,21 @@ def check_kernel(spec: str, plot: str | None = None, timeout: float = 120.0) -> 
     command = [sys.executable, "-m", "graphswap.kernels.check", spec]
     if plot:
         command += ["--plot", os.path.abspath(plot)]
+    # its own session, so that a timeout kills the whole group (a multiplier's evaluating child
+    # included), not only the checking process
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env=env, start_new_session=True)
     try:
-        completed = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
-                                   env=env)
-    except subprocess.TimeoutExpired as exc:
-        stderr = exc.stderr.decode() if isinstance(exc.stderr, bytes) else (exc.stderr or "")
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        stdout, stderr = process.communicate()
         return _failure(spec, _last_stage(stderr),
                         f"no answer within {timeout:g} s: the kernel hangs (killed)")
+    completed = subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
     stage = _last_stage(completed.stderr)
     for line in completed.stdout.splitlines():
         if line.startswith(RESULT_PREFIX):
@@ -282,7 +388,7 @@ def format_result(result: dict) -> str:
     lines.append("")
     lines.extend(multipliers.format_check_lines(result["checks"]))
     lines.append("")
-    lines.append("all checks passed" if result["passed"] else "some checks FAILED")
+    lines.append(multipliers.verdict(result))
     return "\n".join(lines)
 
 
@@ -297,7 +403,8 @@ def _main(argv=None) -> int:
         return child_main(args.spec, args.plot)
     except Exception as exc:  # noqa: BLE001 - the parent turns this into a failed check
         print(f"{type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
-        return 1
+        return _emit(failed_result(args.spec, "runs without errors", f"{type(exc).__name__}: "
+                                                                     f"{exc}"))
 
 
 if __name__ == "__main__":

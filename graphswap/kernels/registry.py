@@ -75,11 +75,19 @@ def resolve_kernel(spec) -> Kernel:
         return _builtin_kernel(spec)
     path = os.path.abspath(file_spec.path)
     if not os.path.isfile(path):
-        raise KernelSpecError(f"{file_spec.what} not found: {file_spec.path} (resolved to "
-                              f"{path}); check the path")
+        raise KernelSpecError(file_not_found_message(file_spec, path))
     content = native.read_file(path, file_spec.what)
     trust.approve(content)  # the user named it: approved for the session
     return _file_kernel(FileSpec(file_spec.kind, path, file_spec.extra), content)
+
+
+def file_not_found_message(file_spec: FileSpec, path: str) -> str:
+    """The error for a kernel file that cannot be opened: missing, a link loop, a broken link."""
+    reason = native.missing_reason(path)
+    if reason in ("does not exist", "exists"):  # "exists": a directory, not a file
+        return (f"{file_spec.what} not found: {file_spec.path} (resolved to {path}); check the "
+                f"path")
+    return f"{file_spec.what} {file_spec.path} {reason}; check the path"
 
 
 def open_record(record, where: str = "the model") -> Kernel:
@@ -213,15 +221,16 @@ def clear_cache() -> None:
     multipliers.clear_cache()
 
 
-def evaluate_anew(spec) -> multipliers.Multiplier:
+def evaluate_anew(spec, row_order=None) -> multipliers.Multiplier:
     """Evaluate the table of a user-named multiplier file (.c, lib.so:symbol) again, bypassing
-    every cache: what `kernels check` compares to test determinism and re-entrancy."""
+    every cache, in this process, rows in `row_order`: what `kernels check` (itself a child
+    process) compares to test determinism and re-entrancy."""
     file_spec = parse_file_spec(spec.strip())
     if file_spec is None or file_spec.kind not in ("c", "so"):
         raise KernelSpecError(f"{spec!r} is not a multiplier in C or in a shared library")
     content = native.read_file(os.path.abspath(file_spec.path), file_spec.what)
     trust.approve(content)
-    return multipliers.evaluate_anew(file_spec.kind, content, file_spec.extra)
+    return multipliers.evaluate_anew(file_spec.kind, content, file_spec.extra, row_order)
 
 
 def lut(spec):

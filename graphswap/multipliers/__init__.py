@@ -38,6 +38,12 @@ Spec forms (resolved by graphswap.kernels, which checks files and trust first):
                        Return values are read through ctypes with exactly the declared width
                        (c_uint16 / c_int16 / c_uint64): reading a uint16_t return through a wider
                        restype would pick up undefined upper register bits.
+                       Every `.c` / `.so` multiplier is evaluated in a child process (a crash is
+                       a KernelCrashError naming the signal and the operand row, not a dead
+                       program), and its results must be 8x8-bit products at their declared
+                       width: 0..65535 unsigned, -32768..32767 signed (or a 16-bit pattern for
+                       signed files declared unsigned); anything else is a MultiplierRangeError
+                       naming the operands (a uint64_t result of 2**64 - 5 is not -5).
   PATH.lut             graphswap's table file (write_lut() writes it):
                          bytes 0..7   magic b"GSWAPLUT"
                          bytes 8..11  uint32 LE format version, 1
@@ -50,14 +56,17 @@ Anything else (e.g. "exact", "bf16", an operation-level "lib.so") is not a multi
 multiplier files raise KernelSpecError saying what was wrong, what is allowed and what to do.
 
 Modules: record (the Multiplier), builtins, csource (C parsing, wrapper, compile cache),
-shared_library (.so probing), table_files (.lut/.bin), loading (the per-process cache), metrics,
-checks (for `graphswap kernels check`), plots.  Everything here takes Multiplier objects or
+shared_library (.so probing), evaluation (a file's table evaluated in a child process, with range
+checks) and table_child (the code that calls the function, run in that child), table_files
+(.lut/.bin), loading (the per-process cache), metrics, checks (for `graphswap kernels check`),
+plots.  Everything here takes Multiplier objects or
 checked file contents (graphswap.native.FileContent); spec strings are resolved by
 graphswap.kernels (kernels.lut(spec), kernels.metrics(spec), ...).
 """
 
 from graphswap.multipliers.builtins import DRUM_RANGE, TRUNC_RANGE, builtin_multipliers, looks_like_builtin
-from graphswap.multipliers.checks import check, format_check, format_check_lines
+from graphswap.multipliers.checks import (check, check_entry, format_check, format_check_lines,
+                                          verdict)
 from graphswap.multipliers.loading import FILE_KINDS, builtin, clear_cache, evaluate_anew, from_file
 from graphswap.multipliers.metrics import HEADER_KEYS, agrees_with_header, lut, metrics, parse_header_metrics
 from graphswap.multipliers.plots import plot_error_heatmap
@@ -65,7 +74,7 @@ from graphswap.multipliers.record import TABLE_SIZE, Multiplier, operand_values
 from graphswap.multipliers.table_files import write_lut
 
 __all__ = ["DRUM_RANGE", "FILE_KINDS", "HEADER_KEYS", "TABLE_SIZE", "TRUNC_RANGE", "Multiplier",
-           "agrees_with_header", "builtin", "builtin_multipliers", "check", "clear_cache",
+           "agrees_with_header", "builtin", "builtin_multipliers", "check", "check_entry", "clear_cache",
            "evaluate_anew", "format_check", "format_check_lines", "from_file",
            "looks_like_builtin", "lut", "metrics", "operand_values", "parse_header_metrics",
-           "plot_error_heatmap", "write_lut"]
+           "plot_error_heatmap", "verdict", "write_lut"]

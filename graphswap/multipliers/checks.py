@@ -2,10 +2,69 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from graphswap.multipliers.metrics import agrees_with_header, errors, metrics
 from graphswap.multipliers.record import Multiplier, operand_values
+
+
+#: header metrics compared as checks (the others are shown beside the computed values)
+CHECKED_HEADER_METRICS = ("MAE%", "WCE%", "WCRE%", "EP%")
+
+
+def check_entry(name: str, passed, detail: str, warning: bool = False) -> dict:
+    """One line of a check report: passed True (ok), False (FAIL), None (info, or a warning:
+    a fact worth knowing that is not an error)."""
+    status = {True: "ok", False: "FAIL"}.get(passed, "warn" if warning else "info")
+    return {"check": name, "passed": passed, "status": status, "detail": detail}
+
+
+def _zero_operand_check(approx, values, zero, axis) -> dict:
+    """f(a, 0) = 0 (axis 1) or f(0, b) = 0 (axis 0): a published circuit may break it (EvoApproxLib
+    mul8u_2AC has f(0, 0) = 32), so a violation is a warning stating the fact, not a failure."""
+    line = approx[:, zero] if axis == 1 else approx[zero, :]
+    name, other = ("f(a, 0) = 0", "a") if axis == 1 else ("f(0, b) = 0", "b")
+    bad = np.flatnonzero(line)
+    if bad.size == 0:
+        return check_entry(name, True, f"holds for every {other}")
+    first = int(values[bad[0]])
+    example = f"f({first}, 0)" if axis == 1 else f"f(0, {first})"
+    at_zero = "" if first == 0 else f", f(0, 0) = {approx[zero, zero]}"
+    return check_entry(
+        name, None,
+        f"non-zero for {bad.size} of 256 values of {other} ({example} = {line[bad[0]]}{at_zero}): "
+        f"a property of this circuit, not an error - a zero operand does not give a zero "
+        f"product, and graphswap runs the table as it is", warning=True)
+
+
+def _signedness_check(multiplier: Multiplier, approx, error, computed) -> dict:
+    """Does the table fit the declared signedness better than the other reading of its bits?
+    A header whose metrics match the declared reading settles it (EvoApproxLib mul8u_E9R, which
+    always returns 0, "looks signed" by MAE alone)."""
+    kind = "signed" if multiplier.signed else "unsigned"
+    other_kind = "unsigned" if multiplier.signed else "signed"
+    other_table = approx & 0xFFFF if multiplier.signed else np.where(approx > 32767,
+                                                                      approx - 65536, approx)
+    other = dataclasses.replace(multiplier, signed=not multiplier.signed,
+                                table=other_table.astype(np.int32).ravel())
+    other_computed = metrics(other)
+    mae_declared, mae_other = computed["MAE"], other_computed["MAE"]
+    texts = {k: multiplier.header_metrics_text[k] for k in CHECKED_HEADER_METRICS
+             if k in multiplier.header_metrics_text}
+    by_mae = (f"treated as {kind}: MAE {mae_declared:.4g} vs the {kind} product; read as "
+              f"{other_kind} it would be {mae_other:.4g}")
+    if texts and all(agrees_with_header(computed[k], t) for k, t in texts.items()):
+        return check_entry("signedness plausibility", True,
+                           f"the header's {', '.join(texts)} match the {kind} reading ({by_mae})")
+    if texts and all(agrees_with_header(other_computed[k], t) for k, t in texts.items()):
+        return check_entry("signedness plausibility", False,
+                           f"the header's {', '.join(texts)} match the {other_kind} reading, not "
+                           f"the declared {kind} one: check the declaration ({by_mae})")
+    plausible = mae_declared <= mae_other
+    return check_entry("signedness plausibility", plausible, by_mae + (
+        "" if plausible else f" -- the table looks {other_kind}: check the declaration"))
 
 
 def check(multiplier: Multiplier) -> dict:
@@ -13,56 +72,32 @@ def check(multiplier: Multiplier) -> dict:
     approx, exact, error = errors(multiplier)
     values = operand_values(multiplier.signed)
     zero = int(np.flatnonzero(values == 0)[0])
-    checks = []
-
-    def add(name, passed, detail):
-        checks.append({"check": name, "passed": passed, "detail": detail})
-
-    bad_b0 = int(np.count_nonzero(approx[:, zero]))
-    add("f(a, 0) = 0", bad_b0 == 0, "holds for every a" if bad_b0 == 0 else
-        f"non-zero for {bad_b0} of 256 values of a (e.g. f({values[np.flatnonzero(approx[:, zero])[0]]}, 0)"
-        f" = {approx[np.flatnonzero(approx[:, zero])[0], zero]})")
-    bad_a0 = int(np.count_nonzero(approx[zero, :]))
-    add("f(0, b) = 0", bad_a0 == 0, "holds for every b" if bad_a0 == 0 else
-        f"non-zero for {bad_a0} of 256 values of b (e.g. f(0, {values[np.flatnonzero(approx[zero, :])[0]]})"
-        f" = {approx[zero, np.flatnonzero(approx[zero, :])[0]]})")
-    exact_pairs = int(np.count_nonzero(error == 0))
-    add("comparison with the exact product", None,
-        f"{exact_pairs} of 65536 operand pairs exact; largest error {int(np.abs(error).max())} "
-        f"(at f({values[np.unravel_index(np.abs(error).argmax(), error.shape)[0]]}, "
-        f"{values[np.unravel_index(np.abs(error).argmax(), error.shape)[1]]}))")
-    asymmetric = int(np.count_nonzero(approx != approx.T)) // 2
-    add("operand-order symmetry", None,
-        "f(a, b) = f(b, a) for every pair: operand order does not matter" if asymmetric == 0 else
-        f"f(a, b) != f(b, a) for {asymmetric} unordered pairs: operand order matters (first operand = "
-        f"activation, second = weight)")
-    # The other reading of the same bits: codes and 16-bit products as unsigned <-> two's complement.
-    other_values = operand_values(not multiplier.signed)
-    other_exact = other_values[:, None] * other_values[None, :]
-    if multiplier.signed:
-        other_table = approx & 0xFFFF
-    else:
-        other_table = np.where(approx > 32767, approx - 65536, approx)
-    mae_declared = float(np.abs(error).mean())
-    mae_other = float(np.abs(other_table - other_exact).mean())
-    plausible = mae_declared <= mae_other
-    kind = "signed" if multiplier.signed else "unsigned"
-    other_kind = "unsigned" if multiplier.signed else "signed"
-    add("signedness plausibility", plausible,
-        f"treated as {kind}: MAE {mae_declared:.4g} vs the {kind} product; read as {other_kind} it "
-        f"would be {mae_other:.4g}" + ("" if plausible else
-                                       f" -- the table looks {other_kind}: check the declaration"))
     computed = metrics(multiplier)
+    checks = [_zero_operand_check(approx, values, zero, axis=1),
+              _zero_operand_check(approx, values, zero, axis=0)]
+    exact_pairs = int(np.count_nonzero(error == 0))
+    worst = np.unravel_index(np.abs(error).argmax(), error.shape)
+    checks.append(check_entry(
+        "comparison with the exact product", None,
+        f"{exact_pairs} of 65536 operand pairs exact; largest error {int(np.abs(error).max())} "
+        f"(at f({values[worst[0]]}, {values[worst[1]]}))"))
+    asymmetric = int(np.count_nonzero(approx != approx.T)) // 2
+    checks.append(check_entry(
+        "operand-order symmetry", None,
+        "f(a, b) = f(b, a) for every pair: operand order does not matter" if asymmetric == 0 else
+        f"f(a, b) != f(b, a) for {asymmetric} unordered pairs: operand order matters (first operand "
+        f"= activation, second = weight)"))
+    checks.append(_signedness_check(multiplier, approx, error, computed))
     comparison = []
-    for key in ("MAE%", "WCE%", "EP%", "MRE%", "MAE", "WCE", "MSE"):
+    for key in ("MAE%", "WCE%", "WCRE%", "EP%", "MRE%", "MAE", "WCE", "MSE"):
         if key in multiplier.header_metrics_text:
             text = multiplier.header_metrics_text[key]
             ok = agrees_with_header(computed[key], text)
             comparison.append({"metric": key, "computed": computed[key], "header": text, "agrees": ok})
     for entry in comparison:
-        if entry["metric"] in ("MAE%", "WCE%", "EP%"):
-            add(f"header {entry['metric']} agrees", entry["agrees"],
-                f"computed {entry['computed']:.6g}, header {entry['header']}")
+        if entry["metric"] in CHECKED_HEADER_METRICS:
+            checks.append(check_entry(f"header {entry['metric']} agrees", entry["agrees"],
+                                      f"computed {entry['computed']:.6g}, header {entry['header']}"))
     hardware = {k: v for k, v in multiplier.header_metrics.items() if k.startswith("PDK45")}
     return {
         "spec": multiplier.spec, "name": multiplier.name, "signed": multiplier.signed,
@@ -73,10 +108,16 @@ def check(multiplier: Multiplier) -> dict:
 
 
 def format_check_lines(checks: list[dict]) -> list[str]:
-    """One line per check: [ok  ] / [FAIL] / [info], name, detail."""
+    """One line per check: [ok  ] / [FAIL] / [warn] / [info], name, detail (a detail of several
+    lines - a compiler's output - continues indented under the first)."""
     width = max((len(c["check"]) for c in checks), default=0)
-    return [f"  [{ {True: 'ok  ', False: 'FAIL', None: 'info'}[c['passed']] }] "
-            f"{c['check']:<{width}}  {c['detail']}" for c in checks]
+    lines = []
+    for c in checks:
+        status = c.get("status") or {True: "ok", False: "FAIL"}.get(c["passed"], "info")
+        first, *rest = str(c["detail"]).splitlines() or [""]
+        lines.append(f"  [{status:<4}] {c['check']:<{width}}  {first}")
+        lines.extend(f"  {'':<6} {'':<{width}}  {line}" for line in rest)
+    return lines
 
 
 def format_check(result: dict) -> str:
@@ -99,6 +140,14 @@ def format_check(result: dict) -> str:
     for key, value in result["hardware"].items():
         lines.append(f"  {key:<12} {value:g} (from the file's header)")
     lines.append("")
-    lines.append("all checks passed" if result["passed"] else "some checks FAILED")
+    lines.append(verdict(result))
     return "\n".join(lines)
+
+
+def verdict(result: dict) -> str:
+    """The report's last line: passed (and how many warnings) or FAILED."""
+    if not result["passed"]:
+        return "some checks FAILED"
+    warnings = sum(1 for c in result["checks"] if c.get("status") == "warn")
+    return "all checks passed" + (f" ({warnings} warning{'s' * (warnings > 1)})" if warnings else "")
 

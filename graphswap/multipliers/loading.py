@@ -1,5 +1,6 @@
 """Evaluated multipliers, cached per process: built-ins by name, files by kind and content hash
-(so a file is compiled or evaluated once per process, and a changed file is a new entry)."""
+(so a file is compiled or evaluated once per process, and a changed file is a new entry).  A `.c`
+or `lib.so:symbol` multiplier is evaluated in a child process (graphswap.multipliers.evaluation)."""
 
 from __future__ import annotations
 
@@ -33,12 +34,14 @@ def from_file(kind: str, content: FileContent, extra: tuple = ()) -> Multiplier:
     return _cached((kind, content.path, content.sha256, tuple(extra)), builders[kind])
 
 
-def evaluate_anew(kind: str, content: FileContent, extra: tuple = ()) -> Multiplier:
-    """Evaluate a multiplier file again, bypassing the cache (determinism checks)."""
+def evaluate_anew(kind: str, content: FileContent, extra: tuple = (), row_order=None) -> Multiplier:
+    """Evaluate a multiplier file again, bypassing the cache, in this process with the table's
+    rows in `row_order` (kernels check's determinism and re-entrancy checks, which run in a child
+    process of their own; everything else evaluates in a child process)."""
     if kind == "c":
-        return from_c_source(content, *extra)
+        return from_c_source(content, *extra, isolated=False, row_order=row_order)
     if kind == "so":
-        return from_shared_library(content, *extra)
+        return from_shared_library(content, *extra, isolated=False, row_order=row_order)
     return from_file(kind, content, extra)
 
 

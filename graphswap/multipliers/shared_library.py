@@ -2,27 +2,27 @@
 
 The C signature of a compiled function is not visible, so it comes from OPTS or the name prefix;
 return values are read through ctypes with exactly the declared width (a uint16_t return read
-through a wider restype would pick up undefined upper register bits).  The library is loaded from
-a private copy of the bytes that were checked.
+through a wider restype would pick up undefined upper register bits) and range-checked
+(graphswap.multipliers.evaluation).  The library is loaded from a private copy of the bytes that
+were checked, in a child process.
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
 
-import numpy as np
-
 from graphswap.errors import KernelSpecError
-from graphswap.multipliers.record import TABLE_SIZE, Multiplier, table_from_products
+from graphswap.multipliers.evaluation import (EvaluationPlan, ResultType, evaluate_in_process,
+                                              evaluate_isolated, table_from_raw)
+from graphswap.multipliers.record import Multiplier
 from graphswap.native import FileContent, private_copy
 
 _SO_SIGNATURES = {
-    # option: (ctypes argument type, ctypes return type, signed, result is a 16-bit pattern)
-    "u8": (ctypes.c_uint8, ctypes.c_uint16, False, False),
-    "s8": (ctypes.c_int8, ctypes.c_int16, True, False),
-    "s8u": (ctypes.c_uint8, ctypes.c_uint16, True, True),
-    "u64": (ctypes.c_uint64, ctypes.c_uint64, False, False),
+    # option: (argument type, return type, signed, C return type)  (table_child.CTYPES names)
+    "u8": ("u8", "u16", False, "uint16_t"),
+    "s8": ("s8", "s16", True, "int16_t"),
+    "s8u": ("u8", "u16", True, "uint16_t"),
+    "u64": ("u64", "u64", False, "uint64_t"),
 }
 SO_OPTIONS_HELP = ("options (comma-separated after a second ':'): u8 = uint16_t f(uint8_t, uint8_t), "
                    "s8 = int16_t f(int8_t, int8_t), s8u = signed product declared with uint8_t/uint16_t "
@@ -30,9 +30,12 @@ SO_OPTIONS_HELP = ("options (comma-separated after a second ':'): u8 = uint16_t 
                    "operand order")
 
 
-def from_shared_library(content: FileContent, symbol: str, options: str | None) -> Multiplier:
+def from_shared_library(content: FileContent, symbol: str, options: str | None,
+                        isolated: bool = True, row_order=None) -> Multiplier:
     """Evaluate a scalar multiplier exported by a shared library whose bytes were checked once;
-    the library is loaded from a private copy of exactly those bytes."""
+    the library is loaded from a private copy of exactly those bytes - in a child process
+    (`isolated`, graphswap.multipliers.evaluation), or in this one with the rows in `row_order`
+    (kernels check's re-entrancy check)."""
     path = content.path
     opts = [o.strip() for o in options.split(",")] if options else []
     bad = [o for o in opts if o not in _SO_SIGNATURES and o not in ("ab", "ba")]
@@ -62,35 +65,16 @@ def from_shared_library(content: FileContent, symbol: str, options: str | None) 
                               f"signed; use s8u for a signed multiplier with unsigned types")
     order = orders[0] if orders else ("ba" if signature == "u64" else "ab")
     notes.append(f"operand order {order}: called as {symbol}({'first, second' if order == 'ab' else 'second, first'})")
-    try:
-        library = ctypes.CDLL(str(private_copy(content.data, content.sha256,
-                                               os.path.basename(path))))
-    except OSError as exc:
-        raise KernelSpecError(f"cannot load {path}: {exc}; it must be a shared library built for this "
-                              f"machine (cc -O2 -shared -fPIC mul.c -o libmul.so)") from None
-    try:
-        function = getattr(library, symbol)
-    except AttributeError:
-        raise KernelSpecError(
-            f"symbol {symbol!r} not found in {path}; check the exported names with 'nm -D {path}' (a "
-            f"function compiled with -fvisibility=hidden or declared static is not exported)") from None
-    arg_type, ret_type, signed, twos = _SO_SIGNATURES[signature]
-    function.argtypes = [arg_type, arg_type]
-    function.restype = ret_type
-    values = np.empty(TABLE_SIZE, dtype=np.int64)
-    codes = range(256)
-    for x in codes:
-        first = (x - 256 if x > 127 else x) if arg_type is ctypes.c_int8 else x
-        row = values[x << 8:(x + 1) << 8]
-        for y in codes:
-            second = (y - 256 if y > 127 else y) if arg_type is ctypes.c_int8 else y
-            row[y] = function(first, second) if order == "ab" else function(second, first)
-    if twos:
-        values = values.astype(np.uint16).view(np.int16).astype(np.int64)
-    table = table_from_products(values, f"{path}:{symbol}")
+    arg_type, ret_type, signed, c_return = _SO_SIGNATURES[signature]
+    copy = private_copy(content.data, content.sha256, os.path.basename(path))
+    plan = EvaluationPlan(source=path, name=symbol, library=str(copy), sha256=content.sha256,
+                          mode="symbol", symbol=symbol, arg=arg_type, ret=ret_type, order=order)
+    raw = evaluate_isolated(plan, signed) if isolated else evaluate_in_process(plan, row_order)
+    bits = 64 if ret_type == "u64" else 16
+    result = ResultType(bits, ret_type.startswith("s"), signed, c_return)
+    table = table_from_raw(raw, result, f"{path}:{symbol}", symbol)
     spec = f"{path}:{symbol}" + (f":{options}" if options else "")
     kind = "signed" if signed else "unsigned"
     return Multiplier(spec=spec, name=symbol, signed=signed, table=table,
                       description=f"{kind} multiplier {symbol} from {os.path.basename(path)}",
                       kind="so", path=path, sha256=content.sha256, notes=tuple(notes))
-

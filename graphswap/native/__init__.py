@@ -8,11 +8,12 @@ Nothing here imports TensorFlow.  Layers above use:
     einsum_plan, EinsumPlan                         - an EinsumDense equation as one matmul
     transposed_conv, insert_zeros, flipped_filter   - Conv2DTranspose as a stride-1 conv2d
     FileContent, read_file, file_sha256             - files read once, with the hash of the bytes
+    missing_reason                                  - why a path cannot be opened (link loops too)
     cache_dir, private_copy                         - the owner-only cache
 """
 
 from graphswap.native.cache import cache_dir, owner_only_directory, private_copy, write_atomically
-from graphswap.native.files import FileContent, file_sha256, read_file, sha256_of
+from graphswap.native.files import FileContent, file_sha256, missing_reason, read_file, sha256_of
 from graphswap.native.geometry import ConvGeometry, conv_geometry
 from graphswap.native.library import (ABI_VERSION, ISA_PATHS, LUT_SIGNED, LUT_UNSIGNED,
                                       QUANT_DYNAMIC, QUANT_PER_CHANNEL, QUANT_PER_TENSOR,
@@ -28,5 +29,5 @@ __all__ = ["ISA_PATHS", "LUT_SIGNED", "LUT_UNSIGNED", "LutQuant", "QUANT_DYNAMIC
            "flipped_filter", "insert_zeros", "remove_zeros", "transposed_conv",
            "unflipped_filter", "FileContent", "KernelLibrary", "cache_dir", "col2im",
            "conv_geometry", "conv_gradients_via_matmul", "conv_via_matmul", "file_sha256",
-           "im2col", "load_library", "owner_only_directory", "private_copy", "read_file",
+           "im2col", "load_library", "missing_reason", "owner_only_directory", "private_copy", "read_file",
            "sha256_of", "shipped_library", "shipped_library_path", "write_atomically"]

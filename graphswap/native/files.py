@@ -7,6 +7,7 @@ that is checked (hash, trust) is the content that is used - never a second read 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import os
 import stat
@@ -39,14 +40,30 @@ def file_sha256(path: str | os.PathLike) -> str:
     return digest.hexdigest()
 
 
+def missing_reason(path) -> str:
+    """Why `path` cannot be opened, for "not found" messages: a symbolic link loop and a link to
+    nothing are said as such (os.path.exists() is False for both)."""
+    try:
+        os.stat(path)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return "is a symbolic link loop (it points, through links, back to itself)"
+        if os.path.islink(path):
+            return f"is a broken symbolic link (to {os.readlink(path)}, which does not exist)"
+        if exc.errno == errno.ENOENT:
+            return "does not exist"
+        return f"cannot be read ({exc.strerror or exc})"
+    return "exists"
+
+
 def read_file(path: str, what: str) -> FileContent:
     """Read `path` once (refusing what is not a regular file, or absurdly large)."""
     try:
         info = os.stat(path)
     except FileNotFoundError:
         raise KernelTrustError(f"the {what} {path} is missing") from None
-    except OSError as exc:
-        raise KernelTrustError(f"cannot read the {what} {path}: {exc.strerror or exc}") from None
+    except OSError:
+        raise KernelTrustError(f"the {what} {path} {missing_reason(path)}") from None
     if not stat.S_ISREG(info.st_mode):
         raise KernelTrustError(f"the {what} {path} is not a regular file")
     if info.st_size > MAX_KERNEL_FILE_BYTES:

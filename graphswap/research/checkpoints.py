@@ -1,6 +1,7 @@
 """Fine-tuning checkpoints: a directory holding `last.keras` (weights and optimizer state after the
 latest epoch), `best.keras` (best weights so far) and `state.json` (epochs done, monitor, best
-value, history, the run's settings), written atomically after every epoch by CheckpointTracker."""
+value, history, the run's settings, the run's fingerprint and the random-number state - see
+graphswap.research.fingerprints), written atomically after every epoch by CheckpointTracker."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 import keras
 
 from graphswap.errors import GraphswapError
+from graphswap.research.fingerprints import rng_state
 
 CHECKPOINT_STATE = "state.json"
 CHECKPOINT_LAST = "last.keras"
@@ -54,7 +56,7 @@ def _is_better(value, best, mode) -> bool:
 class CheckpointTracker(keras.callbacks.Callback):
     """Tracks the monitor, keeps the best weights, stops early, and writes the checkpoints."""
 
-    def __init__(self, monitor, patience, directory, chief, state, run_config):
+    def __init__(self, monitor, patience, directory, chief, state, run_config, fingerprint=None):
         super().__init__()
         self.requested_monitor = monitor
         self.monitor = monitor
@@ -70,6 +72,7 @@ class CheckpointTracker(keras.callbacks.Callback):
         self.stopped_early = False
         self.epochs_run: list[int] = []
         self.run_config = run_config
+        self.fingerprint = fingerprint
         if state and state.get("monitor"):
             self.monitor = state["monitor"]
 
@@ -112,7 +115,8 @@ class CheckpointTracker(keras.callbacks.Callback):
             _write_json_atomic(self.directory / CHECKPOINT_STATE, {
                 "epoch": epoch + 1, "monitor": self.monitor, "mode": self.mode,
                 "best_value": self.best, "best_epoch": self.best_epoch,
-                "history": self.history, "config": self.run_config})
+                "history": self.history, "config": self.run_config,
+                "fingerprint": self.fingerprint, "rng": rng_state(self.model)})
         if self.patience is not None and self.wait >= self.patience:
             self.stopped_early = True
             self.model.stop_training = True

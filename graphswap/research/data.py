@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import re
 from fractions import Fraction
 
@@ -30,7 +31,7 @@ import numpy as np
 import tensorflow as tf
 
 from graphswap.errors import DataError
-from graphswap.swap import iter_layers
+from graphswap.swap import iter_layers, tensorflow_reason
 
 #: marker in the messages of runtime label checks, used to turn TensorFlow errors into DataError
 CHECK_MARKER = "graphswap data check:"
@@ -98,6 +99,11 @@ def model_expectation(model) -> ModelExpectation:
 # the container
 # --------------------------------------------------------------------------------------------
 
+def _cast_scale(x, scale):
+    x = tf.cast(x, tf.float32)
+    return x * scale if scale is not None else x
+
+
 @dataclasses.dataclass
 class Data:
     """Validated data for one model: numpy arrays or a tf.data dataset of single examples.
@@ -116,6 +122,7 @@ class Data:
     label_format: str = "sparse"         # "sparse" (class indices), "one_hot", "binary"
     scale: float | None = None
     notes: list = dataclasses.field(default_factory=list)
+    directory: str | None = None         # the image folder the dataset reads, if any
 
     def __len__(self) -> int:
         return int(self.count or 0)
@@ -154,14 +161,31 @@ class Data:
         For arrays, epoch e's order is a NumPy permutation seeded by (seed, e), fed as batches
         of indices: the same batches whatever the distribution strategy, and a resumed run sees
         exactly the batches an uninterrupted one would.  (tf.data's own shuffle re-seeds when a
-        strategy rewrites the pipeline.)  Datasets are shuffled with tf.data (steps None).
+        strategy rewrites the pipeline.)  Datasets of known size (image folders, tf.data with a
+        known cardinality) are shuffled with tf.data, epoch e with a shuffle seeded by (seed, e),
+        so a resumed run sees the same batches too; a dataset of unknown size is reshuffled each
+        epoch by tf.data (steps None), which a resumed run does not replay.
         """
-        if self.x is None:
-            return self.as_dataset(batch_size, shuffle=True, seed=seed or 0), None
         if batch_size < 1:
             raise DataError(f"batch size must be at least 1, got {batch_size}")
-        count = len(self.x)
         base = int(seed) if seed is not None else int(np.random.SeedSequence().entropy % 2**31)
+        if self.x is None:
+            if not self.count:
+                return self.as_dataset(batch_size, shuffle=True, seed=seed or 0), None
+            seeds = [int(np.random.default_rng([base, epoch]).integers(2 ** 31))
+                     for epoch in range(initial_epoch, epochs)]
+            source, buffer, scale = self.dataset, min(int(self.count), 10_000), self.scale
+
+            def epoch_batches(epoch_seed):
+                shuffled = source.shuffle(buffer, seed=epoch_seed, reshuffle_each_iteration=False)
+                return shuffled.map(lambda x, y: (_cast_scale(x, scale), y)).batch(batch_size)
+
+            epochs_in_order = [epoch_batches(epoch_seed) for epoch_seed in seeds]
+            dataset = epochs_in_order[0]
+            for more in epochs_in_order[1:]:
+                dataset = dataset.concatenate(more)
+            return dataset.prefetch(tf.data.AUTOTUNE), -(-int(self.count) // batch_size)
+        count = len(self.x)
         orders = np.stack([np.random.default_rng([base, epoch]).permutation(count)
                            for epoch in range(initial_epoch, epochs)]).astype(np.int64)
         x_all, y_all = tf.constant(self.x), tf.constant(self.y)
@@ -182,7 +206,7 @@ class Data:
         """All labels as a numpy array (iterates a dataset once)."""
         if self.y is not None:
             return self.y
-        with translate_errors():
+        with translate_errors(self):
             return np.concatenate([np.asarray(y) for _, y in self.as_dataset(1024)], axis=0)
 
     def split(self, fraction: float, seed: int = 0) -> tuple["Data", "Data"]:
@@ -215,9 +239,50 @@ class Data:
         return pieces[0], pieces[1]
 
 
+#: what TensorFlow says when an image file does not decode
+_DECODE_FAILURE = re.compile(r"Invalid (PNG|JPEG|GIF|BMP)|Unknown image file format|decode_image|"
+                             r"Decode(Image|Png|Jpeg|Gif|Bmp)|Input is empty|corrupt", re.I)
+IMAGE_SUFFIXES = (".bmp", ".gif", ".jpeg", ".jpg", ".png")
+
+
+def undecodable_images(directory: str) -> list[tuple[str, str]]:
+    """(path, TensorFlow's reason) of every image file under `directory` that does not decode."""
+    bad = []
+    for root, dirs, files in os.walk(directory):
+        dirs.sort()
+        for name in sorted(files):
+            if not name.lower().endswith(IMAGE_SUFFIXES):
+                continue
+            path = os.path.join(root, name)
+            try:
+                tf.io.decode_image(tf.io.read_file(path), expand_animations=False)
+            except (tf.errors.OpError, OSError) as exc:
+                bad.append((path, tensorflow_reason(exc)))
+    return bad
+
+
+def _decode_error(message: str, data) -> DataError:
+    reason = _DECODE_FAILURE.search(message)
+    for item in data:
+        directory = getattr(item, "directory", None)
+        if directory is None:
+            continue
+        bad = undecodable_images(directory)
+        if bad:
+            shown = "; ".join(f"{path} ({why})" for path, why in bad[:3])
+            more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
+            return DataError(f"{len(bad)} image file(s) in {directory} cannot be decoded: "
+                             f"{shown}{more}; remove or replace them")
+    return DataError(f"an image in the data cannot be decoded "
+                     f"({reason.group(0) if reason else 'TensorFlow could not read it'}); check "
+                     f"the image files (a truncated or mislabelled .png/.jpg?)")
+
+
 @contextlib.contextmanager
-def translate_errors():
-    """Turn failures of the runtime label checks inside TensorFlow into DataError."""
+def translate_errors(*data):
+    """Turn failures of the runtime label checks inside TensorFlow into DataError, and an image
+    file that does not decode into a DataError naming the file (the image folders of `data`,
+    Data objects, are searched for it only then)."""
     try:
         yield
     except tf.errors.InvalidArgumentError as exc:
@@ -227,6 +292,8 @@ def translate_errors():
             detail = message[start:].split("\n")[0]
             detail = re.sub(r"\]\s*\[", " ", detail).strip("[]'\" .")
             raise DataError(detail) from None
+        if _DECODE_FAILURE.search(message):
+            raise _decode_error(message, data) from None
         raise
 
 

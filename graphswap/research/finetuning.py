@@ -30,6 +30,8 @@ from graphswap.research.data import translate_errors
 from graphswap.research.loading import load_data
 from graphswap.research.checkpoints import (CHECKPOINT_BEST, CHECKPOINT_LAST, CheckpointTracker,
                                             read_checkpoint_state)
+from graphswap.research.fingerprints import (check_same_run, restore_rng_state, run_fingerprint,
+                                             settings_fingerprint)
 from graphswap.research.strategies import is_chief, patch_multiworker_build, resolve_strategy
 from graphswap.swap import copy_model, iter_layers
 from graphswap.tables import format_table
@@ -252,16 +254,15 @@ def finetune(model, data, *, val_data=None, val_split: float | None = None, epoc
                              "--checkpoint-dir)")
 
     with strategy_obj.scope():
+        if isinstance(model, (str, os.PathLike)):
+            user_model = load_model(model, custom_objects=custom_objects, safe_mode=safe_mode)
+        else:
+            user_model = model
         if state is not None:
             source_model = load_model(directory / CHECKPOINT_LAST,
                                               custom_objects=custom_objects, safe_mode=safe_mode)
-            notes.append(f"resumed from {directory / CHECKPOINT_LAST} after epoch "
-                         f"{state['epoch']} of {epochs}")
-        elif isinstance(model, (str, os.PathLike)):
-            source_model = load_model(model, custom_objects=custom_objects,
-                                              safe_mode=safe_mode)
         else:
-            source_model = model
+            source_model = user_model
         expectation_model = source_model
         train = load_data(data, expectation_model, split=split, resize=resize,
                                       pad=pad, scale=scale, name="training data")
@@ -303,7 +304,15 @@ def finetune(model, data, *, val_data=None, val_split: float | None = None, epoc
     initial_epoch = int(state["epoch"]) if state else 0
     run_config = {"epochs": epochs, "batch_size": batch_size, "learning_rate": learning_rate,
                   "seed": seed}
-    tracker = CheckpointTracker(monitor, patience, directory, chief, state, run_config)
+    fingerprint = run_fingerprint(user_model, train, validation, settings_fingerprint(
+        epochs=epochs, batch_size=batch_size, learning_rate=learning_rate, optimizer=optimizer,
+        seed=seed, val_split=val_split))
+    if state is not None:
+        notes.extend(check_same_run(state.get("fingerprint"), fingerprint, directory))
+        notes.append(f"resumed from {directory / CHECKPOINT_LAST} after epoch {state['epoch']} "
+                     f"of {epochs}")
+    tracker = CheckpointTracker(monitor, patience, directory, chief, state, run_config,
+                                fingerprint)
     if state is not None and restore_best and directory is not None \
             and (directory / CHECKPOINT_BEST).is_file():
         best_model = load_model(directory / CHECKPOINT_BEST, compile=False,
@@ -320,7 +329,9 @@ def finetune(model, data, *, val_data=None, val_split: float | None = None, epoc
             patch_multiworker_build(trained)
         train_ds, steps = train.training_dataset(batch_size, seed, initial_epoch, epochs)
         val_ds = validation.as_dataset(batch_size) if validation is not None else None
-        with translate_errors():
+        if state is not None:  # last, so that nothing draws from it before training does
+            notes.extend(restore_rng_state(trained, state.get("rng")))
+        with translate_errors(train, validation):
             trained.fit(train_ds, validation_data=val_ds, epochs=epochs,
                         initial_epoch=initial_epoch, steps_per_epoch=steps,
                         callbacks=[tracker, *callbacks], shuffle=False, verbose=verbose)

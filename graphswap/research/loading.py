@@ -13,6 +13,7 @@ import numpy as np
 import tensorflow as tf
 
 from graphswap.errors import DataError
+from graphswap.native import missing_reason
 from graphswap.research.data import (CHECK_MARKER, SPLITS, Data, ModelExpectation, check_labels,
                                      model_expectation, parse_scale)
 
@@ -108,7 +109,8 @@ def load_data(source, model, split: str | None = None, resize: bool = False, pad
                     f"{expect.classes} output classes; the folders (sorted: "
                     f"{', '.join(class_names[:12])}{', ...' if len(class_names) > 12 else ''}) "
                     f"must map onto classes 0..{expect.classes - 1}")
-            data = Data(str(path), expect, dataset=dataset, count=count, scale=scale)
+            data = Data(str(path), expect, dataset=dataset, count=count, scale=scale,
+                        directory=str(path))
             data.notes.append(
                 f"{label}: {count} images in {len(class_names)} class folders of {path}, "
                 f"resized to {expect.input_shape[0]}x{expect.input_shape[1]} "
@@ -118,7 +120,10 @@ def load_data(source, model, split: str | None = None, resize: bool = False, pad
                                             value_range=(0.0, 255.0)))
             return data
         if not path.exists():
-            raise DataError(f"data not found: {path} (expected a .npz file or an image directory)")
+            reason = missing_reason(path)
+            raise DataError(f"data not found: {path} (expected a .npz file or an image directory)"
+                            if reason == "does not exist" else f"data {path} {reason}; expected "
+                            f"a .npz file or an image directory")
         if path.suffix != ".npz":
             raise DataError(f"{path}: unsupported data file; expected a NumPy .npz archive "
                             f"(arrays x/y or x_train/y_train/x_test/y_test) or an image directory")

@@ -23,6 +23,7 @@ import numpy as np
 import tensorflow as tf
 
 from graphswap.errors import DataError, GraphswapError
+from graphswap.native import missing_reason
 from graphswap.io import atomic_output
 from graphswap.surgery import OverrideWarning, activation_name, override
 from graphswap.swap import transform_model
@@ -202,7 +203,10 @@ def load_sample(model, path, index: int | None = None, key: str | None = None):
     path = Path(path)
     notes: list[str] = []
     if not path.is_file():
-        raise DataError(f"input file not found: {path}")
+        reason = missing_reason(path)
+        raise DataError(f"input file not found: {path}" if reason == "does not exist" else
+                        f"input file {path} {reason}" if reason != "exists" else
+                        f"input {path} is not a file")
     if path.suffix.lower() == ".npz":
         try:
             archive = np.load(path, allow_pickle=False)

@@ -13,7 +13,7 @@ from graphswap.research.data import translate_errors
 def predict(model, data, batch_size: int = 256) -> np.ndarray:
     """The model's outputs on all of `data` (a graphswap.research.data.Data), as float32 numpy."""
     outputs = []
-    with translate_errors():
+    with translate_errors(data):
         for x, _ in data.as_dataset(batch_size):
             outputs.append(np.asarray(model(x, training=False), dtype=np.float32))
     if not outputs:

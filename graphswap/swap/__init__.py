@@ -12,9 +12,9 @@ rewrite (rewrite_model, plan, kernel maps), report, compare.
 from graphswap.swap.catalog import LAYER_TYPES, SWAPPED_CLASSES, is_swapped, stock_class, type_name
 from graphswap.swap.clone import (check_cloneable, clone_layer, copy_model, is_functional,
                                   iter_layers, transform_model)
-from graphswap.swap.compare import (OriginalCannotRunError, OutputComparison, compare_outputs,
-                                    max_output_difference, run_model, sample_inputs,
-                                    tensorflow_reason)
+from graphswap.swap.compare import (MAX_CHECK_BATCH, OriginalCannotRunError, OutputComparison,
+                                    compare_outputs, max_output_difference, run_model,
+                                    sample_inputs, tensorflow_reason, validate_check_batch)
 from graphswap.swap.layers import SwappedConv2D, SwappedDense, check_conv_options
 from graphswap.swap.layers_attention import SwappedEinsumDense, SwappedMultiHeadAttention
 from graphswap.swap.layers_conv import (SwappedConv1D, SwappedConv2DTranspose,
@@ -27,10 +27,10 @@ from graphswap.swap.rewrite import (SWAPPABLE_TYPES, check_layer_types, load_ker
 __all__ = ["LAYER_TYPES", "SWAPPED_CLASSES", "SwappedConv1D", "SwappedConv2DTranspose",
            "SwappedDepthwiseConv2D", "SwappedEinsumDense", "SwappedMultiHeadAttention",
            "SwappedSeparableConv2D", "check_layer_types", "is_swapped", "stock_class", "type_name",
-           "BACKWARD_MODES", "LayerReport", "OriginalCannotRunError", "OutputComparison",
+           "BACKWARD_MODES", "LayerReport", "MAX_CHECK_BATCH", "OriginalCannotRunError", "OutputComparison",
            "RewriteReport", "SWAPPABLE_TYPES", "SwappedConv2D", "SwappedDense",
            "check_backward_mode", "check_cloneable", "check_conv_options", "clone_layer",
            "compare_outputs", "copy_model", "is_functional", "iter_layers", "layer_macs",
            "load_kernel_map", "max_output_difference", "plan", "resolve_kernel_map",
            "rewrite_model", "run_model", "sample_inputs", "swapped_conv2d", "swapped_matmul",
-           "tensorflow_reason", "transform_model"]
+           "tensorflow_reason", "transform_model", "validate_check_batch"]

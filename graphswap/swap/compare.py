@@ -23,6 +23,23 @@ def _input_range(model) -> tuple[float, float]:
     return 0.0, 1.0
 
 
+#: largest random sample batch an output comparison uses (`--check-batch`): it is a sanity check of
+#: the rewrite, not an evaluation, and a batch of 100000 images would need gigabytes
+MAX_CHECK_BATCH = 1024
+
+
+def validate_check_batch(value, minimum: int = 0) -> int:
+    """`value` as a sample batch size in minimum..MAX_CHECK_BATCH, or one clear GraphswapError."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or \
+            not minimum <= value <= MAX_CHECK_BATCH:
+        raise GraphswapError(
+            f"the check batch must be a whole number from {minimum} to {MAX_CHECK_BATCH}, got "
+            f"{value!r}: it is a random sample batch comparing two models"
+            + (" (0 skips the comparison)" if minimum == 0 else "") + "; to measure accuracy on "
+            f"real data use 'graphswap evaluate'")
+    return int(value)
+
+
 def input_shapes(model) -> list[tuple]:
     """[(name, shape)] of the model's inputs; a subclassed model's from its build config."""
     try:
@@ -38,7 +55,9 @@ def input_shapes(model) -> list[tuple]:
 
 
 def sample_inputs(model, batch_size: int = 8, seed: int = 0):
-    """A deterministic random batch matching the model's input shapes (list for multi-input)."""
+    """A deterministic random batch matching the model's input shapes (list for multi-input);
+    at most MAX_CHECK_BATCH samples."""
+    batch_size = validate_check_batch(batch_size)
     rng = np.random.default_rng(seed)
     low, high = _input_range(model)
     batches = []
