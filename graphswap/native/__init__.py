@@ -17,7 +17,8 @@ from graphswap.native.files import FileContent, file_sha256, missing_reason, rea
 from graphswap.native.geometry import ConvGeometry, conv_geometry
 from graphswap.native.library import (ABI_VERSION, ISA_PATHS, LUT_SIGNED, LUT_UNSIGNED,
                                       QUANT_DYNAMIC, QUANT_PER_CHANNEL, QUANT_PER_TENSOR,
-                                      QUANT_STATIC, KernelLibrary, LutQuant, load_library,
+                                      QUANT_STATIC, WEIGHTS_DEFAULT, WEIGHTS_SIGN_MAGNITUDE,
+                                      KernelLibrary, LutQuant, load_library,
                                       shipped_library, shipped_library_path)
 from graphswap.native.einsum import EinsumPlan, einsum_plan
 from graphswap.native.lowering import col2im, conv_gradients_via_matmul, conv_via_matmul, im2col
@@ -25,7 +26,8 @@ from graphswap.native.transpose import (TransposedConv, flipped_filter, insert_z
                                         remove_zeros, transposed_conv, unflipped_filter)
 
 __all__ = ["ISA_PATHS", "LUT_SIGNED", "LUT_UNSIGNED", "LutQuant", "QUANT_DYNAMIC",
-           "QUANT_PER_CHANNEL", "QUANT_PER_TENSOR", "QUANT_STATIC", "ABI_VERSION", "ConvGeometry", "EinsumPlan", "TransposedConv", "einsum_plan",
+           "QUANT_PER_CHANNEL", "QUANT_PER_TENSOR", "QUANT_STATIC", "WEIGHTS_DEFAULT",
+           "WEIGHTS_SIGN_MAGNITUDE", "ABI_VERSION", "ConvGeometry", "EinsumPlan", "TransposedConv", "einsum_plan",
            "flipped_filter", "insert_zeros", "remove_zeros", "transposed_conv",
            "unflipped_filter", "FileContent", "KernelLibrary", "cache_dir", "col2im",
            "conv_geometry", "conv_gradients_via_matmul", "conv_via_matmul", "file_sha256",

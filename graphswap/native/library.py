@@ -105,13 +105,15 @@ class LutQuant(ctypes.Structure):
     _fields_ = [("scheme", ctypes.c_int32), ("activation_mode", ctypes.c_int32),
                 ("weight_mode", ctypes.c_int32), ("activation_zero_point", ctypes.c_int32),
                 ("activation_scale", ctypes.c_double),
-                ("observed_range", ctypes.POINTER(ctypes.c_double))]
+                ("observed_range", ctypes.POINTER(ctypes.c_double)),
+                ("weight_encoding", ctypes.c_int32)]
 
 
 # graphswap_lut_quant's constants (graphswap_kernels.h)
 LUT_UNSIGNED, LUT_SIGNED = 0, 1
 QUANT_DYNAMIC, QUANT_STATIC = 0, 1
 QUANT_PER_TENSOR, QUANT_PER_CHANNEL = 0, 1
+WEIGHTS_DEFAULT, WEIGHTS_SIGN_MAGNITUDE = 0, 1
 ISA_PATHS = ("scalar", "avx2", "avx512")
 
 

@@ -160,6 +160,13 @@ GRAPHSWAP_EXPORT int32_t graphswap_lut_conv2d(const uint8_t *input, const uint8_
 #define GRAPHSWAP_QUANT_STATIC 1      /* activation scale / zero point given by the caller */
 #define GRAPHSWAP_QUANT_PER_TENSOR 0  /* one weight scale (and zero point) */
 #define GRAPHSWAP_QUANT_PER_CHANNEL 1 /* per column of b / output channel of the HWIO filter */
+#define GRAPHSWAP_WEIGHTS_DEFAULT 0   /* asymmetric codes + zero points (UNSIGNED) / symmetric (SIGNED) */
+#define GRAPHSWAP_WEIGHTS_SIGN_MAGNITUDE 1 /* UNSIGNED only: the multiplier sees |w|'s 8-bit
+                                            * magnitude code m = clip(rint(|w| / s), 0, 255),
+                                            * s = max|w| / 255 per channel (or tensor), weight zero
+                                            * point 0; the product takes w's sign:
+                                            * c = sum_k sign(w_k) T[qa_k, m_k] - z_a sum_k sign(w_k) m_k
+                                            * (sign(w) = -1 for w < 0, else +1) */
 
 typedef struct graphswap_lut_quant {
     int32_t scheme;                /* GRAPHSWAP_LUT_UNSIGNED or GRAPHSWAP_LUT_SIGNED */
@@ -170,6 +177,7 @@ typedef struct graphswap_lut_quant {
     double *observed_range;        /* NULL, or receives {min, max} of the finite activation values
                                     * of this call ({+inf, -inf} if there are none), for a
                                     * moving-average observer; written in every mode */
+    int32_t weight_encoding;       /* GRAPHSWAP_WEIGHTS_DEFAULT or GRAPHSWAP_WEIGHTS_SIGN_MAGNITUDE */
 } graphswap_lut_quant;
 
 /* c[m,n] = quantized a[m,k] x b[k,n] through `table` (layout as for graphswap_lut_matmul) per `quant`

@@ -176,6 +176,7 @@ typedef struct conv_job {
     const double *sasb;
     int is_unsigned;
     int64_t zx;
+    int sm;                 /* sign-magnitude weights: wq and w->qt hold 2 physical channels each */
 } conv_job;
 
 static int32_t run(const char *fn, const conv_job *J)
@@ -184,8 +185,10 @@ static int32_t run(const char *fn, const conv_job *J)
     const gs_conv_geo *G = J->G;
     const int64_t K = G->taps, cout = P->out_channels, cog = G->cout_g;
     const gs_lut_shape shape = gs_lut_job_shape(J->isa, J->t);
+    const int64_t width = J->sm ? 2 : 1;      /* physical channels per output channel */
+    const int64_t cols = shape.cols / width;  /* output channels per job */
     const int64_t blocks = (G->pixels + shape.rows - 1) / shape.rows;
-    const int64_t chunks = cog > 0 ? (cog + shape.cols - 1) / shape.cols : 1;
+    const int64_t chunks = cog > 0 ? (cog + cols - 1) / cols : 1;
     const int64_t jobs = blocks * chunks * P->groups;
     int nt = gs_threads_for((double)G->pixels * (double)K * (double)(cout > 0 ? cout : 1), GS_CONV_MIN_WORK);
     if (nt > jobs) nt = (int)jobs;
@@ -233,7 +236,7 @@ static int32_t run(const char *fn, const conv_job *J)
         const int64_t g = job / (blocks * chunks), rest = job % (blocks * chunks);
         const int64_t blk = rest / chunks, cc = rest % chunks;
         const int64_t p0 = blk * shape.rows, rows = min64(shape.rows, G->pixels - p0);
-        const int64_t j0 = cc * shape.cols, ncols = cog > 0 ? min64(shape.cols, cog - j0) : 0;
+        const int64_t j0 = cc * cols, ncols = cog > 0 ? min64(cols, cog - j0) : 0;
         if (direct)
             gather_direct(P, G, J->codes, J->pad, g, p0, rows, R.tap, packed, sums);
         else
@@ -247,11 +250,11 @@ static int32_t run(const char *fn, const conv_job *J)
         a.a = packed;
         a.rows = rows;
         a.k = K;
-        a.b = J->wq + col0;
-        a.ldb = cout;
-        a.bt = J->w->qt + col0 * K;
+        a.b = J->wq + width * col0;
+        a.ldb = width * cout;
+        a.bt = J->w->qt + width * col0 * K;
         a.ldbt = K;
-        a.ncols = ncols;
+        a.ncols = width * ncols;
         a.scratch = mine;
         if (!J->out) {
             a.acc = J->acc + p0 * cout + col0;
@@ -260,8 +263,9 @@ static int32_t run(const char *fn, const conv_job *J)
             continue;
         }
         a.acc = acc;
-        a.ldacc = ncols;
+        a.ldacc = width * ncols;
         gs_lut_run(J->isa, &a);
+        if (J->sm) gs_sm_combine(J->t, J->w, cout, packed, rows, K, col0, ncols, acc, acc);
         gs_epilogue e = {J->w->zero + col0, J->w->colsum + col0, J->sasb + col0,
                          J->bias ? J->bias + col0 : NULL, J->w->bad + col0, J->zx, K, J->is_unsigned};
         for (int64_t r = 0; r < rows; ++r)
@@ -368,8 +372,10 @@ GRAPHSWAP_EXPORT int32_t graphswap_lut_conv2d_f32(const float *input, const floa
         return gs_fail(GRAPHSWAP_ERR_INVALID_ARGUMENT, "%s: filter and table must not be NULL", fn);
 
     gs_wquant w;
-    rc = gs_wquant_make(fn, filter, G.taps, P.out_channels, qx.is_signed,
-                        quant->weight_mode == GRAPHSWAP_QUANT_PER_CHANNEL, &w);
+    const int sm = quant->weight_encoding == GRAPHSWAP_WEIGHTS_SIGN_MAGNITUDE;
+    const int per_channel = quant->weight_mode == GRAPHSWAP_QUANT_PER_CHANNEL;
+    rc = sm ? gs_wquant_make_sm(fn, filter, G.taps, P.out_channels, per_channel, &w)
+            : gs_wquant_make(fn, filter, G.taps, P.out_channels, qx.is_signed, per_channel, &w);
     if (rc != GRAPHSWAP_OK) return rc;
     double *sasb = gs_alloc(P.out_channels * 8);
     uint8_t *codes = gs_alloc(G.in_elems > 0 ? G.in_elems : 1);
@@ -405,7 +411,7 @@ GRAPHSWAP_EXPORT int32_t graphswap_lut_conv2d_f32(const float *input, const floa
             conv_job J = {0};
             J.P = &P, J.G = &G, J.t = t, J.isa = gs_isa(), J.codes = codes, J.pad = (uint8_t)qx.zero;
             J.wq = w.q, J.w = &w, J.out = output, J.bias = bias, J.sasb = sasb;
-            J.is_unsigned = !qx.is_signed, J.zx = qx.zero;
+            J.is_unsigned = !qx.is_signed, J.zx = qx.zero, J.sm = sm;
             rc = run(fn, &J);
         }
         if (rc == GRAPHSWAP_OK && any_bad) poison_windows(&P, &G, input, output);

@@ -230,12 +230,29 @@ typedef struct gs_wquant {
     int32_t *zero;   /* N */
     uint8_t *bad;    /* N: column has a non-finite value */
     int any_bad;
+    int8_t *sign;    /* sign-magnitude only: K x N, -1 where w < 0, else +1 (NULL otherwise) */
 } gs_wquant;
 
 /* Returns GRAPHSWAP_OK or GRAPHSWAP_ERR_OUT_OF_MEMORY (gs_fail called with fn). */
 int32_t gs_wquant_make(const char *fn, const float *w, int64_t K, int64_t N, int is_signed,
                        int per_channel, gs_wquant *out);
 void gs_wquant_free(gs_wquant *w);
+
+/* Sign-magnitude weights (GRAPHSWAP_WEIGHTS_SIGN_MAGNITUDE): q is K x 2N, the magnitude code of
+ * w[k, j] in column 2j when w[k, j] >= 0 (else 0) and in column 2j + 1 when w[k, j] < 0 (else 0),
+ * so that acc[2j] - acc[2j+1] = sum_k sign(w) (T[qa, m] - T[qa, 0]); qt is 2N x K; scale, zero
+ * (all 0), bad, recip are per logical column j < N, and colsum[j] = sum_k sign(w[k, j]) m[k, j]. */
+int32_t gs_wquant_make_sm(const char *fn, const float *w, int64_t K, int64_t N, int per_channel,
+                          gs_wquant *out);
+
+/* The split sign-magnitude sums of one job, made whole: for each row r < rows, with the physical
+ * sums acc2[r * 2 ncols + 2c] (non-negative weights) and [.. + 2c + 1] (negative weights) of the
+ * logical columns j0 + c, writes acc[r * ncols + c] = acc2[2c] - acc2[2c + 1]
+ * + sum_k sign(w[k, j0 + c]) T[a_rk, 0] (the last term only when the table has T[a, 0] != 0;
+ * a_rk read from the packed block as gs_lut_args.a).  acc may alias acc2. */
+void gs_sm_combine(const gs_lut_table *t, const gs_wquant *w, int64_t N, const uint8_t *packed,
+                   int64_t rows, int64_t k, int64_t j0, int64_t ncols, const int64_t *acc2,
+                   int64_t *acc);
 
 /* Codes of an integer-entry caller (graphswap_lut_matmul / _conv2d): the transposed copy and column
  * sums only. */

@@ -83,13 +83,16 @@ typedef struct mm_job {
     const double *sasb;   /* s_a * s_b[j] */
     int is_unsigned;
     int64_t za;
+    int sm;               /* sign-magnitude weights: b and w->qt hold 2 physical columns per column */
 } mm_job;
 
 static int32_t run_jobs(const char *fn, const mm_job *J)
 {
     const gs_lut_shape shape = gs_lut_job_shape(J->isa, J->t);
+    const int64_t width = J->sm ? 2 : 1;          /* physical columns per logical column */
+    const int64_t cols = shape.cols / width;      /* logical columns per job */
     const int64_t row_blocks = (J->m + shape.rows - 1) / shape.rows;
-    const int64_t col_chunks = (J->n + shape.cols - 1) / shape.cols;
+    const int64_t col_chunks = (J->n + cols - 1) / cols;
     const int64_t jobs = row_blocks * col_chunks;
     int nt = gs_threads_for((double)J->m * (double)J->k * (double)J->n, GS_LUT_MIN_WORK);
     if (nt > jobs) nt = (int)jobs;
@@ -109,17 +112,17 @@ static int32_t run_jobs(const char *fn, const mm_job *J)
 #endif
         const int64_t rb = job / col_chunks, cc = job % col_chunks;
         const int64_t r0 = rb * shape.rows, rows = min64(shape.rows, J->m - r0);
-        const int64_t j0 = cc * shape.cols, ncols = min64(shape.cols, J->n - j0);
+        const int64_t j0 = cc * cols, ncols = min64(cols, J->n - j0);
         gs_lut_args a;
         a.t = J->t;
         a.a = J->apack + r0 * J->k; /* groups of 64 rows are contiguous */
         a.rows = rows;
         a.k = J->k;
-        a.b = J->b + j0;
-        a.ldb = J->n;
-        a.bt = J->w->qt + j0 * J->k;
+        a.b = J->b + width * j0;
+        a.ldb = width * J->n;
+        a.bt = J->w->qt + width * j0 * J->k;
         a.ldbt = J->k;
-        a.ncols = ncols;
+        a.ncols = width * ncols;
         a.scratch = mine;
         if (!J->c) {
             a.acc = J->acc + r0 * J->n + j0;
@@ -129,8 +132,9 @@ static int32_t run_jobs(const char *fn, const mm_job *J)
         }
         int64_t *acc = (int64_t *)(mine + kscratch);
         a.acc = acc;
-        a.ldacc = ncols;
+        a.ldacc = width * ncols;
         gs_lut_run(J->isa, &a);
+        if (J->sm) gs_sm_combine(J->t, J->w, J->n, a.a, rows, J->k, j0, ncols, acc, acc);
         /* epilogue: corrections, dequantization, bias, NaN */
         gs_epilogue e = {J->w->zero + j0, J->w->colsum + j0, J->sasb + j0, J->bias ? J->bias + j0 : NULL,
                          J->w->bad + j0, J->za, J->k, J->is_unsigned};
@@ -254,7 +258,10 @@ GRAPHSWAP_EXPORT int32_t graphswap_lut_matmul_f32(const float *a, const float *b
         if (!t) return gs_fail(GRAPHSWAP_ERR_OUT_OF_MEMORY, "%s: cannot allocate the prepared table", fn);
     }
     gs_wquant w;
-    rc = gs_wquant_make(fn, b, k, n, qa.is_signed, quant->weight_mode == GRAPHSWAP_QUANT_PER_CHANNEL, &w);
+    const int sm = quant->weight_encoding == GRAPHSWAP_WEIGHTS_SIGN_MAGNITUDE;
+    const int per_channel = quant->weight_mode == GRAPHSWAP_QUANT_PER_CHANNEL;
+    rc = sm ? gs_wquant_make_sm(fn, b, k, n, per_channel, &w)
+            : gs_wquant_make(fn, b, k, n, qa.is_signed, per_channel, &w);
     if (rc != GRAPHSWAP_OK) {
         gs_lut_table_release(t);
         return rc;
@@ -274,7 +281,7 @@ GRAPHSWAP_EXPORT int32_t graphswap_lut_matmul_f32(const float *a, const float *b
         mm_job J = {0};
         J.t = t, J.isa = gs_isa(), J.apack = apack, J.m = m, J.k = k, J.n = n, J.b = w.q, J.w = &w;
         J.c = c, J.bias = bias, J.rowsum = rowsum, J.badrow = badrow, J.sasb = sasb;
-        J.is_unsigned = !qa.is_signed, J.za = qa.zero;
+        J.is_unsigned = !qa.is_signed, J.za = qa.zero, J.sm = sm;
         if (rc != GRAPHSWAP_OK) {
         } else if (k == 0) {
             /* no products: the sums are 0 (no table needed) */

@@ -124,6 +124,15 @@ int32_t gs_quant_check(const char *fn, const graphswap_lut_quant *q, gs_qparams 
         return gs_fail(GRAPHSWAP_ERR_INVALID_ARGUMENT,
                        "%s: quant->weight_mode must be GRAPHSWAP_QUANT_PER_TENSOR (0) or "
                        "GRAPHSWAP_QUANT_PER_CHANNEL (1), got %d", fn, (int)q->weight_mode);
+    if (q->weight_encoding != GRAPHSWAP_WEIGHTS_DEFAULT &&
+        q->weight_encoding != GRAPHSWAP_WEIGHTS_SIGN_MAGNITUDE)
+        return gs_fail(GRAPHSWAP_ERR_INVALID_ARGUMENT,
+                       "%s: quant->weight_encoding must be GRAPHSWAP_WEIGHTS_DEFAULT (0) or "
+                       "GRAPHSWAP_WEIGHTS_SIGN_MAGNITUDE (1), got %d", fn, (int)q->weight_encoding);
+    if (q->weight_encoding == GRAPHSWAP_WEIGHTS_SIGN_MAGNITUDE && q->scheme != GRAPHSWAP_LUT_UNSIGNED)
+        return gs_fail(GRAPHSWAP_ERR_INVALID_ARGUMENT,
+                       "%s: sign-magnitude weights need an unsigned multiplier (scheme "
+                       "GRAPHSWAP_LUT_UNSIGNED)", fn);
     act->is_signed = q->scheme == GRAPHSWAP_LUT_SIGNED;
     act->scale = 1.0;
     act->zero = 0;
@@ -146,7 +155,7 @@ int32_t gs_quant_check(const char *fn, const graphswap_lut_quant *q, gs_qparams 
 void gs_wquant_free(gs_wquant *w)
 {
     gs_free(w->q), gs_free(w->qt), gs_free(w->colsum), gs_free(w->scale), gs_free(w->zero), gs_free(w->bad);
-    gs_free(w->recip);
+    gs_free(w->recip), gs_free(w->sign);
     memset(w, 0, sizeof *w);
 }
 
@@ -238,4 +247,87 @@ int32_t gs_wquant_make(const char *fn, const float *wf, int64_t K, int64_t N, in
         gs_quantize_span(isa, wf + k * N, N, w->scale, w->recip, w->zero, 1, is_signed, w->q + k * N);
     transpose_codes(w->q, K, N, w);
     return GRAPHSWAP_OK;
+}
+
+
+int32_t gs_wquant_make_sm(const char *fn, const float *wf, int64_t K, int64_t N, int per_channel,
+                          gs_wquant *w)
+{
+    /* the codes and their transpose are 2N wide; the per-column arrays are N long */
+    int32_t rc = wquant_alloc(fn, K, 2 * N, 1, w);
+    if (rc != GRAPHSWAP_OK) return rc;
+    w->sign = gs_alloc(K * N > 0 ? K * N : 1);
+    if (!w->sign) {
+        gs_wquant_free(w);
+        return gs_fail(GRAPHSWAP_ERR_OUT_OF_MEMORY, "%s: cannot allocate weight signs", fn);
+    }
+    double *amax = (double *)w->recip; /* scratch: recip is filled last */
+    for (int64_t j = 0; j < N; ++j) amax[j] = 0.0, w->bad[j] = 0;
+    for (int64_t k = 0; k < K; ++k)
+        for (int64_t j = 0; j < N; ++j) {
+            const float v = wf[k * N + j];
+            if (!gs_finite(v)) {
+                w->bad[j] = 1;
+                continue;
+            }
+            const double a = fabs((double)v);
+            amax[j] = a > amax[j] ? a : amax[j];
+        }
+    w->any_bad = 0;
+    for (int64_t j = 0; j < N; ++j) w->any_bad |= w->bad[j];
+    if (!per_channel) {
+        double all = 0.0;
+        for (int64_t j = 0; j < N; ++j) all = amax[j] > all ? amax[j] : all;
+        for (int64_t j = 0; j < N; ++j) amax[j] = all;
+    }
+    for (int64_t j = 0; j < N; ++j) {
+        w->scale[j] = amax[j] > 0.0 ? amax[j] / 255.0 : 1.0;
+        w->zero[j] = 0;
+        w->colsum[j] = 0;
+    }
+    for (int64_t k = 0; k < K; ++k)
+        for (int64_t j = 0; j < N; ++j) {
+            const float v = wf[k * N + j];
+            uint8_t m = 0;
+            int8_t sign = 1;
+            if (gs_finite(v)) {
+                double q = gs_rint(fabs((double)v) / w->scale[j]);
+                q = q > 255.0 ? 255.0 : q;
+                m = (uint8_t)q;
+                sign = v < 0.0f ? -1 : 1;
+            }
+            w->sign[k * N + j] = sign;
+            w->q[k * 2 * N + 2 * j] = sign > 0 ? m : 0;
+            w->q[k * 2 * N + 2 * j + 1] = sign < 0 ? m : 0;
+            w->colsum[j] += sign * (int64_t)m;
+        }
+    for (int64_t j = 0; j < N; ++j) w->recip[j] = gs_recip(w->scale[j]);
+    /* the transpose only: colsum above is the signed sum of the logical columns */
+    const int64_t N2 = 2 * N;
+    for (int64_t k = 0; k < K; ++k)
+        for (int64_t j = 0; j < N2; ++j) w->qt[j * K + k] = w->q[k * N2 + j];
+    return GRAPHSWAP_OK;
+}
+
+void gs_sm_combine(const gs_lut_table *t, const gs_wquant *w, int64_t N, const uint8_t *packed,
+                   int64_t rows, int64_t k, int64_t j0, int64_t ncols, const int64_t *acc2,
+                   int64_t *acc)
+{
+    int zero_column = 0;
+    for (int a = 0; a < 256 && !zero_column; ++a) zero_column = t->table[a << 8] != 0;
+    for (int64_t r = 0; r < rows; ++r) {
+        const int64_t *src = acc2 + r * 2 * ncols;
+        int64_t *dst = acc + r * ncols;
+        for (int64_t c = 0; c < ncols; ++c) dst[c] = src[2 * c] - src[2 * c + 1];
+        if (!zero_column) continue;
+        /* the codes of row r, k-major in its group of 64 rows */
+        const uint8_t *group = packed + (r / 64) * 64 * k + r % 64;
+        for (int64_t c = 0; c < ncols; ++c) {
+            const int8_t *sign = w->sign + j0 + c;
+            int64_t term = 0;
+            for (int64_t kk = 0; kk < k; ++kk)
+                term += sign[kk * N] * (int64_t)t->table[(int)group[kk * 64] << 8];
+            dst[c] += term;
+        }
+    }
 }
