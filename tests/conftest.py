@@ -165,21 +165,21 @@ def gradient_terms(model, batch: int) -> list[int]:
 
 def library_isas(path=None) -> list[str]:
     """The instruction-set paths graphswap's shipped C kernels (or the library at `path`) can run
-    on this CPU, as the library reports them (`const char *graphswap_isa(void)`: a comma-separated
-    list such as "scalar,avx2,avx512", selected with GRAPHSWAP_ISA), or [] while the library has
-    no such switch.
+    on this CPU, as the library reports them (`const char *graphswap_isa_supported(void)`: a
+    space-separated list such as "scalar avx2 avx512"; one is selected with GRAPHSWAP_ISA), or []
+    for a library without run-time dispatch.
     """
     import ctypes
 
     from graphswap import native
 
     library = ctypes.CDLL(str(path or native.shipped_library_path()))
-    report = getattr(library, "graphswap_isa", None)
+    report = getattr(library, "graphswap_isa_supported", None)
     if report is None:
         return []
     report.restype = ctypes.c_char_p
     report.argtypes = []
-    return [name.strip() for name in (report() or b"").decode().split(",") if name.strip()]
+    return [name for name in (report() or b"").decode().replace(",", " ").split() if name]
 
 
 def pytest_generate_tests(metafunc):

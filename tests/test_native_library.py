@@ -161,6 +161,9 @@ ISA_SCRIPT = """
 
     rng = np.random.default_rng(7)
     lib = native.shipped_library()
+    import os
+    if os.environ.get("GRAPHSWAP_ISA"):
+        assert lib.isa == os.environ["GRAPHSWAP_ISA"], (lib.isa, os.environ["GRAPHSWAP_ISA"])
     for m, k, n in [(1, 1, 1), (13, 31, 33), (256, 400, 120), (3, 500, 257)]:
         a = rng.standard_normal((m, k)).astype(np.float32)
         b = rng.standard_normal((k, n)).astype(np.float32)
@@ -197,7 +200,27 @@ def test_the_isa_hook_reads_what_the_library_reports(tmp_path):
     from conftest import library_isas
 
     reporting = compile_library(tmp_path, "isa", MATMUL_ONLY_LIBRARY + """
-    GRAPHSWAP_EXPORT const char *graphswap_isa(void) { return "scalar, avx2,avx512"; }
+    GRAPHSWAP_EXPORT const char *graphswap_isa_supported(void) { return "scalar avx2 avx512"; }
 """)
     assert library_isas(reporting) == ["scalar", "avx2", "avx512"]
     assert library_isas(compile_library(tmp_path, "plain", MATMUL_ONLY_LIBRARY)) == []
+    # the shipped library reports at least the portable path, and the path in use is one of them
+    from graphswap import native
+
+    shipped = library_isas()
+    assert "scalar" in shipped and native.shipped_library().isa in shipped
+
+
+def test_a_forced_isa_the_cpu_cannot_run_is_one_clear_error():
+    completed = run_python("""
+        import graphswap
+        from graphswap import native
+        try:
+            native.shipped_library()
+            print("LOADED")
+        except graphswap.KernelLoadError as exc:
+            print("REFUSED", exc)
+    """, env={"GRAPHSWAP_ISA": "avx1024"})
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    assert "REFUSED GRAPHSWAP_ISA='avx1024' cannot run here" in completed.stdout
+    assert "allowed: scalar, avx2, avx512, auto" in completed.stdout
