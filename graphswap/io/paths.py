@@ -72,7 +72,7 @@ def model_output_format(path) -> str:
     if suffix == "":
         return "savedmodel"
     raise OutputPathError(
-        f"output {text} must end in .keras (or .h5 for legacy HDF5), or name a SavedModel "
+        f"output (-o/--output) {text} must end in .keras or .h5 (legacy HDF5), or name a SavedModel "
         f"directory (no suffix, or ending in '/', e.g. {candidate.stem}_savedmodel/)")
 
 
