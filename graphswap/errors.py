@@ -56,3 +56,8 @@ class RuleMatchError(GraphswapError, ValueError):
 
 class CustomGradientError(GraphswapError, ValueError):
     """A user forward/gradient function returned something of the wrong shape or type."""
+
+
+class QuantizationError(GraphswapError, ValueError):
+    """A quantization scheme, calibration or recovery request that is malformed or does not fit
+    the model/multiplier (unknown method, wrong-shaped or too little calibration data, ...)."""

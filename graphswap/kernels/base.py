@@ -1,8 +1,13 @@
 """The Kernel: the forward arithmetic a swapped layer runs, on float32 numpy arrays.
 
-Every kernel offers `matmul(a, b)` and `conv2d(x, w, geometry)`, a canonical `spec` string, and
+Every kernel offers `matmul(a, b, quant=None)` and `conv2d(x, w, geometry, quant=None)`, a
+canonical `spec` string, and
 `to_config()`, its record: the JSON-serialisable dict a saved model's layer config stores
 ({"spec"} for built-ins, {"spec", "path", "sha256"} for kernels from files).
+
+`quant` is the calling layer's QuantScheme (graphswap/kernels/scheme.py): how an 8-bit multiplier
+kernel quantizes.  Float kernels ignore it (`quantizes` is False for them); callers pass it only
+when it is not None, so a kernel written against the older two-argument interface keeps working.
 """
 
 from __future__ import annotations
@@ -22,12 +27,16 @@ class Kernel(abc.ABC):
     #: one-line description for reports and `graphswap kernels`
     description: str = ""
 
+    #: True for kernels whose arithmetic depends on a QuantScheme (8-bit multipliers)
+    quantizes: bool = False
+
     @abc.abstractmethod
-    def matmul(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    def matmul(self, a: np.ndarray, b: np.ndarray, quant=None) -> np.ndarray:
         """(m,k) x (k,n) -> (m,n) float32."""
 
     @abc.abstractmethod
-    def conv2d(self, x: np.ndarray, w: np.ndarray, geometry: ConvGeometry) -> np.ndarray:
+    def conv2d(self, x: np.ndarray, w: np.ndarray, geometry: ConvGeometry,
+               quant=None) -> np.ndarray:
         """NHWC input x HWIO filter -> NHWC output, float32, geometry fully explicit."""
 
     def to_config(self) -> dict:
