@@ -31,6 +31,7 @@ class LayerReport:
 class RewriteReport:
     model_name: str
     layers: list[LayerReport]
+    notes: list = dataclasses.field(default_factory=list)   # quantization, calibration, folding
 
     @property
     def swapped(self) -> list[LayerReport]:
@@ -39,7 +40,8 @@ class RewriteReport:
     def to_dict(self) -> dict:
         return {"model": self.model_name,
                 "swapped": len(self.swapped),
-                "layers": [entry.to_dict() for entry in self.layers]}
+                "layers": [entry.to_dict() for entry in self.layers],
+                "notes": list(self.notes)}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
@@ -52,6 +54,7 @@ class RewriteReport:
         total = sum(e.macs for e in self.swapped)
         out.append(f"{len(self.swapped)} of {sum(1 for e in self.layers if e.macs)} Dense/Conv2D "
                    f"layers swapped, {total:,} swapped MACs per sample")
+        out.extend(self.notes)
         return "\n".join(out)
 
 

@@ -8,6 +8,7 @@ graphswap.swap.clone; the report is graphswap.swap.report.
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import json
 import os
@@ -15,11 +16,17 @@ import re
 
 import keras
 
-from graphswap.errors import GraphswapError, UnsupportedLayerError
-from graphswap.kernels import Kernel, resolve_file_named, resolve_kernel
+from graphswap.errors import GraphswapError, QuantizationError, UnsupportedLayerError
+from graphswap.kernels import Kernel, QuantScheme, resolve_file_named, resolve_kernel
 from graphswap.swap import ops
-from graphswap.swap.clone import transform_model
+from graphswap.swap.calibration import (DEFAULT_CALIBRATION_METHOD, DEFAULT_CALIBRATION_SAMPLES,
+                                        DEFAULT_CALIBRATION_SOURCE, calibration_inputs,
+                                        check_method)
+from graphswap.swap.compensation import COMPENSATION_METHODS, calibrate_and_compensate
+from graphswap.swap.clone import iter_layers, transform_model
+from graphswap.swap.folding import fold_batchnorm as fold_pairs
 from graphswap.swap.layers import SwappedConv2D, SwappedDense, check_conv_options
+from graphswap.swap.quantstate import legacy_scheme
 from graphswap.swap.report import LayerReport, RewriteReport, layer_macs
 
 SWAPPABLE_TYPES = {"Dense": keras.layers.Dense, "Conv2D": keras.layers.Conv2D}
@@ -96,8 +103,45 @@ def resolve_kernel_map(source) -> dict:
             for key, spec in mapping.items()}
 
 
+QUANTIZATION_PRESETS = ("default", "tfapprox")
+
+
+def quantization_request(quantization, calibrated: bool):
+    """scheme_for(kernel) -> the QuantScheme rewrite_model gives a multiplier layer running that
+    kernel.  `quantization`: None or "default" (sign-magnitude weights for unsigned multipliers,
+    symmetric for signed, per-channel), "tfapprox" (TFApprox: asymmetric per-tensor for unsigned
+    multipliers; signed ones keep symmetric per-channel), a dict or a QuantScheme.  Activations
+    are static exactly when calibration data is given (dynamic, per call, otherwise)."""
+    if quantization is None or quantization == "default":
+        base = QuantScheme()
+    elif isinstance(quantization, str):
+        if quantization not in QUANTIZATION_PRESETS:
+            raise QuantizationError(f"unknown quantization preset {quantization!r}; allowed: "
+                                    f"{', '.join(QUANTIZATION_PRESETS)}, a dict or a QuantScheme")
+        base = None
+    else:
+        base = QuantScheme.from_config(quantization)
+    if base is not None and base.activations == "static" and not calibrated \
+            and base.activation_range is None:
+        raise QuantizationError("static activations need calibration data: pass "
+                                "calibration_data= (--calibrate DATA), or use dynamic activations")
+
+    def scheme_for(kernel) -> QuantScheme:
+        scheme = base if base is not None else legacy_scheme(bool(getattr(kernel, "signed", 0)))
+        if calibrated:
+            scheme = dataclasses.replace(scheme, activations="static", activation_range=None)
+        return scheme
+
+    return scheme_for
+
+
 def rewrite_model(model, kernel="exact", include=None, exclude=None, kernel_map=None,
-                  layer_types=("Dense", "Conv2D"), backward="native", return_report=False):
+                  layer_types=("Dense", "Conv2D"), backward="native", return_report=False,
+                  quantization=None, calibration_data=None,
+                  calibration_samples=DEFAULT_CALIBRATION_SAMPLES,
+                  calibration_method=DEFAULT_CALIBRATION_METHOD,
+                  calibration_source=DEFAULT_CALIBRATION_SOURCE, bias_correction=None, recalibrate_bn=False,
+                  fold_batchnorm=False):
     """Return a copy of `model` whose Dense/Conv2D forward passes run `kernel`.
 
     Args:
@@ -113,11 +157,50 @@ def rewrite_model(model, kernel="exact", include=None, exclude=None, kernel_map=
       backward: "native" (TensorFlow's gradients, straight-through) or "kernel" (backward
         products through the kernel as well).
       return_report: also return a RewriteReport.
+      quantization: how the 8-bit multiplier layers quantize - None (the defaults: sign-magnitude
+        weights for unsigned multipliers, symmetric for signed, per-channel scales), "tfapprox"
+        (asymmetric per-tensor, dynamic), a dict or a graphswap.kernels.QuantScheme.
+      calibration_data: the model's inputs (an array, a list per input, or (x, y)); given, the
+        multiplier layers get static activation ranges calibrated on its first
+        `calibration_samples` examples (graphswap.swap.calibration: `calibration_method`
+        "minmax" | "percentile" | "mse", `calibration_source` "float" | "approximate");
+        without it activations are quantized per call ("dynamic", as TFApprox).
+      bias_correction: with calibration data, also compensate each multiplier layer's product
+        error per output channel: "mean" (mean-error) or "moments" (mean and spread;
+        graphswap.swap.compensation).
+      recalibrate_bn: with calibration data, also re-estimate the BatchNormalization statistics
+        with the approximate forward (graphswap.swap.compensation).
+      fold_batchnorm: fold each Dense/Conv2D + BatchNormalization pair first
+        (graphswap.swap.folding); a model with no foldable pair gets a report note.
 
     Raises UnsupportedLayerError (naming the layer and option) for a selected layer whose options
     cannot be reproduced, and KernelSpecError for unknown kernels.
     """
     ops.check_backward_mode(backward)
+    calibrated = calibration_data is not None
+    scheme_for = quantization_request(quantization, calibrated)
+    if calibrated:   # checked before any work is done
+        check_method(calibration_method, calibration_source)
+        calibration_inputs(model, calibration_data, calibration_samples)
+    if recalibrate_bn and not calibrated:
+        raise QuantizationError("BatchNorm re-estimation in rewrite_model runs on the calibration "
+                                "data: pass calibration_data= (--calibrate DATA) as well")
+    if bias_correction is not None:
+        if bias_correction not in COMPENSATION_METHODS:
+            raise QuantizationError(f"unknown bias compensation method {bias_correction!r}; "
+                                    f"allowed: {', '.join(COMPENSATION_METHODS)}")
+        if not calibrated:
+            raise QuantizationError("bias compensation is estimated on calibration data: pass "
+                                    "calibration_data= (--calibrate DATA) as well")
+
+    def layer_scheme(kernel) -> dict:
+        scheme = scheme_for(kernel)   # static ones are created dynamic, calibrated after the clone
+        return (scheme.dynamic() if scheme.activation_range is None else scheme).to_config()
+    notes = []
+    source_model = model
+    if fold_batchnorm:
+        source_model, fold_report = fold_pairs(model)
+        notes.extend(fold_report.lines())
     include_patterns = _as_patterns(include)
     exclude_patterns = _as_patterns(exclude)
     mapping = resolve_kernel_map(kernel_map) if kernel_map is not None else {}
@@ -164,19 +247,21 @@ def rewrite_model(model, kernel="exact", include=None, exclude=None, kernel_map=
         if isinstance(layer, keras.layers.Conv2D):
             check_conv_options(layer)
             new_layer = SwappedConv2D.from_config({**config, "arithmetic": spec,
-                                                   "backward": backward})
+                                                   "backward": backward,
+                                                   "quantization": layer_scheme(spec)})
         else:
             if getattr(layer, "quantization_mode", None):
                 raise UnsupportedLayerError(
                     f"layer {layer.name!r}: Keras-quantized Dense ({layer.quantization_mode}) "
                     f"cannot be swapped; swap the float model instead")
             new_layer = SwappedDense.from_config({**config, "arithmetic": spec,
-                                                  "backward": backward})
+                                                  "backward": backward,
+                                                  "quantization": layer_scheme(spec)})
         entries.append(LayerReport(path, type(layer).__name__, "swapped", reason, spec.spec,
                                    macs))
         return new_layer
 
-    new_model, _ = transform_model(model, replace)
+    new_model, _ = transform_model(source_model, replace)
     unmatched = [key for key in mapping
                  if not any(e.path == key or e.path.split("/")[-1] == key
                             or fnmatch.fnmatchcase(e.path.split("/")[-1], key)
@@ -185,8 +270,31 @@ def rewrite_model(model, kernel="exact", include=None, exclude=None, kernel_map=
         raise GraphswapError(
             f"kernel map names layer(s) not in model {model.name!r}: {', '.join(unmatched)}; "
             f"list the layers with 'graphswap inspect MODEL'")
-    report = RewriteReport(model.name, entries)
+    if any(getattr(layer, "quantization", None) is not None
+           for _, layer in iter_layers(new_model)):
+        notes.append(f"quantization: {_describe_request(scheme_for(None), quantization)}")
+        if calibrated:
+            notes.extend(calibrate_and_compensate(
+                new_model, calibration_data, samples=calibration_samples,
+                method=calibration_method, source=calibration_source,
+                bias_correction=bias_correction, recalibrate_bn=recalibrate_bn))
+    elif calibrated:
+        notes.append("calibration data given, but no swapped layer quantizes (no 8-bit "
+                     "multiplier kernel): nothing calibrated")
+    report = RewriteReport(model.name, entries, notes)
     return (new_model, report) if return_report else new_model
+
+
+def _describe_request(scheme: QuantScheme, quantization) -> str:
+    text = scheme.describe()
+    if quantization == "tfapprox":
+        text = text.replace("asymmetric uint8 weights per-tensor",
+                            "TFApprox: asymmetric uint8 weights per-tensor (signed multipliers: "
+                            "symmetric int8 per-channel)")
+    if scheme.weights is None:
+        text = text.replace("default weights", "sign-magnitude (unsigned multipliers) / symmetric "
+                                               "int8 (signed) weights")
+    return text
 
 
 def plan(model, **kwargs) -> RewriteReport:
