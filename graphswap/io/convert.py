@@ -52,7 +52,7 @@ class ConvertResult:
 def convert(model, kernel=None, *, kernel_map=None, include=None, exclude=None,
             layer_types=("Dense", "Conv2D"), backward: str = "native", check_batch: int = 8,
             output=None, force: bool = False, custom_objects=None,
-            safe_mode: bool = True) -> ConvertResult:
+            safe_mode: bool = True, rewrite_options=None) -> ConvertResult:
     """Rewrite `model` (a path, or a keras.Model) so its selected layers run `kernel`.
 
     `kernel` defaults to "exact", or to none when a `kernel_map` is given (see rewrite_model for
@@ -60,6 +60,9 @@ def convert(model, kernel=None, *, kernel_map=None, include=None, exclude=None,
     batch of `check_batch` (0: skip) and, if `output` is given - or `model` is a path, then
     beside it as MODEL.swapped.keras - saved there atomically (`force` to replace a file).
     Raises GraphswapError when no layer is selected: an unchanged copy is not a conversion.
+    `rewrite_options` are rewrite_model's quantization, calibration and folding arguments
+    (quantization, calibration_data as arrays, calibration_samples, calibration_method,
+    calibration_source, bias_correction, recalibrate_bn, fold_batchnorm).
     """
     source = Path(model) if isinstance(model, (str, os.PathLike)) else None
     if isinstance(check_batch, bool) or not isinstance(check_batch, int) or check_batch < 0:
@@ -75,7 +78,8 @@ def convert(model, kernel=None, *, kernel_map=None, include=None, exclude=None,
         if source is not None else model
     swapped, report = rewrite_model(original, kernel=kernel, include=include, exclude=exclude,
                                     kernel_map=kernel_map, layer_types=tuple(layer_types),
-                                    backward=backward, return_report=True)
+                                    backward=backward, return_report=True,
+                                    **(rewrite_options or {}))
     if not report.swapped:
         shown = source if source is not None else f"model {original.name!r}"
         raise GraphswapError(

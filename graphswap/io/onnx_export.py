@@ -35,6 +35,8 @@ def _kept_node_handler(records, problems):
             del node.attr[attribute]
         node.domain = onnx_ops.DOMAIN
         node.set_attr("kernel", json.dumps(record.kernel, sort_keys=True))
+        node.set_attr("quant", json.dumps(record.quantization, sort_keys=True)
+                      if record.quantization is not None else "")
         if record.layer_type == "Dense":
             node.type = onnx_ops.MATMUL_OP
         else:
