@@ -3,7 +3,8 @@
 and saliency maps.
 
 Modules: data (what a model expects, the Data container), loading (reading .npz / image folders /
-tf.data / arrays), scoring, strategies, checkpoints, finetune, evaluate, sweep, saliency (it reads
+tf.data / arrays), recovery (calibration data, BN re-estimation, bias compensation, the fine-tuning
+recipe), scoring, strategies, checkpoints, finetune, evaluate, sweep, saliency (it reads
 images and writes PNGs, so it sits here rather than in surgery/, whose `override` it uses).
 """
 
@@ -12,12 +13,17 @@ from graphswap.research.evaluation import EvaluationResult, evaluate
 from graphswap.research.finetuning import (CompileSettings, FinetuneResult, compile_settings,
                                          finetune, format_history, swapped_layers)
 from graphswap.research.loading import load_data
+from graphswap.research.recovery import (DEFAULT_BIAS_CORRECTION, DEFAULT_LEARNING_RATE,
+                                         DEFAULT_SCHEDULE, SCHEDULES, calibration_arrays,
+                                         compensate_bias, make_optimizer, recalibrate_batchnorm)
 from graphswap.research.saliency import (SaliencyResult, input_gradients, load_sample,
                                          saliency_map, write_saliency_png)
 from graphswap.research.strategies import STRATEGIES, is_chief, resolve_strategy
 from graphswap.research.sweeping import SweepResult, parse_power_options, sweep
 
-__all__ = ["CompileSettings", "Data", "EvaluationResult", "FinetuneResult", "ModelExpectation",
+__all__ = ["DEFAULT_BIAS_CORRECTION", "DEFAULT_LEARNING_RATE", "DEFAULT_SCHEDULE", "SCHEDULES",
+           "calibration_arrays", "compensate_bias", "make_optimizer", "recalibrate_batchnorm",
+           "CompileSettings", "Data", "EvaluationResult", "FinetuneResult", "ModelExpectation",
            "STRATEGIES", "SaliencyResult", "SweepResult", "compile_settings", "evaluate",
            "finetune", "format_history", "input_gradients", "is_chief", "load_data",
            "load_sample", "model_expectation", "parse_power_options", "resolve_strategy",
