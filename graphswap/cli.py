@@ -547,8 +547,8 @@ def finetune(model_path, data_path, val_data, val_split, epochs, batch_size, lea
                    "report its accuracy afterwards.")
 @click.option("--epochs", default=1, show_default=True, help="Fine-tuning epochs.")
 @click.option("--batch-size", default=128, show_default=True)
-@click.option("--lr", "learning_rate", default=1e-4, show_default=True,
-              help="Fine-tuning learning rate.")
+@click.option("--lr", "learning_rate", default=research.DEFAULT_LEARNING_RATE, show_default=True,
+              help="Fine-tuning learning rate (the default recipe's: Adam, cosine decay).")
 @click.option("--seed", default=0, show_default=True)
 @click.option("--include", multiple=True, metavar="REGEX", help="As for convert.")
 @click.option("--exclude", multiple=True, metavar="REGEX", help="As for convert.")

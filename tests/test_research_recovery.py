@@ -34,8 +34,8 @@ def test_default_recipe_recovers_a_severe_multiplier(lenet, digits):
                                 verbose=0, restore_best=False)   # the default recipe, seed 0
     after = accuracy(result.model, digits)
     print(f"{Path(SEVERE).name}: {before:.4f} -> {after:.4f} after 1 epoch")
-    # measured: 89.44% -> 92.50% (+3.06 points, 11 more of the 360 test images)
-    assert after >= before + 0.02
+    # measured: 89.44% -> 95.56% (+6.1 points, 22 more of the 360 test images)
+    assert after >= before + 0.04
     assert any("cosine decay to 0 over 12 steps" in note for note in result.notes)
 
 

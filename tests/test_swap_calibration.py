@@ -32,7 +32,7 @@ def float_layer_inputs(model, names, x):
 def test_minmax_ranges_are_the_float_inputs_extremes(lenet, digits):
     x = digits["x_train"][:CALIBRATION]
     swapped, report = graphswap.rewrite_model(lenet, kernel="mul8u_drum4", calibration_data=x,
-                                              return_report=True)
+                                              calibration_method="minmax", return_report=True)
     names = [layer.name for layer in swapped.layers if hasattr(layer, "arithmetic")]
     inputs = float_layer_inputs(lenet, names, x)
     for name, values in zip(names, inputs):
@@ -46,7 +46,8 @@ def test_minmax_ranges_are_the_float_inputs_extremes(lenet, digits):
 @pytest.mark.parametrize("method", ["percentile", "mse"])
 def test_percentile_and_mse_clip_inside_the_minmax_range(lenet, digits, method):
     x = digits["x_train"][:CALIBRATION]
-    minmax = graphswap.rewrite_model(lenet, kernel="mul8u_drum4", calibration_data=x)
+    minmax = graphswap.rewrite_model(lenet, kernel="mul8u_drum4", calibration_data=x,
+                                     calibration_method="minmax")
     other = graphswap.rewrite_model(lenet, kernel="mul8u_drum4", calibration_data=x,
                                     calibration_method=method)
     narrower = 0

@@ -22,7 +22,7 @@ from graphswap.errors import DataError, GraphswapError
 from graphswap.io import atomic_output, load_model
 from graphswap.research.finetuning import compile_settings, finetune, swapped_layers
 from graphswap.research.loading import load_data
-from graphswap.research.recovery import prepared_rewrite_options
+from graphswap.research.recovery import DEFAULT_LEARNING_RATE, prepared_rewrite_options
 from graphswap.research.scoring import classification_metrics, predict, takes_logits
 from graphswap.swap import rewrite_model
 from graphswap.tables import format_table
@@ -144,7 +144,8 @@ class EvaluationResult:
 
 
 def evaluate(model, data, kernels=None, *, finetune_data=None, epochs: int = 1,
-             batch_size: int = 128, learning_rate: float = 1e-4, seed: int | None = 0,
+             batch_size: int = 128, learning_rate: float = DEFAULT_LEARNING_RATE,
+             seed: int | None = 0,
              include=None, exclude=None, backward: str = "native", split: str | None = "test",
              finetune_split: str | None = "train", resize: bool = False, pad: bool = False,
              scale=None, verbose: int = 0, custom_objects=None,

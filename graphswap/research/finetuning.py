@@ -185,7 +185,7 @@ def finetune(model, data, *, val_data=None, val_split: float | None = None, epoc
       val_split: hold out this fraction of `data` (seeded) for validation instead of val_data.
       epochs: total epoch count (a resumed run continues up to it).
       learning_rate / optimizer / schedule: a fresh optimizer for an un-resumed run - the default
-        recipe is Adam, 1e-4, decayed by a cosine to 0 over the run (schedule "cosine"; or
+        recipe is Adam, 1e-3, decayed by a cosine to 0 over the run (schedule "cosine"; or
         "constant"); see graphswap.research.recovery and docs/RECOVERY.md.
       recalibrate_bn: re-estimate the BatchNormalization statistics with the approximate forward
         (no gradient steps) before and after training; None (default): after training, for
