@@ -270,9 +270,12 @@ def rewrite_model(model, kernel="exact", include=None, exclude=None, kernel_map=
         raise GraphswapError(
             f"kernel map names layer(s) not in model {model.name!r}: {', '.join(unmatched)}; "
             f"list the layers with 'graphswap inspect MODEL'")
-    if any(getattr(layer, "quantization", None) is not None
-           for _, layer in iter_layers(new_model)):
-        notes.append(f"quantization: {_describe_request(scheme_for(None), quantization)}")
+    quantizing = [layer for _, layer in iter_layers(new_model)
+                  if getattr(layer, "quantization", None) is not None]
+    if quantizing:
+        described = sorted({scheme_for(layer.arithmetic).resolve(layer.arithmetic.signed)
+                            .describe() for layer in quantizing})
+        notes.append(f"quantization: {'; '.join(described)}")
         if calibrated:
             notes.extend(calibrate_and_compensate(
                 new_model, calibration_data, samples=calibration_samples,
@@ -285,20 +288,7 @@ def rewrite_model(model, kernel="exact", include=None, exclude=None, kernel_map=
     return (new_model, report) if return_report else new_model
 
 
-def _describe_request(scheme: QuantScheme, quantization) -> str:
-    text = scheme.describe()
-    if quantization == "tfapprox":
-        text = text.replace("asymmetric uint8 weights per-tensor",
-                            "TFApprox: asymmetric uint8 weights per-tensor (signed multipliers: "
-                            "symmetric int8 per-channel)")
-    if scheme.weights is None:
-        text = text.replace("default weights", "sign-magnitude (unsigned multipliers) / symmetric "
-                                               "int8 (signed) weights")
-    return text
-
-
 def plan(model, **kwargs) -> RewriteReport:
     """What rewrite_model would do, without keeping the rewritten model."""
     _, report = rewrite_model(model, return_report=True, **kwargs)
     return report
-
