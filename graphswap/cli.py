@@ -166,6 +166,113 @@ class SweepProgress:
     def close(self):
         if self.bar is not None:
             self.bar.__exit__(None, None, None)
+QUANTIZATION_PARAMS = ("quantization", "weights", "weight_granularity", "observer",
+                       "observer_momentum", "calibrate", "calibration_samples",
+                       "calibration_method", "calibration_source", "bias_correction",
+                       "calibration_bn", "fold_batchnorm")
+
+
+def quantization_options(command):
+    """How multiplier layers quantize, static calibration, and the zero-step recovery options,
+    shared by convert, evaluate and sweep; the command receives them as one dict `rewrite`."""
+    @functools.wraps(command)
+    def collect(*args, **kwargs):
+        kwargs["rewrite"] = {name: kwargs.pop(name) for name in QUANTIZATION_PARAMS}
+        return command(*args, **kwargs)
+
+    options = [
+        click.option("--fold-batchnorm", is_flag=True,
+                     help="Fold each Dense/Conv2D + BatchNormalization pair into one layer "
+                          "before quantizing, as int8 accelerators run it."),
+        click.option("--recalibrate-bn", "calibration_bn", is_flag=True,
+                     help="With --calibrate: re-estimate BatchNormalization statistics with the "
+                          "approximate forward (no gradient steps)."),
+        click.option("--bias-correction", type=click.Choice(list(swap.COMPENSATION_METHODS)),
+                     default=None,
+                     help="With --calibrate: compensate each multiplier layer's product error "
+                          "per output channel - 'mean' (mean error) or 'moments' (mean and "
+                          "spread; recommended, see docs/RECOVERY.md)."),
+        click.option("--calibration-source", type=click.Choice(list(swap.CALIBRATION_SOURCES)),
+                     default=swap.DEFAULT_CALIBRATION_SOURCE, show_default=True,
+                     help="Observe each layer's input in the float model, or with the layers "
+                          "before it already approximate ('approximate', layer by layer)."),
+        click.option("--calibration-method", type=click.Choice(list(swap.CALIBRATION_METHODS)),
+                     default=swap.DEFAULT_CALIBRATION_METHOD, show_default=True,
+                     help="Range of each layer's input: min/max, the 99.99th percentile, or the "
+                          "clipping range of least quantization error."),
+        click.option("--calibration-samples", type=click.IntRange(min=1),
+                     default=swap.DEFAULT_CALIBRATION_SAMPLES, show_default=True,
+                     help=f"Calibration examples to use (first N; at least "
+                          f"{swap.MIN_CALIBRATION_SAMPLES})."),
+        click.option("--calibrate", type=click.Path(), default=None, metavar="DATA",
+                     help="Representative inputs (.npz: x_train, else x; or an image folder): "
+                          "multiplier layers get static activation ranges calibrated on them, "
+                          "as hardware runs (the default whenever given). Without it activations "
+                          "are quantized per call ('dynamic', as TFApprox), so a result depends "
+                          "on the batch."),
+        click.option("--observer-momentum", type=click.FloatRange(0, 1, max_open=True),
+                     default=0.99, show_default=True,
+                     help="Momentum of the moving-average observer."),
+        click.option("--observer", type=click.Choice(["fixed", "moving-average"]),
+                     default="fixed", show_default=True,
+                     help="Static ranges during fine-tuning: fixed, or following a moving average "
+                          "of the observed ranges (as QAT observers)."),
+        click.option("--weight-granularity", type=click.Choice(["per-channel", "per-tensor"]),
+                     default=None,
+                     help="Weight scales per output channel [default] or one per tensor."),
+        click.option("--weights", type=click.Choice(["sign-magnitude", "asymmetric",
+                                                     "symmetric"]), default=None,
+                     help="Weight encoding [default: sign-magnitude for unsigned multipliers "
+                          "(a sign-magnitude MAC), symmetric int8 for signed ones]; asymmetric "
+                          "uint8 with a zero point is TFApprox's."),
+        click.option("--quantization", type=click.Choice(list(swap.QUANTIZATION_PRESETS)),
+                     default="default", show_default=True,
+                     help="'tfapprox': asymmetric per-tensor weights, as TFApprox (signed "
+                          "multipliers keep symmetric per-channel)."),
+    ]
+    for option in options:
+        collect = option(collect)
+    return collect
+
+
+def _rewrite_options(rewrite: dict, model=None, ctx=None) -> dict:
+    """rewrite_model's keyword arguments from the quantization options (calibration data read
+    for `model` when given, else passed on as a path)."""
+    explicit = {k: rewrite[k] for k in ("weights", "weight_granularity") if rewrite[k]}
+    if rewrite["quantization"] == "tfapprox" and explicit:
+        raise click.UsageError("--quantization tfapprox fixes the weight encoding and "
+                               "granularity; drop --weights/--weight-granularity, or use them "
+                               "without the preset")
+    if rewrite["calibrate"] is None:
+        needing = [f"--{name.replace('_', '-')}" for name in ("bias_correction", "calibration_bn")
+                   if rewrite[name]]
+        if ctx is not None:
+            needing += [f"--{name.replace('_', '-')}"
+                        for name in ("calibration_samples", "calibration_method",
+                                     "calibration_source")
+                        if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE]
+        if needing:
+            raise click.UsageError(f"{', '.join(needing)} "
+                                   f"{'needs' if len(needing) == 1 else 'need'} --calibrate DATA")
+    quantization = rewrite["quantization"]
+    if quantization != "tfapprox":
+        quantization = {"weights": (rewrite["weights"] or "").replace("-", "_") or None,
+                        "granularity": (rewrite["weight_granularity"] or "per-channel")
+                        .replace("-", "_"),
+                        "observer": rewrite["observer"].replace("-", "_"),
+                        "momentum": rewrite["observer_momentum"]}
+    options = {"quantization": quantization, "fold_batchnorm": rewrite["fold_batchnorm"]}
+    if rewrite["calibrate"] is not None:
+        data = rewrite["calibrate"]
+        if model is not None:
+            data = research.calibration_arrays(data, model, rewrite["calibration_samples"])
+        options.update(calibration_data=data,
+                       calibration_samples=rewrite["calibration_samples"],
+                       calibration_method=rewrite["calibration_method"],
+                       calibration_source=rewrite["calibration_source"],
+                       bias_correction=rewrite["bias_correction"],
+                       recalibrate_bn=rewrite["calibration_bn"])
+    return options
 
 
 def _load(path, custom_objects=None, unsafe=False):
@@ -206,19 +313,22 @@ def main():
 @click.option("--exclude", multiple=True, metavar="REGEX",
               help="Do not swap layers whose name/path matches (repeatable).")
 @layer_types_option("swap")
-@click.option("--backward", type=click.Choice(["native", "kernel"]), default="native",
+@click.option("--backward", type=click.Choice(list(swap.BACKWARD_MODES)), default="native",
               show_default=True,
               help="'native': TensorFlow's exact gradients (straight-through); 'kernel': backward "
-                   "products through the kernel too.")
+                   "products through the kernel too; 'lut_grad': the multiplier table's own "
+                   "partial derivatives (approximation-aware; Dense and Conv2D).")
 @click.option("--check-batch", default=8, show_default=True,
               type=click.IntRange(min=0, max=swap.MAX_CHECK_BATCH),
               help="Size of the random batch used to compare outputs with the original (0: skip; "
                    f"at most {swap.MAX_CHECK_BATCH}).")
 @click.option("-f", "--force", is_flag=True, help="Overwrite the output if it exists.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@quantization_options
 @model_loading_options
-def convert(model_path, output, kernel, kernel_map, include, exclude, layer_types, backward,
-            check_batch, force, as_json, custom_objects, unsafe):
+@click.pass_context
+def convert(ctx, model_path, output, kernel, kernel_map, include, exclude, layer_types, backward,
+            check_batch, force, as_json, custom_objects, unsafe, rewrite):
     """Rewrite MODEL so its layers with weights run KERNEL; save it and report.
 
     MODEL: .keras, full-model .h5, a graphswap SavedModel directory or a Keras 2 SavedModel.
@@ -228,12 +338,23 @@ def convert(model_path, output, kernel, kernel_map, include, exclude, layer_type
     gives, per layer type, the multiply-accumulates per sample that run on the kernel and
     those that stay float.  A subclassed model (class Net(keras.Model)) is converted when
     its class is registered and has get_config (pass its module with --custom-objects).
+
+    With --calibrate DATA the multiplier layers get static activation ranges (saved in the
+    model: a prediction no longer depends on its batch); --bias-correction and --recalibrate-bn
+    add the zero-gradient-step recovery on the same data (docs/RECOVERY.md).
     """
-    result = io.convert(model_path, kernel, kernel_map=kernel_map, include=list(include) or None,
+    source = model_path
+    if rewrite["calibrate"] is not None:   # the data is read for the model: load it first
+        output = output or io.default_output_path(model_path, "convert")
+        io.check_model_output_path(output, force, inputs=[model_path])
+        source = _load(model_path, custom_objects, unsafe)
+    options = _rewrite_options(rewrite, source if source is not model_path else None, ctx)
+    result = io.convert(source, kernel, kernel_map=kernel_map, include=list(include) or None,
                         exclude=list(exclude) or None,
                         layer_types=layer_types, backward=backward,
                         check_batch=check_batch, output=output, force=force,
-                        custom_objects=custom_objects, safe_mode=not unsafe)
+                        custom_objects=custom_objects, safe_mode=not unsafe,
+                        rewrite_options=options)
     _remember_named_kernels([kernel], err=as_json)
     click.echo(json.dumps(result.to_dict(), indent=2) if as_json else result.format_text())
 
@@ -419,9 +540,19 @@ def _echo_notes(notes, err=False):
               help="Validation data (.npz: x_test/y_test, else x/y; or an image directory).")
 @click.option("--val-split", type=float, default=None,
               help="Hold out this fraction of --data (seeded) for validation instead.")
-@click.option("--epochs", default=3, show_default=True, help="Total number of epochs.")
+@click.option("--epochs", default=3, show_default=True, type=click.IntRange(min=0),
+              help="Total number of epochs (0: only --recalibrate-bn).")
 @click.option("--batch-size", default=128, show_default=True)
-@click.option("--lr", "learning_rate", default=1e-4, show_default=True, help="Adam learning rate.")
+@click.option("--lr", "learning_rate", default=research.DEFAULT_LEARNING_RATE, show_default=True,
+              help="Adam learning rate (the start of the schedule).")
+@click.option("--schedule", type=click.Choice(list(research.SCHEDULES)),
+              default=research.DEFAULT_SCHEDULE, show_default=True,
+              help="Learning rate over the run: decayed to 0 by a cosine, or constant (the "
+                   "default recipe was chosen from measurements: docs/RECOVERY.md).")
+@click.option("--recalibrate-bn/--no-recalibrate-bn", default=None,
+              help="Re-estimate BatchNormalization statistics with the approximate forward (no "
+                   "gradient steps) before and after training [default: after training, for "
+                   "models with BatchNormalization].")
 @click.option("--strategy", type=click.Choice(["none", "mirrored", "multiworker"]),
               default="none", show_default=True,
               help="'mirrored': all local GPUs (or logical CPUs); 'multiworker': the cluster in "
@@ -445,8 +576,8 @@ def _echo_notes(notes, err=False):
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @model_loading_options
 def finetune(model_path, data_path, val_data, val_split, epochs, batch_size, learning_rate,
-             strategy, checkpoint_dir, resume, patience, monitor, seed, scale, pad, resize,
-             output, force, as_json, custom_objects, unsafe):
+             schedule, recalibrate_bn, strategy, checkpoint_dir, resume, patience, monitor, seed,
+             scale, pad, resize, output, force, as_json, custom_objects, unsafe):
     """Fine-tune MODEL (e.g. written by convert) with its kernels in the loop; save the result.
 
     Uses the loss/metrics saved with the model (else a stated classifier default), keeps the
@@ -459,7 +590,8 @@ def finetune(model_path, data_path, val_data, val_split, epochs, batch_size, lea
                                         directory=io.is_graphswap_saved_model(model_path))
     result = research.finetune(
         model_path, data_path, val_data=val_data, val_split=val_split, epochs=epochs,
-        batch_size=batch_size, learning_rate=learning_rate, strategy=strategy,
+        batch_size=batch_size, learning_rate=learning_rate, schedule=schedule,
+        recalibrate_bn=recalibrate_bn, strategy=strategy,
         checkpoint_dir=checkpoint_dir, resume=resume, patience=patience, monitor=monitor,
         seed=seed, verbose=2 if as_json or not sys.stdout.isatty() else 1,
         resize=resize, pad=pad, scale=scale, custom_objects=custom_objects,
@@ -490,8 +622,8 @@ def finetune(model_path, data_path, val_data, val_split, epochs, batch_size, lea
                    "report its accuracy afterwards.")
 @click.option("--epochs", default=1, show_default=True, help="Fine-tuning epochs.")
 @click.option("--batch-size", default=128, show_default=True)
-@click.option("--lr", "learning_rate", default=1e-4, show_default=True,
-              help="Fine-tuning learning rate.")
+@click.option("--lr", "learning_rate", default=research.DEFAULT_LEARNING_RATE, show_default=True,
+              help="Fine-tuning learning rate (the default recipe's: Adam, cosine decay).")
 @click.option("--seed", default=0, show_default=True)
 @click.option("--include", multiple=True, metavar="REGEX", help="As for convert.")
 @click.option("--exclude", multiple=True, metavar="REGEX", help="As for convert.")
@@ -505,10 +637,12 @@ def finetune(model_path, data_path, val_data, val_split, epochs, batch_size, lea
               metavar="[PATH]",
               help="Print the results as JSON; with a PATH (ending in .json), write them there "
                    "instead (like -o).")
+@quantization_options
 @model_loading_options
-def evaluate_command(model_path, data_path, kernel_specs, finetune_data, epochs, batch_size,
+@click.pass_context
+def evaluate_command(ctx, model_path, data_path, kernel_specs, finetune_data, epochs, batch_size,
                      learning_rate, seed, include, exclude, scale, pad, resize, output, plot,
-                     force, json_target, custom_objects, unsafe):
+                     force, json_target, custom_objects, unsafe, rewrite):
     """Evaluate MODEL and one rewritten copy per --kernel on the same data, side by side."""
     as_json = json_target == "-"
     if json_target not in (None, "-"):
@@ -526,7 +660,8 @@ def evaluate_command(model_path, data_path, kernel_specs, finetune_data, epochs,
                                learning_rate=learning_rate, seed=seed,
                                include=list(include) or None, exclude=list(exclude) or None,
                                resize=resize, pad=pad, scale=scale,
-                               custom_objects=custom_objects, safe_mode=not unsafe)
+                               custom_objects=custom_objects, safe_mode=not unsafe,
+                               rewrite_options=_rewrite_options(rewrite, ctx=ctx))
     if output is not None:
         result.write(output, force=force)
     if plot is not None:
@@ -570,10 +705,12 @@ def evaluate_command(model_path, data_path, kernel_specs, finetune_data, epochs,
               help="Write the Pareto plot (accuracy vs relative multiply energy) as PNG.")
 @click.option("-f", "--force", is_flag=True, help="Overwrite output files.")
 @click.option("--json", "as_json", is_flag=True, help="Print the full sweep as JSON.")
+@quantization_options
 @model_loading_options
-def sweep_command(model_path, data_path, kernel_spec, power_options, reference_power, max_drop,
-                  include, exclude, layer_types, batch_size, scale, pad, resize, output, plot,
-                  force, as_json, custom_objects, unsafe):
+@click.pass_context
+def sweep_command(ctx, model_path, data_path, kernel_spec, power_options, reference_power,
+                  max_drop, include, exclude, layer_types, batch_size, scale, pad, resize, output,
+                  plot, force, as_json, custom_objects, unsafe, rewrite):
     """Swap one layer at a time to KERNEL: accuracy drop, MACs, energy, Pareto plot, kernel map.
 
     A progress bar (click's) on stderr counts the evaluated models: one per layer, then one
@@ -594,7 +731,8 @@ def sweep_command(model_path, data_path, kernel_spec, power_options, reference_p
                                 include=list(include) or None, exclude=list(exclude) or None,
                                 batch_size=batch_size, resize=resize, pad=pad, scale=scale,
                                 custom_objects=custom_objects, safe_mode=not unsafe,
-                                progress=progress)
+                                progress=progress,
+                                rewrite_options=_rewrite_options(rewrite, ctx=ctx))
     finally:
         progress.close()
     result.write_kernel_map(output, force=force)

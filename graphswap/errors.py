@@ -76,3 +76,8 @@ class CustomGradientError(GraphswapError, ValueError):
 class SavedModelConsistencyError(ModelLoadError):
     """A graphswap SavedModel whose halves disagree: the serving graph, the embedded Keras model and
     the manifest tying them together (one of them was replaced or edited)."""
+
+
+class QuantizationError(GraphswapError, ValueError):
+    """A quantization scheme, calibration or recovery request that is malformed or does not fit
+    the model/multiplier (unknown method, wrong-shaped or too little calibration data, ...)."""

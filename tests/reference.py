@@ -89,17 +89,35 @@ def builtin_reference(name: str) -> np.ndarray:
 
 
 # ------------------------------------------------------------------------------------------------
-# quantize -> table -> accumulate -> dequantize
+# quantize -> table -> accumulate -> dequantize, every mode of graphswap/kernels/quantized.py
+#
+# `mode` is a dict (or None for the defaults) with keys weights ("sign_magnitude" | "asymmetric" |
+# "symmetric" | None = sign_magnitude for unsigned, symmetric for signed), granularity
+# ("per_channel" | "per_tensor"), activation_range ((lo, hi) for static activations, else None).
 # ------------------------------------------------------------------------------------------------
 
 
-def _asym_params(t):
-    values = [float(v) for v in np.asarray(t, np.float64).ravel() if np.isfinite(v)]
-    lo, hi = min(values + [0.0]), max(values + [0.0])
+def resolve_mode(mode, signed):
+    mode = dict(mode or {})
+    weights = mode.get("weights") or ("symmetric" if signed else "sign_magnitude")
+    return weights, mode.get("granularity", "per_channel"), mode.get("activation_range")
+
+
+def _finite(values):
+    return [float(v) for v in np.asarray(values, np.float64).ravel() if np.isfinite(v)]
+
+
+def _asym_params_of_range(lo, hi):
+    lo, hi = min(lo, 0.0), max(hi, 0.0)
     if lo == hi:
         return 1.0, 0
     scale = (hi - lo) / 255.0
     return scale, int(min(max(np.rint(-lo / scale), 0), 255))
+
+
+def _asym_params(t):
+    values = _finite(t)
+    return _asym_params_of_range(min(values + [0.0]), max(values + [0.0]))
 
 
 def _asym_codes(t, scale, zero):
@@ -108,11 +126,13 @@ def _asym_codes(t, scale, zero):
     return np.where(np.isfinite(t), codes, zero).astype(np.int64)
 
 
+def _amax_scale(amax, levels):
+    return amax / levels if amax > 0 else 1.0
+
+
 def _sym_scale(t):
-    t = np.asarray(t, np.float64)
-    finite = np.abs(t[np.isfinite(t)])
-    amax = float(finite.max()) if finite.size else 0.0
-    return amax / 127.0 if amax > 0 else 1.0
+    values = [abs(v) for v in _finite(t)]
+    return _amax_scale(max(values) if values else 0.0, 127.0)
 
 
 def _sym_values(t, scale):
@@ -128,36 +148,76 @@ def _lookup(table, qa, qb, signed):
     return np.asarray(table, np.int64)[(qa << 8) | qb]
 
 
-def quantized_matmul(a, b, table, signed):
+def _activations(t, signed, static_range):
+    """(quantized values or codes, scale, zero point)."""
+    if signed:
+        if static_range is None:
+            scale = _sym_scale(t)
+        else:
+            scale = _amax_scale(max(abs(static_range[0]), abs(static_range[1])), 127.0)
+        return _sym_values(t, scale), scale, 0
+    if static_range is None:
+        scale, zero = _asym_params(t)
+    else:
+        scale, zero = _asym_params_of_range(*static_range)
+    return _asym_codes(t, scale, zero), scale, zero
+
+
+def _weight_channel(values, whole, weights):
+    """One output channel's weights -> (integer operand per weight, sign per weight, scale, zero).
+
+    `whole` is what the scale is computed over (the channel, or the whole tensor)."""
+    if weights == "asymmetric":
+        scale, zero = _asym_params(whole)
+        return _asym_codes(values, scale, zero), np.ones(np.shape(values), np.int64), scale, zero
+    magnitudes = [abs(v) for v in _finite(whole)]
+    amax = max(magnitudes) if magnitudes else 0.0
+    values = np.asarray(values, np.float64)
+    clean = np.where(np.isfinite(values), values, 0.0)
+    if weights == "symmetric":
+        scale = _amax_scale(amax, 127.0)
+        return _sym_values(values, scale), np.ones(values.shape, np.int64), scale, 0
+    scale = _amax_scale(amax, 255.0)
+    magnitude = np.clip(np.rint(np.abs(clean) / scale), 0, 255).astype(np.int64)
+    return magnitude, np.where(clean < 0, -1, 1), scale, 0
+
+
+def _channel_sum(table, signed, weights, qa, za, qw, sign, zw):
+    """Exact integer sum of one output channel over the last axis/axes, by the spec's formulas.
+    qa: (..., taps) activation codes/values; qw, sign: (taps,) weight operands."""
+    axes = tuple(range(qa.ndim - qw.ndim, qa.ndim))
+    products = _lookup(table, qa, np.broadcast_to(qw, qa.shape), signed)
+    if weights == "sign_magnitude":
+        return (sign * products).sum(axis=axes) - za * int((sign * qw).sum())
+    total = products.sum(axis=axes)
+    if weights == "asymmetric":
+        taps = int(np.prod(qw.shape))
+        total = total - zw * qa.sum(axis=axes) - za * int(qw.sum()) + taps * za * zw
+    return total
+
+
+def quantized_matmul(a, b, table, signed, mode=None):
+    weights, granularity, static_range = resolve_mode(mode, signed)
     a = np.asarray(a, np.float32)
     b = np.asarray(b, np.float32)
     m, k = a.shape
     n = b.shape[1]
     out = np.zeros((m, n), np.float64)
-    if signed:
-        sa = _sym_scale(a)
-        va = _sym_values(a, sa)
-        for j in range(n):
-            sb = _sym_scale(b[:, j])
-            vb = _sym_values(b[:, j], sb)
-            total = _lookup(table, va, vb[None, :], True).sum(axis=1)
-            out[:, j] = (sa * sb) * total.astype(np.float64)
-    else:
-        sa, za = _asym_params(a)
-        sb, zb = _asym_params(b)
-        qa, qb = _asym_codes(a, sa, za), _asym_codes(b, sb, zb)
-        for i in range(m):
-            products = _lookup(table, qa[i][:, None], qb, False)  # (k, n)
-            exact_total = (products.sum(axis=0) - zb * qa[i].sum() - za * qb.sum(axis=0) + k * za * zb)
-            out[i] = (sa * sb) * exact_total.astype(np.float64)
+    qa, sa, za = _activations(a, signed, static_range)
+    for j in range(n):
+        whole = b[:, j] if granularity == "per_channel" else b
+        qw, sign, sw, zw = _weight_channel(b[:, j], whole, weights)
+        total = _channel_sum(table, signed, weights, qa, za, qw, sign, zw)
+        out[:, j] = (sa * sw) * np.asarray(total).astype(np.float64)
     out = out.astype(np.float32)
     out[~np.isfinite(a).all(axis=1), :] = np.nan
     out[:, ~np.isfinite(b).all(axis=0)] = np.nan
     return out
 
 
-def quantized_conv2d(x, w, table, signed, strides, dilations, pads, groups):
+def quantized_conv2d(x, w, table, signed, strides, dilations, pads, groups, mode=None):
     """pads = (top, bottom, left, right); NHWC x, HWIO w."""
+    weights, granularity, static_range = resolve_mode(mode, signed)
     x = np.asarray(x, np.float32)
     w = np.asarray(w, np.float32)
     n, h, wd, cin = x.shape
@@ -168,18 +228,12 @@ def quantized_conv2d(x, w, table, signed, strides, dilations, pads, groups):
     pt, pb, pl, pr = pads
     oh = (h + pt + pb - dh * (fh - 1) - 1) // sh + 1
     ow = (wd + pl + pr - dw * (fw - 1) - 1) // sw + 1
-    if signed:
-        sx = _sym_scale(x)
-        qx = _sym_values(x, sx)
-        pad_value = 0
-        sws = [_sym_scale(w[..., o]) for o in range(cout)]
-        qw = np.stack([_sym_values(w[..., o], sws[o]) for o in range(cout)], axis=-1)
-    else:
-        sx, zx = _asym_params(x)
-        swt, zw = _asym_params(w)
-        qx, qw = _asym_codes(x, sx, zx), _asym_codes(w, swt, zw)
-        pad_value = zx
-    padded = np.full((n, h + pt + pb, wd + pl + pr, cin), pad_value, np.int64)
+    qx, sx, zx = _activations(x, signed, static_range)
+    channels = []
+    for o in range(cout):
+        whole = w[..., o] if granularity == "per_channel" else w
+        channels.append(_weight_channel(w[..., o], whole, weights))
+    padded = np.full((n, h + pt + pb, wd + pl + pr, cin), zx, np.int64)
     padded[:, pt:pt + h, pl:pl + wd, :] = qx
     bad = np.zeros((n, h + pt + pb, wd + pl + pr, cin), bool)
     bad[:, pt:pt + h, pl:pl + wd, :] = ~np.isfinite(x)
@@ -194,15 +248,11 @@ def quantized_conv2d(x, w, table, signed, strides, dilations, pads, groups):
             for o in range(cout):
                 grp = o // cout_g
                 patch = window[..., grp * cin_g:(grp + 1) * cin_g]  # (n, fh, fw, cin_g)
-                filt = qw[..., o]                                    # (fh, fw, cin_g)
-                total = _lookup(table, patch, filt[None], signed).sum(axis=(1, 2, 3))
-                if signed:
-                    out[:, y, xx, o] = (sx * sws[o]) * total.astype(np.float64)
-                else:
-                    taps = fh * fw * cin_g
-                    total = total - zw * patch.sum(axis=(1, 2, 3)) - zx * filt.sum() + taps * zx * zw
-                    out[:, y, xx, o] = (sx * swt) * total.astype(np.float64)
-                nan_mask[:, y, xx, o] = window_bad[..., grp * cin_g:(grp + 1) * cin_g].any(axis=(1, 2, 3))
+                qw, sign, swo, zw = channels[o]
+                total = _channel_sum(table, signed, weights, patch, zx, qw, sign, zw)
+                out[:, y, xx, o] = (sx * swo) * np.asarray(total).astype(np.float64)
+                nan_mask[:, y, xx, o] = window_bad[..., grp * cin_g:(grp + 1) * cin_g].any(
+                    axis=(1, 2, 3))
     out = out.astype(np.float32)
     out[nan_mask] = np.nan
     out[..., ~np.isfinite(w).all(axis=(0, 1, 2))] = np.nan

@@ -10,7 +10,9 @@ import pytest
 from graphswap import native
 from graphswap.native import conv_geometry
 from graphswap.kernels import resolve_multiplier
-from graphswap.kernels import LutKernel
+from graphswap.errors import QuantizationError
+from graphswap.kernels import LutKernel, QuantScheme
+from graphswap.multipliers import Multiplier
 
 import reference
 
@@ -134,15 +136,97 @@ def activations(shape, relu=False):
     return np.maximum(x, 0) if relu else x
 
 
+UNSIGNED_MODES = [
+    {"weights": "sign_magnitude", "granularity": "per_channel"},
+    {"weights": "sign_magnitude", "granularity": "per_tensor"},
+    {"weights": "asymmetric", "granularity": "per_tensor"},     # TFApprox
+    {"weights": "asymmetric", "granularity": "per_channel"},
+]
+SIGNED_MODES = [{"weights": "symmetric", "granularity": "per_channel"},
+                {"weights": "symmetric", "granularity": "per_tensor"}]
+STATIC_RANGES = [None, (-0.75, 1.875), (0.0, 0.625)]  # dynamic; static, clipping (float32 values)
+
+
+def modes_for(signed):
+    for mode in (SIGNED_MODES if signed else UNSIGNED_MODES):
+        for static in STATIC_RANGES:
+            yield {**mode, "activation_range": static}
+
+
+def scheme_of(mode):
+    static = mode.get("activation_range")
+    return QuantScheme(weights=mode["weights"], granularity=mode["granularity"],
+                       activations="static" if static is not None else "dynamic",
+                       activation_range=static)
+
+
+def mode_id(mode):
+    static = mode.get("activation_range")
+    return f"{mode['weights']}-{mode['granularity']}-" + ("dynamic" if static is None
+                                                        else f"static{static}")
+
+
+def table_multiplier(table, signed, name="random"):
+    return Multiplier(spec=name, name=name, signed=signed, table=table.astype(np.int32),
+                      description="test table", kind="lut")
+
+
 @pytest.mark.parametrize("name", MULTIPLIERS)
 @pytest.mark.parametrize("m,k,n", [(1, 7, 3), (5, 16, 9), (64, 50, 12), (33, 120, 84)])
 def test_kernel_matmul_matches_reference(name, m, k, n):
     mult = resolve_multiplier(name)
     a = activations((m, k), relu=(n % 2 == 0))
     b = (RNG.normal(0, 0.2, (k, n)) + 0.05).astype(np.float32)
-    got = LutKernel(mult).matmul(a, b)
-    assert got.dtype == np.float32 and got.shape == (m, n)
-    np.testing.assert_array_equal(got, reference.quantized_matmul(a, b, mult.table, mult.signed))
+    for mode in modes_for(mult.signed):
+        got = LutKernel(mult).matmul(a, b, quant=scheme_of(mode))
+        assert got.dtype == np.float32 and got.shape == (m, n)
+        np.testing.assert_array_equal(got, reference.quantized_matmul(a, b, mult.table, mult.signed,
+                                                                      mode), err_msg=mode_id(mode))
+
+
+def test_default_scheme_is_sign_magnitude_or_symmetric_per_channel_dynamic():
+    a = activations((9, 20))
+    b = RNG.normal(0, 0.2, (20, 6)).astype(np.float32)
+    for name in ("mul8u_drum4", "mul8s_drum4"):
+        mult = resolve_multiplier(name)
+        np.testing.assert_array_equal(LutKernel(mult).matmul(a, b),
+                                      reference.quantized_matmul(a, b, mult.table, mult.signed))
+
+
+def test_sign_magnitude_with_a_table_whose_zero_column_is_not_zero():
+    """T[a, 0] != 0 (a multiplier with an offset): the zero-column term is added back exactly."""
+    table = RNG.integers(-3000, 3000, 65536)
+    mult = table_multiplier(table, signed=False)
+    assert (table.reshape(256, 256)[:, 0] != 0).any()
+    a = activations((11, 30))
+    b = RNG.normal(0, 0.2, (30, 7)).astype(np.float32)
+    b[3, 2] = 0.0      # a zero weight counts as +T[a, 0]
+    b[4, 1] = -1e-9    # a negative weight whose magnitude rounds to 0 counts as -T[a, 0]
+    for granularity in ("per_channel", "per_tensor"):
+        mode = {"weights": "sign_magnitude", "granularity": granularity,
+                "activation_range": None}
+        np.testing.assert_array_equal(LutKernel(mult).matmul(a, b, quant=scheme_of(mode)),
+                                      reference.quantized_matmul(a, b, table, False, mode))
+    g = conv_geometry((2, 7, 6, 4), (3, 3, 2, 6), (1, 1), (1, 1), "same", 2)
+    x = activations((2, 7, 6, 4))
+    w = RNG.normal(0, 0.3, (3, 3, 2, 6)).astype(np.float32)
+    mode = {"weights": "sign_magnitude", "granularity": "per_channel",
+            "activation_range": (-0.5, 1.0)}
+    got = LutKernel(mult).conv2d(x, w, g, quant=scheme_of(mode))
+    want = reference.quantized_conv2d(x, w, table, False, (1, 1), (1, 1),
+                                      (g.pad_top, g.pad_bottom, g.pad_left, g.pad_right), 2, mode)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_encodings_that_cannot_run_on_the_multiplier_are_refused():
+    a = activations((3, 4))
+    b = RNG.normal(0, 0.2, (4, 2)).astype(np.float32)
+    with pytest.raises(QuantizationError, match="cannot run on a signed"):
+        LutKernel(resolve_multiplier("mul8s_drum4")).matmul(
+            a, b, quant=QuantScheme(weights="sign_magnitude"))
+    with pytest.raises(QuantizationError, match="cannot run on a unsigned|cannot run on an"):
+        LutKernel(resolve_multiplier("mul8u_drum4")).matmul(
+            a, b, quant=QuantScheme(weights="symmetric"))
 
 
 @pytest.mark.parametrize("name", ["mul8u_drum4", "mul8s_mitchell", "mul8u_exact", "mul8s_exact"])
@@ -157,42 +241,52 @@ def test_kernel_conv2d_matches_reference(name, case):
     g = conv_geometry(xs, ws, strides, dilations, padding, groups)
     x = activations(xs)
     w = RNG.normal(0, 0.3, ws).astype(np.float32)
-    got = LutKernel(mult).conv2d(x, w, g)
-    want = reference.quantized_conv2d(x, w, mult.table, mult.signed, strides, dilations,
-                                      (g.pad_top, g.pad_bottom, g.pad_left, g.pad_right), groups)
-    np.testing.assert_array_equal(got, want)
+    pads = (g.pad_top, g.pad_bottom, g.pad_left, g.pad_right)
+    for mode in modes_for(mult.signed):
+        got = LutKernel(mult).conv2d(x, w, g, quant=scheme_of(mode))
+        want = reference.quantized_conv2d(x, w, mult.table, mult.signed, strides, dilations, pads,
+                                          groups, mode)
+        np.testing.assert_array_equal(got, want, err_msg=mode_id(mode))
 
 
 # ---------------------------------------------------------------------------- accuracy of exact multipliers
 
-def quantization_bound(a, b, signed):
+def quantization_bound(a, b, signed, weights):
     """Elementwise bound on |quantized - float| for the exact multiplier.
 
-    Each operand is represented with error e, |e| <= s/2 for symmetric int8 (no clipping: |t| <=
-    max|t| = 127 s); <= s for asymmetric uint8 (rounding the zero point can push the top of the
-    range one step out and clip it).  Then |ab - (a+ea)(b+eb)| <= |a||eb| + |b||ea| + |ea||eb|,
-    summed over k, plus float32 rounding of the result."""
+    Each operand is represented with error e, |e| <= s/2 for symmetric int8 and sign-magnitude
+    weights (no clipping: |t| <= max|t| = 127 s, resp. 255 s); <= s for asymmetric uint8 (rounding
+    the zero point can push the top of the range one step out and clip it).  Then
+    |ab - (a+ea)(b+eb)| <= |a||eb| + |b||ea| + |ea||eb|, summed over k, plus float32 rounding of
+    the result."""
     a64, b64 = np.abs(a.astype(np.float64)), np.abs(b.astype(np.float64))
     if signed:
         ea = np.abs(a64).max() / 127 / 2
         eb = (b64.max(axis=0) / 127 / 2)[None, :]
     else:
         ea = (max(a.max(), 0) - min(a.min(), 0)) / 255.0
-        eb = (max(b.max(), 0) - min(b.min(), 0)) / 255.0
+        if weights == "sign_magnitude":
+            eb = (b64.max(axis=0) / 255 / 2)[None, :]
+        else:
+            eb = (max(b.max(), 0) - min(b.min(), 0)) / 255.0
     k = a.shape[1]
     bound = a64 @ (np.ones_like(b64) * eb) + (b64 * ea).sum(axis=0)[None, :] + k * ea * eb
     return bound * (1 + 1e-6) + 1e-6 * np.abs(a64 @ b64)
 
 
-@pytest.mark.parametrize("name", ["mul8u_exact", "mul8s_exact"])
-def test_exact_multipliers_within_quantization_bound(name):
+@pytest.mark.parametrize("name,weights", [("mul8u_exact", "sign_magnitude"),
+                                          ("mul8u_exact", "asymmetric"),
+                                          ("mul8s_exact", "symmetric")])
+def test_exact_multipliers_within_quantization_bound(name, weights):
     mult = resolve_multiplier(name)
+    granularity = "per_tensor" if weights == "asymmetric" else "per_channel"
+    scheme = QuantScheme(weights=weights, granularity=granularity)
     for m, k, n in [(64, 400, 120), (3, 25, 6)]:
         a = activations((m, k), relu=True)
         b = RNG.normal(0, 0.1, (k, n)).astype(np.float32)
-        got = LutKernel(mult).matmul(a, b).astype(np.float64)
+        got = LutKernel(mult).matmul(a, b, quant=scheme).astype(np.float64)
         exact = a.astype(np.float64) @ b.astype(np.float64)
-        bound = quantization_bound(a, b, mult.signed)
+        bound = quantization_bound(a, b, mult.signed, weights)
         assert (np.abs(got - exact) <= bound).all()
         # and the bound is meaningful: the error is small against the outputs' scale
         assert np.abs(got - exact).max() < 0.05 * np.abs(exact).max()
@@ -255,5 +349,5 @@ def test_zero_constant_and_empty_tensors(name):
 def test_kernel_config_and_description():
     kernel = LutKernel(resolve_multiplier("mul8u_drum5"))
     assert kernel.spec == "mul8u_drum5" and kernel.to_config() == {"spec": "mul8u_drum5"}
-    assert "asymmetric uint8" in kernel.description
+    assert "sign-magnitude weights per-channel" in kernel.description
     assert "symmetric int8" in LutKernel(resolve_multiplier("mul8s_exact")).description

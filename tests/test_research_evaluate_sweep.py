@@ -231,9 +231,11 @@ def test_sweep_and_evaluate_errors():
 def test_cli_evaluate_and_sweep_on_the_sample(tmp_path):
     runner = CliRunner()
     result = runner.invoke(main, ["evaluate", str(SAMPLE_MODEL), "--data", str(SAMPLE_DATA),
-                                  "-k", "exact", "-k", "mul8u_drum4", "-o",
-                                  str(tmp_path / "e.json"), "--plot", str(tmp_path / "e.png")])
+                                  "-k", "exact", "-k", "mul8u_drum4", "--quantization", "tfapprox",
+                                  "-o", str(tmp_path / "e.json"), "--plot",
+                                  str(tmp_path / "e.png")])
     assert result.exit_code == 0, result.output
+    assert "dynamic activations (range per call, as TFApprox)" in result.output
     payload = json.loads((tmp_path / "e.json").read_text())
     rows = {row["name"]: row for row in payload["rows"]}
     assert rows["exact"]["accuracy"] == rows["original"]["accuracy"] > 0.99

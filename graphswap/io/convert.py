@@ -58,7 +58,7 @@ class ConvertResult:
 def convert(model, kernel=None, *, kernel_map=None, include=None, exclude=None,
             layer_types=None, backward: str = "native", check_batch: int = 8,
             output=None, force: bool = False, custom_objects=None,
-            safe_mode: bool = True, inplace: bool = False) -> ConvertResult:
+            safe_mode: bool = True, inplace: bool = False, rewrite_options=None) -> ConvertResult:
     """Rewrite `model` (a path, or a keras.Model) so its selected layers run `kernel`.
 
     `kernel` defaults to "exact", or to none when a `kernel_map` is given (see rewrite_model for
@@ -70,7 +70,9 @@ def convert(model, kernel=None, *, kernel_map=None, include=None, exclude=None,
     and keep their kernel otherwise.  Raises GraphswapError when no layer is selected: an
     unchanged copy is not a conversion.  `inplace` (subclassed models without get_config only;
     see rewrite_model) swaps the loaded model's own layers - with a path it is the freshly loaded
-    copy, never the file.
+    copy, never the file.  `rewrite_options` are rewrite_model's quantization, calibration and
+    folding arguments (quantization, calibration_data as arrays, calibration_samples,
+    calibration_method, calibration_source, bias_correction, recalibrate_bn, fold_batchnorm).
     """
     source = Path(model) if isinstance(model, (str, os.PathLike)) else None
     check_batch = validate_check_batch(check_batch)
@@ -87,7 +89,8 @@ def convert(model, kernel=None, *, kernel_map=None, include=None, exclude=None,
     base = lower_model(original)[0] if previous else original
     swapped, report = rewrite_model(base, kernel=kernel, include=include, exclude=exclude,
                                     kernel_map=kernel_map, layer_types=layer_types,
-                                    backward=backward, return_report=True, inplace=inplace)
+                                    backward=backward, return_report=True, inplace=inplace,
+                                    **(rewrite_options or {}))
     if previous:
         swapped = _keep_unselected_kernels(swapped, report, previous)
     if not report.swapped:

@@ -84,7 +84,7 @@ class KeptDepthwiseConv2D(SwappedDepthwiseConv2D):
     def call(self, inputs):
         k_h, k_w, channels, multiplier = (int(d) for d in self.kernel.shape)
         w = tf.reshape(_f32(self.kernel), [k_h, k_w, 1, channels * multiplier])
-        y = kernel_conv(self.arithmetic, _nhwc(self, inputs), w,
+        y = kernel_conv(self.scheme_kernel(), _nhwc(self, inputs), w,
                         part_name(self.graphswap_marker, 0), self.strides, self.padding,
                         self.dilation_rate, channels)
         return _finish(self, inputs, y, channels * multiplier)
@@ -100,10 +100,10 @@ class KeptSeparableConv2D(SwappedSeparableConv2D):
     def call(self, inputs):
         k_h, k_w, channels, multiplier = (int(d) for d in self.depthwise_kernel.shape)
         w = tf.reshape(_f32(self.depthwise_kernel), [k_h, k_w, 1, channels * multiplier])
-        depthwise = kernel_conv(self.arithmetic, _nhwc(self, inputs), w,
+        depthwise = kernel_conv(self.scheme_kernel(), _nhwc(self, inputs), w,
                                 part_name(self.graphswap_marker, 0), self.strides, self.padding,
                                 self.dilation_rate, channels)
-        y = kernel_conv(self.arithmetic, depthwise, _f32(self.pointwise_kernel),
+        y = kernel_conv(self.scheme_kernel(), depthwise, _f32(self.pointwise_kernel),
                         part_name(self.graphswap_marker, 1))
         return _finish(self, inputs, y, self.filters)
 
@@ -124,7 +124,7 @@ class KeptConv1D(SwappedConv1D):
         if self.padding == "causal":
             x = tf.pad(x, [[0, 0], [self.dilation_rate[0] * (self.kernel_size[0] - 1), 0],
                            [0, 0]])
-        y = kernel_conv(self.arithmetic, tf.expand_dims(x, 1),
+        y = kernel_conv(self.scheme_kernel(), tf.expand_dims(x, 1),
                         tf.expand_dims(_f32(self.kernel), 0), part_name(self.graphswap_marker, 0),
                         (1, self.strides[0]), self._conv_padding(), (1, self.dilation_rate[0]),
                         self.groups)
@@ -167,7 +167,7 @@ class KeptConv2DTranspose(SwappedConv2DTranspose):
         plan = transposed_conv((1, *x.shape[1:]), tuple(self.kernel.shape), self.strides,
                                self.padding, self.output_padding, self.dilation_rate)
         w = tf.transpose(tf.reverse(_f32(self.kernel), [0, 1]), [0, 1, 3, 2])
-        y = kernel_conv(self.arithmetic, insert_zeros_tf(x, plan), w,
+        y = kernel_conv(self.scheme_kernel(), insert_zeros_tf(x, plan), w,
                         part_name(self.graphswap_marker, 0), dilations=self.dilation_rate)
         return _finish(self, inputs, y, self.filters)
 
@@ -183,7 +183,7 @@ def kept_einsum(layer, inputs, kernel, marker, part):
     k, n = plan.kernel_matrix_shape(tuple(w.shape))
     x2 = tf.reshape(tf.transpose(x, plan.input_permutation), [-1, k])
     w2 = tf.reshape(tf.transpose(w, plan.kernel_permutation), [k, n])
-    y2 = kernel_matmul(layer.arithmetic, x2, w2, part_name(marker, part))
+    y2 = kernel_matmul(layer.scheme_kernel(), x2, w2, part_name(marker, part))
     dynamic = tf.shape(tf.transpose(x, plan.input_permutation))
     free = len(plan.free)
     sizes = plan.sizes(list(x.shape), tuple(w.shape))

@@ -2,8 +2,11 @@
 layers whose kernel calls are marked PyFuncs that tf2onnx turns into custom ONNX nodes
 (graphswap.io.kept_layers for the layers beyond Dense/Conv2D).
 
-`lower_model(model)` computes what `model` computes with the exact kernel; `kept_kernel_model`
-keeps the kernels.  Both return the per-layer records the export metadata stores.
+`lower_model(model)` computes what `model` computes with the exact kernel (an output correction
+compensates an approximate multiplier's error, so it is dropped with it); `kept_kernel_model`
+keeps the kernels, with each layer's quantization scheme - static ranges included - fixed at
+export and its output correction as standard ops.  Both return the per-layer records the export
+metadata stores.
 """
 
 from __future__ import annotations
@@ -36,11 +39,14 @@ class SwappedLayer:
     description: str
     backward: str
     onnx_nodes: list = dataclasses.field(default_factory=list)
+    quantization: dict | None = None   # the layer's QuantScheme config (static range included)
 
     def to_dict(self) -> dict:
         record = {"layer": self.path, "name": self.name, "type": self.layer_type,
                   "kernel": self.kernel, "kernel_spec": self.kernel.get("spec"),
                   "description": self.description, "backward": self.backward}
+        if self.quantization is not None:
+            record["quantization"] = self.quantization
         if self.onnx_nodes:
             record["onnx_nodes"] = list(self.onnx_nodes)
         return record
@@ -51,6 +57,8 @@ def _plain_config(layer) -> dict:
     config.pop("arithmetic", None)
     config.pop("swap_kernel", None)
     config.pop("backward", None)
+    config.pop("quantization", None)
+    config.pop("output_correction", None)
     return config
 
 
@@ -126,6 +134,11 @@ class MarkedConv1D(MarkedLayer, keras.layers.Conv1D):
         if self.data_format == "channels_first":
             y = tf.transpose(y, [0, 2, 1])
         return self.activation(y) if self.activation is not None else y
+def kernel_matmul(arithmetic, a, b, quant):
+    """arithmetic.matmul with the layer's scheme (passed only when there is one)."""
+    if quant is None:
+        return arithmetic.matmul(a, b)
+    return arithmetic.matmul(a, b, quant=quant)
 
 
 class KeptDense(SwappedDense):
@@ -141,12 +154,14 @@ class KeptDense(SwappedDense):
         k, n = int(w.shape[0]), int(w.shape[1])
         x2d = tf.reshape(x, [-1, k]) if x.shape.rank != 2 else x
         arithmetic = self.arithmetic
-        y = tf.numpy_function(lambda a, b: arithmetic.matmul(a, b), [x2d, w], tf.float32,
-                              stateful=False, name=self.graphswap_marker)
+        quant = self.current_quantization()   # static parameters: constants of the export
+        y = tf.numpy_function(lambda a, b: kernel_matmul(arithmetic, a, b, quant), [x2d, w],
+                              tf.float32, stateful=False, name=self.graphswap_marker)
         # ensure_shape, not set_shape: tf2onnx re-infers shapes from the GraphDef, where a
         # PyFunc's output shape is unknown; ops needing it downstream (a Concat with axis -1)
         # would be left half-converted.  EnsureShape carries it and becomes an Identity.
         y = tf.ensure_shape(y, [x2d.shape[0], n])
+        y = self._correct_outputs(y)
         if x.shape.rank != 2:
             y = tf.reshape(y, tf.concat([tf.shape(x)[:-1], [n]], axis=0))
             y.set_shape(x.shape[:-1].concatenate([n]))
@@ -174,11 +189,14 @@ class KeptConv2D(SwappedConv2D):
         filter_shape = tuple(int(d) for d in w.shape)
         strides, dilations = tuple(self.strides), tuple(self.dilation_rate)
         padding, groups, arithmetic = self.padding, self.groups, self.arithmetic
+        quant = self.current_quantization()   # static parameters: constants of the export
 
         def forward(x_array, w_array):
             geometry = conv_geometry(x_array.shape, filter_shape, strides, dilations, padding,
                                      groups)
-            return arithmetic.conv2d(x_array, w_array, geometry)
+            if quant is None:
+                return arithmetic.conv2d(x_array, w_array, geometry)
+            return arithmetic.conv2d(x_array, w_array, geometry, quant=quant)
 
         y = tf.numpy_function(forward, [x, w], tf.float32, stateful=False,
                               name=self.graphswap_marker)
@@ -187,6 +205,7 @@ class KeptConv2D(SwappedConv2D):
             g = conv_geometry((1, *static[1:]), filter_shape, strides, dilations, padding,
                               groups)
             y = tf.ensure_shape(y, [static[0], g.out_height, g.out_width, filter_shape[3]])
+        y = self._correct_outputs(y)
         if channels_first:
             y = tf.transpose(y, [0, 3, 1, 2])
         return tf.cast(y, inputs.dtype) if inputs.dtype != tf.float32 else y
@@ -213,7 +232,9 @@ def _record(index, path, layer) -> SwappedLayer:
                         layer_type=type_name(layer) or type(layer).__name__,
                         kernel=layer.arithmetic.to_config(),
                         description=getattr(layer.arithmetic, "description", ""),
-                        backward=layer.backward)
+                        backward=layer.backward,
+                        quantization=None if getattr(layer, "quantization", None) is None
+                        else layer.current_quantization().to_config())
 
 
 def _marked_class(stock):

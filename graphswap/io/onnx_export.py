@@ -38,6 +38,8 @@ def _kept_node_handler(records, problems):
             del node.attr[attribute]
         node.domain = onnx_ops.DOMAIN
         node.set_attr("kernel", json.dumps(record.kernel, sort_keys=True))
+        node.set_attr("quant", json.dumps(record.quantization, sort_keys=True)
+                      if record.quantization is not None else "")
         part = PART_RE.search(node.name)
         node.type, attributes = record.layer.onnx_node(int(part.group(1)) if part else 0)
         for key, value in attributes.items():

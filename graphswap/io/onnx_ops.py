@@ -7,6 +7,10 @@ every swapped layer by a custom node in the domain ``ai.onnx.contrib``:
     A: float32 (..., k) activations, B: float32 (k, n) weights; Y = kernel.matmul over the last axis.
     Attribute ``kernel``: JSON kernel config, as stored in the swapped layer's config
     (``{"spec": "mul8u_drum4"}``, or ``{"spec": ..., "path": ..., "sha256": ...}`` for files).
+    Attribute ``quant``: JSON QuantScheme config of the layer (graphswap/kernels/scheme.py: weight
+    encoding, granularity, activations "dynamic" or "static" with its ``activation_range`` - the
+    static parameters, exact float64 decimal); "" for float kernels.  Files written before it
+    existed run the scheme their layers had then (graphswap.swap.legacy_scheme).
 
 ``GraphswapConv2D(X, W) -> Y``
     X: float32 NHWC input, W: float32 HWIO filter, Y: NHWC output (TensorFlow's layouts, like the C
@@ -35,8 +39,9 @@ import threading
 import numpy as np
 
 from graphswap.errors import GraphswapError, ModelLoadError
-from graphswap.kernels import open_record
+from graphswap.kernels import QuantScheme, open_record
 from graphswap.native import conv_geometry
+from graphswap.swap import legacy_scheme
 
 DOMAIN = "ai.onnx.contrib"
 MATMUL_OP = "GraphswapMatMul"
@@ -63,25 +68,46 @@ def _kernel(kernel_json: str):
         return kernel
 
 
-def run_matmul(a: np.ndarray, b: np.ndarray, kernel: str) -> np.ndarray:
+def _scheme(kernel, quant: str):
+    """The QuantScheme a node's `quant` attribute names (None for float kernels)."""
+    if not getattr(kernel, "quantizes", False):
+        return None
+    if not quant:
+        return legacy_scheme(bool(kernel.signed))
+    try:
+        return QuantScheme.from_config(json.loads(quant))
+    except json.JSONDecodeError as exc:
+        raise GraphswapError(f"custom node attribute 'quant' is not JSON: {quant!r} "
+                             f"({exc})") from None
+
+
+def _with_scheme(method, scheme, *arrays):
+    return method(*arrays) if scheme is None else method(*arrays, quant=scheme)
+
+
+def run_matmul(a: np.ndarray, b: np.ndarray, kernel: str, quant: str = "") -> np.ndarray:
     """Body of GraphswapMatMul (usable without onnxruntime, e.g. for testing)."""
     a = np.ascontiguousarray(a, dtype=np.float32)
     b = np.ascontiguousarray(b, dtype=np.float32)
     if b.ndim != 2 or a.ndim < 1 or a.shape[-1] != b.shape[0]:
         raise GraphswapError(f"{MATMUL_OP}: cannot multiply {a.shape} by {b.shape}")
     leading = a.shape[:-1]
-    out = _kernel(kernel).matmul(a.reshape(-1, b.shape[0]), b)
+    arithmetic = _kernel(kernel)
+    out = _with_scheme(arithmetic.matmul, _scheme(arithmetic, quant), a.reshape(-1, b.shape[0]), b)
     return np.asarray(out, dtype=np.float32).reshape(*leading, b.shape[1])
 
 
 def run_conv2d(x: np.ndarray, w: np.ndarray, kernel: str, padding: str, stride_h: int,
-               stride_w: int, dilation_h: int, dilation_w: int, groups: int) -> np.ndarray:
+               stride_w: int, dilation_h: int, dilation_w: int, groups: int,
+               quant: str = "") -> np.ndarray:
     """Body of GraphswapConv2D (usable without onnxruntime, e.g. for testing)."""
     x = np.ascontiguousarray(x, dtype=np.float32)
     w = np.ascontiguousarray(w, dtype=np.float32)
     geometry = conv_geometry(x.shape, w.shape, (stride_h, stride_w), (dilation_h, dilation_w),
                              padding, groups)
-    return np.asarray(_kernel(kernel).conv2d(x, w, geometry), dtype=np.float32)
+    arithmetic = _kernel(kernel)
+    return np.asarray(_with_scheme(arithmetic.conv2d, _scheme(arithmetic, quant), x, w, geometry),
+                      dtype=np.float32)
 
 
 _registered = False
@@ -104,17 +130,18 @@ def register_custom_ops() -> None:
         i64 = PyCustomOpDef.dt_int64
         text = PyCustomOpDef.dt_string
 
-        @onnx_op(op_type=MATMUL_OP, inputs=[f32, f32], outputs=[f32], attrs={"kernel": text})
-        def graphswap_matmul(a, b, kernel):  # noqa: ANN001 - called by onnxruntime-extensions
-            return run_matmul(a, b, kernel)
+        @onnx_op(op_type=MATMUL_OP, inputs=[f32, f32], outputs=[f32],
+                 attrs={"kernel": text, "quant": text})
+        def graphswap_matmul(a, b, kernel, quant=""):  # noqa: ANN001 - onnxruntime-extensions
+            return run_matmul(a, b, kernel, quant)
 
         @onnx_op(op_type=CONV2D_OP, inputs=[f32, f32], outputs=[f32],
                  attrs={"kernel": text, "padding": text, "stride_h": i64, "stride_w": i64,
-                        "dilation_h": i64, "dilation_w": i64, "groups": i64})
+                        "dilation_h": i64, "dilation_w": i64, "groups": i64, "quant": text})
         def graphswap_conv2d(x, w, kernel, padding, stride_h, stride_w, dilation_h, dilation_w,
-                             groups):  # noqa: ANN001
+                             groups, quant=""):  # noqa: ANN001
             return run_conv2d(x, w, kernel, padding, stride_h, stride_w, dilation_h, dilation_w,
-                              groups)
+                              groups, quant)
 
         _registered = True
 
@@ -146,6 +173,25 @@ def open_kernels(path) -> list:
     return found
 
 
+def _add_missing_quant(path):
+    """The serialized model with quant="" added to custom nodes written before the attribute
+    existed (they then run their legacy scheme), or None when every node has it."""
+    import onnx
+
+    model = onnx.load(os.fspath(path), load_external_data=False)
+    changed = False
+    graphs = [model.graph]
+    while graphs:
+        graph = graphs.pop()
+        for node in graph.node:
+            graphs.extend(attr.g for attr in node.attribute if attr.type == attr.GRAPH)
+            if node.domain == DOMAIN and node.op_type in CUSTOM_OPS and \
+                    not any(a.name == "quant" for a in node.attribute):
+                node.attribute.append(onnx.helper.make_attribute("quant", ""))
+                changed = True
+    return model.SerializeToString() if changed else None
+
+
 def session_options(options=None):
     """onnxruntime SessionOptions able to run graphswap's custom nodes (and any standard model)."""
     import onnxruntime as ort
@@ -172,7 +218,9 @@ def session(path, providers=("CPUExecutionProvider",), options=None):
     open_kernels(path)  # every kernel the file names passes the trust gate before anything runs
     options = session_options(options)
     try:
-        return ort.InferenceSession(path, options, providers=list(providers))
+        patched = _add_missing_quant(path)
+        return ort.InferenceSession(path if patched is None else patched, options,
+                                    providers=list(providers))
     except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own exception types
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelLoadError(f"onnxruntime cannot load {path}: {first}") from None

@@ -25,10 +25,10 @@ class LibraryKernel(Kernel):
         self.path = path
         self.sha256 = sha256
 
-    def matmul(self, a, b):
+    def matmul(self, a, b, quant=None):
         return self.library.matmul_f32(a, b)
 
-    def conv2d(self, x, w, geometry):
+    def conv2d(self, x, w, geometry, quant=None):
         if self.library.has_conv2d:
             return self.library.conv2d_f32(x, w, geometry)
         return native.conv_via_matmul(x, w, geometry, self.library.matmul_f32)
@@ -70,10 +70,10 @@ class OperandRoundingKernel(Kernel):
         self._round = rounding
         self._exact = native.shipped_library()
 
-    def matmul(self, a, b):
+    def matmul(self, a, b, quant=None):
         return self._exact.matmul_f32(self._round(a), self._round(b))
 
-    def conv2d(self, x, w, geometry):
+    def conv2d(self, x, w, geometry, quant=None):
         return self._exact.conv2d_f32(self._round(x), self._round(w), geometry)
 
 

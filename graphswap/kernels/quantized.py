@@ -1,50 +1,78 @@
 """Quantized execution of a scalar 8-bit multiplier: float -> 8-bit codes -> table -> exact integer
-sums -> float.  LutKernel is the Kernel every multiplier spec resolves to.
+sums -> float.  LutKernel is the Kernel every multiplier spec resolves to; the QuantScheme it is
+called with (graphswap/kernels/scheme.py) picks the mode.  This docstring is the exact spec
+(tests/reference.py re-derives it independently; the tests compare bit for bit).
 
-Why two schemes: they are what the two families of tools do, and the multiplier's signedness decides
-which one a circuit can serve.
+Notation: a (m, k) activations / left operand, b (k, n) weights / right operand (conv: x the NHWC
+input, w the HWIO filter, k = the taps of one window, n = out_channels); T the 256x256 table,
+T[qa, qb] the multiplier's product of codes qa (first operand) and qb (second).  All scale
+arithmetic is float64; rint rounds half to even; clip(v, lo, hi) = min(max(v, lo), hi).
 
-Unsigned multipliers (mul8u_*, TFApprox-style asymmetric uint8)
-    For a tensor t (the activations / left operand: the whole tensor of this call, i.e. per batch;
-    the weights / right operand: the whole tensor):
-        lo = min(min(t), 0),  hi = max(max(t), 0)              (the range always contains 0)
-        s  = (hi - lo) / 255,  z = clip(rint(-lo / s), 0, 255) (s = 1, z = 0 if hi == lo == 0)
-        q  = clip(rint(t / s) + z, 0, 255)                     (the code fed to the multiplier)
-    so t ~= s (q - z).  A product of sums is expanded as
-        sum_k (qa - za)(qb - zb) = sum_k T[qa, qb] - zb sum_k qa - za sum_k qb + K za zb
-    and only the code x code products sum_k T[qa, qb] go through the multiplier table T; the three
-    zero-point corrections are computed exactly (integers) outside it, as a TFApprox-style
-    accelerator does.  Convolution padding is filled with the input's zero-point code z_x (a real 0),
-    and those products do go through the table, as in a zero-point-padded accelerator; the
-    correction uses the exact per-window code sums returned by graphswap_lut_conv2d.
-Signed multipliers (mul8s_*, AdaPT/TransAxx-style symmetric int8)
-    Activations / left operand: one scale per tensor; weights: one scale per output channel (per
-    column of the right matrix in matmul, per output channel of the HWIO filter in conv):
-        s = max|t| / 127 (s = 1 if max|t| == 0),  q = clip(rint(t / s), -127, 127)
-    The code is q's two's-complement byte; zero points are 0, so every product goes through the
-    table and no correction is needed; padding is code 0.
+Activations (one scale for the whole tensor)
+  range: "dynamic" - lo = min(finite a), hi = max(finite a) of this call (i.e. of the batch);
+         "static"  - (lo, hi) = the scheme's activation_range, the same for every call.
+  unsigned multipliers (asymmetric uint8):
+      lo' = min(lo, 0), hi' = max(hi, 0)
+      s_a = (hi' - lo') / 255, z_a = clip(rint(-lo' / s_a), 0, 255)    (s_a = 1, z_a = 0 if hi' == lo')
+      qa  = clip(rint(a / s_a) + z_a, 0, 255)
+  signed multipliers (symmetric int8):
+      amax = max|finite a| (dynamic) or max(|lo|, |hi|) (static)
+      s_a = amax / 127 (1 if amax == 0), z_a = 0, qa = clip(rint(a / s_a), -127, 127)
+      (the code fed to the table is qa's two's-complement byte)
+Weights: per output channel j (column j of b; last axis of w) with "per_channel"; the same scale
+(and zero point) for every j, computed over the whole tensor, with "per_tensor".  Over the values
+v of the channel (or tensor), finite ones only:
+  "sign_magnitude" (unsigned multipliers; a sign-magnitude MAC):
+      s_j = max|v| / 255 (1 if 0), m = clip(rint(|b| / s_j), 0, 255), sigma = -1 if b < 0 else +1
+  "asymmetric" (unsigned; TFApprox): lo, hi = min(v), max(v), then s_j, z_j, qb as for activations
+  "symmetric" (signed): s_j = max|v| / 127 (1 if 0), qb = clip(rint(b / s_j), -127, 127)
+Exact integer sums c (int64; only code x code products go through the table):
+  sign_magnitude:  c_ij = sum_k sigma_kj T[qa_ik, m_kj] - z_a sum_k sigma_kj m_kj
+  asymmetric:      c_ij = sum_k T[qa_ik, qb_kj] - z_j sum_k qa_ik - z_a sum_k qb_kj + k z_a z_j
+  symmetric:       c_ij = sum_k T[qa_ik, qb_kj]
+  The zero-point terms are computed exactly outside the multiplier, as a TFApprox-style accelerator
+  does.  Convolution: the sums run over a window's taps; positions in the padding hold the code z_a
+  (a real 0), their products do go through the table, and the correction terms count every tap.
+Output: y_ij = float32((s_a * s_j) * float64(c_ij)).
 
-Output: y = float32((s_a * s_b) * c), c the exact int64 sum (after the corrections) converted to
-float64; all scale arithmetic is float64.  rint rounds half to even.
+Non-finite inputs: ranges are taken over the finite values only, non-finite values are quantized
+as a real 0 (code z_a / weight code z_j or magnitude 0), and every output that depends on one (its
+row of a / window of x, or its column of b / output channel of w) is NaN.  Nothing divides by
+zero: all-zero and empty tensors get s = 1.
 
-Non-finite inputs: the range (min/max or max|t|) is taken over the finite values only, non-finite
-values are quantized as 0, and every output that depends on a non-finite input (its row of a / its
-window of x, or its column of b / its output channel of w) is NaN.  Nothing divides by zero:
-all-zero and empty tensors get s = 1.
+Execution: one fused C call per product (graphswap_lut_matmul_f32 / graphswap_lut_conv2d_f32:
+quantize -> table GEMM/conv -> exact corrections -> dequantize, per-ISA code chosen at run time),
+given the scheme as a graphswap_lut_quant (`fused_quant`; a static range becomes its scale and
+zero point, computed here in float64 exactly as above).  Empty operands, and libraries without
+the fused entry points, take the numpy pipeline below (same results bit for bit; tested).
+
+How the numpy pipeline computes the sign-magnitude sum with the unsigned table kernel (the spec
+above is what counts): the magnitudes are split into a block for the channels' non-negative weights (m where
+b >= 0, else 0) and one for the negative weights (m where b < 0, else 0), both multiplied in one
+call (2n columns); their difference is sum_k sigma T[qa, m] - sum_k sigma T[qa, 0], and the second
+term - zero for every multiplier with T[a, 0] == 0 - is added back exactly with a 0/1 indicator
+table when the table has a nonzero T[a, 0].
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from graphswap import native
-from graphswap.errors import ShapeError
+from graphswap.errors import QuantizationError, ShapeError
 from graphswap.kernels.base import Kernel
-from graphswap.multipliers import Multiplier
+from graphswap.kernels.scheme import QuantScheme, tfapprox_scheme
+from graphswap.multipliers import Multiplier, builtin
 from graphswap.native import ConvGeometry
 
 UNSIGNED_LEVELS = 255
 SIGNED_LIMIT = 127
+
+__all__ = ["LutKernel", "QuantScheme", "SIGNED_LIMIT", "UNSIGNED_LEVELS",
+           "activation_quantization", "quantize_asymmetric", "quantize_symmetric",
+           "quantize_weights", "tfapprox_scheme"]
 
 
 def _finite_view(t: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
@@ -56,29 +84,42 @@ def _finite_view(t: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
     return np.where(finite, t64, 0.0), ~finite
 
 
-def quantize_asymmetric(t: np.ndarray) -> tuple[np.ndarray, float, int, np.ndarray | None]:
-    """uint8 codes, scale, zero point, non-finite mask (see the module docstring)."""
+def asymmetric_params(lo, hi):
+    """(scale, zero point) of the asymmetric uint8 range [lo, hi] (arrays broadcast)."""
+    lo = np.minimum(np.asarray(lo, np.float64), 0.0)
+    hi = np.maximum(np.asarray(hi, np.float64), 0.0)
+    empty = hi == lo
+    scale = np.where(empty, 1.0, (hi - lo) / UNSIGNED_LEVELS)
+    zero = np.where(empty, 0, np.clip(np.rint(-lo / scale), 0, UNSIGNED_LEVELS)).astype(np.int64)
+    return scale, zero
+
+
+def quantize_asymmetric(t: np.ndarray, value_range=None):
+    """uint8 codes, scale, zero point, non-finite mask of one tensor (its own range, or the given
+    static (lo, hi))."""
     t64, bad = _finite_view(t)
-    lo = min(float(t64.min()), 0.0) if t64.size else 0.0
-    hi = max(float(t64.max()), 0.0) if t64.size else 0.0
-    if hi == lo:
-        scale, zero = 1.0, 0
+    if value_range is None:
+        lo = float(t64.min()) if t64.size else 0.0
+        hi = float(t64.max()) if t64.size else 0.0
     else:
-        scale = (hi - lo) / UNSIGNED_LEVELS
-        zero = int(np.clip(np.rint(-lo / scale), 0, UNSIGNED_LEVELS))
+        lo, hi = value_range
+    scale, zero = asymmetric_params(lo, hi)
+    scale, zero = float(scale), int(zero)
     codes = np.clip(np.rint(t64 / scale) + zero, 0, UNSIGNED_LEVELS).astype(np.uint8)
     if bad is not None:
         codes[bad] = zero
     return codes, scale, zero, bad
 
 
-def quantize_symmetric(t: np.ndarray, axis=None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+def quantize_symmetric(t: np.ndarray, axis=None, value_range=None):
     """int8 codes (as uint8 bit patterns), scales (scalar, or per index of the kept axis), mask.
 
-    axis=None: one scale for the tensor; otherwise the scale is per slice along `axis` (the maximum
-    is taken over all the other axes)."""
+    axis=None: one scale for the tensor (from its own max|t|, or max(|lo|, |hi|) of the static
+    value_range); otherwise the scale is per slice along `axis`."""
     t64, bad = _finite_view(t)
-    if axis is None:
+    if value_range is not None:
+        amax = np.array(max(abs(float(value_range[0])), abs(float(value_range[1]))))
+    elif axis is None:
         amax = np.array(float(np.abs(t64).max()) if t64.size else 0.0)
     else:
         axis = axis % t64.ndim
@@ -86,23 +127,125 @@ def quantize_symmetric(t: np.ndarray, axis=None) -> tuple[np.ndarray, np.ndarray
         amax = np.abs(t64).max(axis=others) if t64.size else np.zeros(t64.shape[axis])
     scale = np.where(amax > 0, amax / SIGNED_LIMIT, 1.0)
     shape = [1] * t64.ndim
-    if axis is not None:
+    if axis is not None and value_range is None:
         shape[axis] = -1
     q = np.clip(np.rint(t64 / scale.reshape(shape)), -SIGNED_LIMIT, SIGNED_LIMIT)
     codes = q.astype(np.int8).view(np.uint8)
     return codes, scale, bad
 
 
+def activation_quantization(t: np.ndarray, scheme: QuantScheme, signed: bool):
+    """(codes, scale, zero point, non-finite mask) of activations under `scheme`."""
+    value_range = scheme.activation_range if scheme.activations == "static" else None
+    if signed:
+        codes, scale, bad = quantize_symmetric(t, value_range=value_range)
+        return codes, float(scale), 0, bad
+    return quantize_asymmetric(t, value_range)
+
+
+def quantize_weights(w: np.ndarray, scheme: QuantScheme):
+    """Weights under a resolved scheme, with the output channel as the last axis.
+
+    Returns (codes uint8 of w's shape - magnitudes for sign_magnitude, negative mask (bool, or None),
+    scales float64 (n,), zero points int64 (n,), non-finite mask of w or None)."""
+    t64, bad = _finite_view(w)
+    n = t64.shape[-1]
+    flat = t64.reshape(-1, n)
+    per_channel = scheme.granularity == "per_channel"
+
+    def reduce(values, fn):
+        if flat.shape[0] == 0:
+            return np.zeros(n)
+        return fn(values, axis=0) if per_channel else np.full(n, fn(values))
+
+    if scheme.weights == "asymmetric":
+        scale, zero = asymmetric_params(reduce(flat, np.min), reduce(flat, np.max))
+        codes = np.clip(np.rint(t64 / scale) + zero, 0, UNSIGNED_LEVELS).astype(np.uint8)
+        if bad is not None:
+            codes[bad] = np.broadcast_to(zero.astype(np.uint8), codes.shape)[bad]
+        return codes, None, scale, zero, bad
+    amax = reduce(np.abs(flat), np.max)
+    zero = np.zeros(n, np.int64)
+    if scheme.weights == "sign_magnitude":
+        scale = np.where(amax > 0, amax / UNSIGNED_LEVELS, 1.0)
+        codes = np.clip(np.rint(np.abs(t64) / scale), 0, UNSIGNED_LEVELS).astype(np.uint8)
+        return codes, t64 < 0, scale, zero, bad
+    scale = np.where(amax > 0, amax / SIGNED_LIMIT, 1.0)
+    q = np.clip(np.rint(t64 / scale), -SIGNED_LIMIT, SIGNED_LIMIT)
+    return q.astype(np.int8).view(np.uint8), None, scale, zero, bad
+
+
+def _split_signs(magnitudes: np.ndarray, negative: np.ndarray, groups: int = 1):
+    """(..., n) magnitudes -> (..., 2n) blocks [non-negative | negative] per group, so that output
+    channel groups stay contiguous for the conv kernel."""
+    positive_block = np.where(negative, 0, magnitudes).astype(np.uint8)
+    negative_block = np.where(negative, magnitudes, 0).astype(np.uint8)
+    lead = magnitudes.shape[:-1]
+    n = magnitudes.shape[-1]
+    per = n // groups
+    stacked = np.stack([positive_block.reshape(*lead, groups, per),
+                        negative_block.reshape(*lead, groups, per)], axis=-2)
+    return np.ascontiguousarray(stacked.reshape(*lead, 2 * n))
+
+
+def _join_signs(acc: np.ndarray, groups: int = 1) -> np.ndarray:
+    """(..., 2n) block sums -> (..., n): non-negative block minus negative block."""
+    lead = acc.shape[:-1]
+    per = acc.shape[-1] // (2 * groups)
+    parts = acc.reshape(*lead, groups, 2, per)
+    return (parts[..., 0, :] - parts[..., 1, :]).reshape(*lead, groups * per)
+
+
+def fused_quant(scheme: QuantScheme, signed: bool) -> native.LutQuant:
+    """The graphswap_lut_quant of a resolved scheme (graphswap_kernels.h)."""
+    quant = native.LutQuant()
+    quant.scheme = native.LUT_SIGNED if signed else native.LUT_UNSIGNED
+    quant.weight_mode = (native.QUANT_PER_CHANNEL if scheme.granularity == "per_channel"
+                         else native.QUANT_PER_TENSOR)
+    quant.weight_encoding = (native.WEIGHTS_SIGN_MAGNITUDE if scheme.weights == "sign_magnitude"
+                             else native.WEIGHTS_DEFAULT)
+    quant.observed_range = None
+    if scheme.activations == "static":
+        lo, hi = scheme.activation_range
+        if signed:
+            amax = max(abs(float(lo)), abs(float(hi)))
+            scale, zero = (amax / SIGNED_LIMIT if amax > 0 else 1.0), 0
+        else:
+            scale, zero = asymmetric_params(lo, hi)
+            scale, zero = float(scale), int(zero)
+        quant.activation_mode = native.QUANT_STATIC
+        quant.activation_scale = scale
+        quant.activation_zero_point = zero
+    else:
+        quant.activation_mode = native.QUANT_DYNAMIC
+        quant.activation_scale = 0.0
+        quant.activation_zero_point = 0
+    return quant
+
+
 class LutKernel(Kernel):
     """Forward arithmetic through a multiplier table, with 8-bit quantization (module docstring)."""
+
+    quantizes = True
 
     def __init__(self, multiplier: Multiplier):
         self.multiplier = multiplier
         self.spec = multiplier.spec
-        scheme = ("symmetric int8, per-output-channel weight scales" if multiplier.signed
-                  else "asymmetric uint8, per-batch activation range")
-        self.description = f"{multiplier.description}; {scheme}"
+        self.signed = bool(multiplier.signed)
+        default = QuantScheme().resolve(self.signed)
+        self.description = f"{multiplier.description}; {default.describe()} by default"
         self._library = native.shipped_library()
+        self._fused = self._library.has_fused_lut
+        self._table32 = np.ascontiguousarray(np.asarray(multiplier.table, dtype=np.int32)
+                                             .reshape(-1))
+        table = np.asarray(multiplier.table, dtype=np.int64).reshape(256, 256)
+        # sign-magnitude: T[a, 0] per activation code, needed only when some entry is nonzero
+        zero_column = table[:, 0]
+        self._zero_column_table = None
+        if not self.signed and zero_column.any():
+            indicator = np.zeros((256, 256), np.int64)
+            indicator[:, 1] = zero_column
+            self._zero_column_table = indicator.reshape(-1).astype(np.int32)
 
     def to_config(self) -> dict:
         return self.multiplier.to_config()
@@ -111,29 +254,50 @@ class LutKernel(Kernel):
     def hardware_metrics(self) -> dict:
         return {k: v for k, v in self.multiplier.header_metrics.items() if k.startswith("PDK45")}
 
+    def exact_products(self) -> "LutKernel":
+        """The exact multiplier of the same signedness: the same codes, exact products (what bias
+        compensation measures the approximate products against)."""
+        return LutKernel(builtin("mul8s_exact" if self.signed else "mul8u_exact"))
+
+    def resolve_scheme(self, quant: QuantScheme | None) -> QuantScheme:
+        """The scheme this kernel runs for `quant` (None: the default, dynamic activations)."""
+        scheme = (quant if quant is not None else QuantScheme()).resolve(self.signed)
+        if not scheme.calibrated:
+            raise QuantizationError(
+                f"{self.spec}: static activations need a calibrated activation range; calibrate "
+                f"the model (rewrite_model(..., calibration_data=...), --calibrate DATA)")
+        return scheme
+
     # -- matmul ------------------------------------------------------------------------------
-    def matmul(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    def matmul(self, a: np.ndarray, b: np.ndarray, quant: QuantScheme | None = None) -> np.ndarray:
         a = np.asarray(a, dtype=np.float32)
         b = np.asarray(b, dtype=np.float32)
         if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
             raise ShapeError(f"matmul shapes do not agree: {a.shape} x {b.shape}; expected "
                              f"(m, k) x (k, n)")
+        scheme = self.resolve_scheme(quant)
+        if self._fused and a.size and b.size:
+            return self._library.lut_matmul_f32(a, b, self._table32,
+                                                fused_quant(scheme, self.signed))
         k = a.shape[1]
         table = self.multiplier.table
-        if self.multiplier.signed:
-            qa, sa, bad_a = quantize_symmetric(a)
-            qb, sb, bad_b = quantize_symmetric(b, axis=1)
-            acc = self._library.lut_matmul(qa, qb, table)
-            out = (sa * sb)[None, :] * acc.astype(np.float64)
+        qa, sa, za, bad_a = activation_quantization(a, scheme, self.signed)
+        qb, negative, sb, zb, bad_b = quantize_weights(b, scheme)
+        if scheme.weights == "sign_magnitude":
+            acc = _join_signs(self._library.lut_matmul(qa, _split_signs(qb, negative), table))
+            if self._zero_column_table is not None:
+                indicator = _split_signs(np.ones_like(qb), negative)
+                acc += _join_signs(self._library.lut_matmul(qa, indicator,
+                                                            self._zero_column_table))
+            signed_magnitudes = np.where(negative, -qb.astype(np.int64), qb.astype(np.int64))
+            acc -= za * signed_magnitudes.sum(axis=0)[None, :]
         else:
-            qa, sa, za, bad_a = quantize_asymmetric(a)
-            qb, sb, zb, bad_b = quantize_asymmetric(b)
             acc = self._library.lut_matmul(qa, qb, table)
-            acc -= zb * qa.sum(axis=1, dtype=np.int64)[:, None]
-            acc -= za * qb.sum(axis=0, dtype=np.int64)[None, :]
-            acc += k * za * zb
-            out = (sa * sb) * acc.astype(np.float64)
-        out = out.astype(np.float32)
+            if scheme.weights == "asymmetric":
+                acc -= zb[None, :] * qa.sum(axis=1, dtype=np.int64)[:, None]
+                acc -= za * qb.sum(axis=0, dtype=np.int64)[None, :]
+                acc += k * za * zb[None, :]
+        out = ((sa * sb)[None, :] * acc.astype(np.float64)).astype(np.float32)
         if bad_a is not None:
             out[bad_a.any(axis=1), :] = np.nan
         if bad_b is not None:
@@ -141,28 +305,40 @@ class LutKernel(Kernel):
         return out
 
     # -- conv --------------------------------------------------------------------------------
-    def conv2d(self, x: np.ndarray, w: np.ndarray, geometry: ConvGeometry) -> np.ndarray:
+    def conv2d(self, x: np.ndarray, w: np.ndarray, geometry: ConvGeometry,
+               quant: QuantScheme | None = None) -> np.ndarray:
         x = np.asarray(x, dtype=np.float32)
         w = np.asarray(w, dtype=np.float32)
         g = geometry
+        scheme = self.resolve_scheme(quant)
+        if self._fused and x.size and w.size:
+            return self._library.lut_conv2d_f32(x, w, self._table32,
+                                                fused_quant(scheme, self.signed), g)
         table = self.multiplier.table
         cout_g = g.out_channels // g.groups
         group_of_channel = np.arange(g.out_channels) // max(cout_g, 1)
-        if self.multiplier.signed:
-            qx, sx, bad_x = quantize_symmetric(x)
-            qw, sw, bad_w = quantize_symmetric(w, axis=3)
-            acc, _ = self._library.lut_conv2d(qx, qw, table, 0, g)
-            out = (sx * sw)[None, None, None, :] * acc.astype(np.float64)
-        else:
-            qx, sx, zx, bad_x = quantize_asymmetric(x)
-            qw, sw, zw, bad_w = quantize_asymmetric(w)
+        qx, sx, zx, bad_x = activation_quantization(x, scheme, self.signed)
+        qw, negative, sw, zw, bad_w = quantize_weights(w, scheme)
+        if scheme.weights == "sign_magnitude":
+            acc2, _ = self._library.lut_conv2d(qx, _split_signs(qw, negative, g.groups), table, zx,
+                                               _doubled(g))
+            acc = _join_signs(acc2, g.groups)
+            if self._zero_column_table is not None:
+                indicator = _split_signs(np.ones_like(qw), negative, g.groups)
+                extra, _ = self._library.lut_conv2d(qx, indicator, self._zero_column_table, zx,
+                                                    _doubled(g))
+                acc += _join_signs(extra, g.groups)
+            signed_magnitudes = np.where(negative, -qw.astype(np.int64), qw.astype(np.int64))
+            acc -= zx * signed_magnitudes.sum(axis=(0, 1, 2))[None, None, None, :]
+        elif scheme.weights == "asymmetric":
             acc, window_sums = self._library.lut_conv2d(qx, qw, table, zx, g, window_sums=True)
             taps = g.filter_height * g.filter_width * (g.in_channels // g.groups)
             acc -= zw * window_sums[..., group_of_channel]
             acc -= zx * qw.sum(axis=(0, 1, 2), dtype=np.int64)[None, None, None, :]
             acc += taps * zx * zw
-            out = (sx * sw) * acc.astype(np.float64)
-        out = out.astype(np.float32)
+        else:
+            acc, _ = self._library.lut_conv2d(qx, qw, table, 0, g)
+        out = ((sx * sw) * acc.astype(np.float64)).astype(np.float32)
         if bad_x is not None:
             # windows containing a non-finite input: window sums of the 0/1 mask, per group
             ones = np.ones(w.shape, dtype=np.uint8)
@@ -172,3 +348,8 @@ class LutKernel(Kernel):
         if bad_w is not None:
             out[..., bad_w.any(axis=(0, 1, 2))] = np.nan
         return out
+
+
+def _doubled(g: ConvGeometry) -> ConvGeometry:
+    """The geometry with twice the output channels (the sign-magnitude blocks)."""
+    return dataclasses.replace(g, out_channels=2 * g.out_channels)

@@ -4,6 +4,10 @@ Responsibilities: load a library (graphswap's own, or a user's .so), check its A
 symbols, declare argument types, call it on numpy buffers (ctypes releases the GIL for the call), and
 turn non-zero return codes into KernelExecutionError with the library's own message.  One C call per
 layer call covers the whole batch.
+
+It is longer than 450 lines because it is one binding per C entry point of the ABI (float, table,
+fused and gradient kernels, ISA control), each a few lines of argument checks around one call, on
+one class: splitting the class would hide which method binds which symbol.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 _i64 = ctypes.c_int64
 _f32p = ctypes.POINTER(ctypes.c_float)
 _u8p = ctypes.POINTER(ctypes.c_uint8)
+_i8p = ctypes.POINTER(ctypes.c_int8)
 _i32p = ctypes.POINTER(ctypes.c_int32)
 _i64p = ctypes.POINTER(ctypes.c_int64)
 
@@ -181,6 +186,11 @@ class KernelLibrary:
         self._isa_supported = self._optional("graphswap_isa_supported", ctypes.c_char_p, [])
         self._set_isa = self._optional("graphswap_set_isa", i32, [ctypes.c_char_p])
         self._blas_info = self._optional("graphswap_blas_info", ctypes.c_char_p, [])
+        self._lut_derivatives = self._optional("graphswap_lut_derivative_tables", i32,
+                                               [_i32p, i32, i32, _f32p, _f32p])
+        self._lut_matmul_grad = self._optional(
+            "graphswap_lut_matmul_grad", i32,
+            [_u8p, _u8p, _i8p, _f32p, _f32p, _f32p, _f32p, _f32p, _f32p, _i64, _i64, _i64])
 
     # -- capabilities ------------------------------------------------------------------------
     @property
@@ -346,6 +356,55 @@ class KernelLibrary:
                                        _ptr(out, _f32p), _ptr(table, _i32p),
                                        ctypes.byref(quant), ctypes.byref(params)))
         return out
+    # -- approximation-aware gradients (native_kernels/src/lut_grad.c) ------------------------
+    def lut_derivative_tables(self, table: np.ndarray, signed: bool, half_width: int):
+        """(d_first, d_second): the table's smoothed finite-difference partial derivatives,
+        65536 float32 each, indexed like the table (graphswap_kernels.h)."""
+        if self._lut_derivatives is None:
+            raise KernelLoadError(f"{self.path} has no graphswap_lut_derivative_tables")
+        table = _as_input(table, np.int32)
+        if table.size != 65536:
+            raise GraphswapError(f"a multiplier table has 65536 entries, got {table.size}")
+        d_first = np.empty(65536, dtype=np.float32)
+        d_second = np.empty(65536, dtype=np.float32)
+        self._check("graphswap_lut_derivative_tables",
+                    self._lut_derivatives(_ptr(table, _i32p), int(bool(signed)), int(half_width),
+                                          _ptr(d_first, _f32p), _ptr(d_second, _f32p)))
+        return d_first, d_second
+
+    def lut_matmul_grad(self, a_codes, b_codes, d_first, d_second, g_a=None, g_b=None,
+                        sign=None):
+        """(da or None, db or None): the gradient products of graphswap_lut_matmul_grad; pass
+        g_a for da and g_b for db ((m, n) float32 each)."""
+        if self._lut_matmul_grad is None:
+            raise KernelLoadError(f"{self.path} has no graphswap_lut_matmul_grad")
+        a = _as_input(a_codes, np.uint8)
+        b = _as_input(b_codes, np.uint8)
+        m, k = a.shape
+        n = b.shape[1]
+        d_first = _as_input(d_first, np.float32)
+        d_second = _as_input(d_second, np.float32)
+        sign_array = None if sign is None else _as_input(sign, np.int8)
+        arrays = {}
+        for name, g in (("g_a", g_a), ("g_b", g_b)):
+            if g is not None:
+                g = _as_input(g, np.float32)
+                if g.shape != (m, n):
+                    raise GraphswapError(f"{name} has shape {g.shape}; expected {(m, n)}")
+            arrays[name] = g
+        da = np.empty((m, k), dtype=np.float32) if g_a is not None else None
+        db = np.empty((k, n), dtype=np.float32) if g_b is not None else None
+
+        def pointer(array, ctype):
+            return None if array is None else _ptr(array, ctype)
+
+        self._check("graphswap_lut_matmul_grad",
+                    self._lut_matmul_grad(_ptr(a, _u8p), _ptr(b, _u8p), pointer(sign_array, _i8p),
+                                          _ptr(d_first, _f32p), _ptr(d_second, _f32p),
+                                          pointer(arrays["g_a"], _f32p),
+                                          pointer(arrays["g_b"], _f32p), pointer(da, _f32p),
+                                          pointer(db, _f32p), m, k, n))
+        return da, db
 
     # -- built-in multipliers (native_kernels/src/multipliers.c) --------------------------------
     def builtin_multiplier_table(self, name: str) -> np.ndarray:

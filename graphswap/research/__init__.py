@@ -3,8 +3,9 @@
 and saliency maps.
 
 Modules: data (what a model expects, the Data container), loading (reading .npz / image folders /
-tf.data / arrays), scoring, strategies, checkpoints, finetuning, evaluation, sweeping, circuits,
-design_space and exploration (design-space exploration over a library of circuits), saliency (it reads
+tf.data / arrays), recovery (calibration data, BN re-estimation, bias compensation, the fine-tuning
+recipe), scoring, strategies, checkpoints, finetuning, evaluation, sweeping, circuits, design_space
+and exploration (design-space exploration over a library of circuits), saliency (it reads
 images and writes PNGs, so it sits here rather than in surgery/, whose `override` it uses).
 """
 
@@ -16,12 +17,17 @@ from graphswap.research.explore_result import ExploreResult
 from graphswap.research.finetuning import (CompileSettings, FinetuneResult, compile_settings,
                                          finetune, format_history, swapped_layers)
 from graphswap.research.loading import load_data
+from graphswap.research.recovery import (DEFAULT_BIAS_CORRECTION, DEFAULT_LEARNING_RATE,
+                                         DEFAULT_SCHEDULE, SCHEDULES, calibration_arrays,
+                                         compensate_bias, make_optimizer, recalibrate_batchnorm)
 from graphswap.research.saliency import (SaliencyResult, input_gradients, load_sample,
                                          saliency_map, write_saliency_png)
 from graphswap.research.strategies import STRATEGIES, is_chief, resolve_strategy
 from graphswap.research.sweeping import SweepResult, parse_power_options, sweep
 
 __all__ = ["Circuit", "CircuitLibrary", "ExploreResult", "explore", "load_library",
+           "DEFAULT_BIAS_CORRECTION", "DEFAULT_LEARNING_RATE", "DEFAULT_SCHEDULE", "SCHEDULES",
+           "calibration_arrays", "compensate_bias", "make_optimizer", "recalibrate_batchnorm",
            "CompileSettings", "Data", "EvaluationResult", "FinetuneResult", "ModelExpectation",
            "STRATEGIES", "SaliencyResult", "SweepResult", "compile_settings", "evaluate",
            "finetune", "format_history", "input_gradients", "is_chief", "load_data",

@@ -22,6 +22,7 @@ from graphswap.errors import DataError, GraphswapError
 from graphswap.io import atomic_output, load_model
 from graphswap.research.finetuning import compile_settings, finetune, swapped_layers
 from graphswap.research.loading import load_data
+from graphswap.research.recovery import DEFAULT_LEARNING_RATE, prepared_rewrite_options
 from graphswap.research.scoring import classification_metrics, predict, takes_logits
 from graphswap.swap import rewrite_model
 from graphswap.tables import format_table
@@ -143,11 +144,12 @@ class EvaluationResult:
 
 
 def evaluate(model, data, kernels=None, *, finetune_data=None, epochs: int = 1,
-             batch_size: int = 128, learning_rate: float = 1e-4, seed: int | None = 0,
+             batch_size: int = 128, learning_rate: float = DEFAULT_LEARNING_RATE,
+             seed: int | None = 0,
              include=None, exclude=None, backward: str = "native", split: str | None = "test",
              finetune_split: str | None = "train", resize: bool = False, pad: bool = False,
              scale=None, verbose: int = 0, custom_objects=None,
-             safe_mode: bool = True) -> EvaluationResult:
+             safe_mode: bool = True, rewrite_options=None) -> EvaluationResult:
     """Evaluate `model` and one rewritten copy per kernel on `data`, side by side.
 
     Args:
@@ -160,7 +162,10 @@ def evaluate(model, data, kernels=None, *, finetune_data=None, epochs: int = 1,
         (graphswap.finetune, same seed for every kernel) and re-evaluated.
       include / exclude / backward: passed to rewrite_model.
       batch_size: for evaluation and fine-tuning.  It can change the numbers of multipliers
-        whose activations are quantized per call (per batch).
+        whose activations are quantized per call (per batch, "dynamic"); with calibration data
+        (static activations) it does not.
+      rewrite_options: rewrite_model's quantization, calibration and folding arguments
+        (graphswap.research.recovery.REWRITE_OPTIONS); calibration_data may be a data source.
 
     Returns an EvaluationResult (rows: original first, then each kernel in order).
     """
@@ -180,6 +185,7 @@ def evaluate(model, data, kernels=None, *, finetune_data=None, epochs: int = 1,
     from_logits = takes_logits(settings.loss)
     notes = list(test.notes) + [settings.note.replace(
         "compiled with the loss/metrics saved in the model", "loss saved in the model")]
+    options = prepared_rewrite_options(rewrite_options, model, resize, pad, scale)
     already = swapped_layers(model)
     kernels = list(kernels) if kernels is not None else ([] if already else ["exact"])
     if already:
@@ -201,7 +207,8 @@ def evaluate(model, data, kernels=None, *, finetune_data=None, epochs: int = 1,
         notes.extend(n for n in train.notes if n not in notes)
     for spec in kernels:
         swapped, report = rewrite_model(model, kernel=spec, include=include, exclude=exclude,
-                                        backward=backward, return_report=True)
+                                        backward=backward, return_report=True, **options)
+        notes.extend(f"{spec}: {note}" for note in report.notes)
         outputs = predict(swapped, test, batch_size)
         row = {"name": spec if isinstance(spec, str) else report.swapped[0].kernel,
                "kernel": report.swapped[0].kernel if report.swapped else str(spec),

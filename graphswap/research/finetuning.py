@@ -28,6 +28,8 @@ from graphswap.errors import DataError, GraphswapError, OutputPathError
 from graphswap.io import check_model_output_path, load_model, save_model
 from graphswap.research.data import translate_errors
 from graphswap.research.loading import load_data
+from graphswap.research.recovery import (DEFAULT_LEARNING_RATE, DEFAULT_SCHEDULE, has_batchnorm,
+                                         make_optimizer, recalibrate_batchnorm)
 from graphswap.research.checkpoints import (CHECKPOINT_BEST, CHECKPOINT_LAST, CheckpointTracker,
                                             read_checkpoint_state)
 from graphswap.research.fingerprints import (check_same_run, restore_rng_state, run_fingerprint,
@@ -148,18 +150,6 @@ def swapped_layers(model) -> dict:
             if hasattr(layer, "arithmetic")}
 
 
-def _make_optimizer(optimizer, learning_rate):
-    if isinstance(optimizer, keras.optimizers.Optimizer):
-        return optimizer
-    try:
-        opt = keras.optimizers.get(optimizer)
-    except ValueError as exc:
-        raise GraphswapError(f"unknown optimizer {optimizer!r}: {exc}") from None
-    if learning_rate is not None:
-        opt.learning_rate = learning_rate
-    return opt
-
-
 class _Notes(list):
     """A list of notes that also hands each new note to `log` (the CLI prints them at once)."""
 
@@ -178,7 +168,8 @@ class _Notes(list):
 
 
 def finetune(model, data, *, val_data=None, val_split: float | None = None, epochs: int = 1,
-             batch_size: int = 128, learning_rate: float | None = 1e-4, optimizer="adam",
+             batch_size: int = 128, learning_rate: float | None = DEFAULT_LEARNING_RATE,
+             optimizer="adam", schedule: str = DEFAULT_SCHEDULE, recalibrate_bn=None,
              strategy=None, checkpoint_dir=None, resume: bool = False,
              patience: int | None = None, monitor: str | None = None,
              restore_best: bool = True, seed: int | None = 0, verbose="auto", callbacks=(),
@@ -195,7 +186,12 @@ def finetune(model, data, *, val_data=None, val_split: float | None = None, epoc
         and x_test/y_test by default, x/y when those are absent).
       val_split: hold out this fraction of `data` (seeded) for validation instead of val_data.
       epochs: total epoch count (a resumed run continues up to it).
-      learning_rate / optimizer: a fresh optimizer (default Adam, 1e-4) for an un-resumed run.
+      learning_rate / optimizer / schedule: a fresh optimizer for an un-resumed run - the default
+        recipe is Adam, 1e-3, decayed by a cosine to 0 over the run (schedule "cosine"; or
+        "constant"); see graphswap.research.recovery and docs/RECOVERY.md.
+      recalibrate_bn: re-estimate the BatchNormalization statistics with the approximate forward
+        (no gradient steps) before and after training; None (default): after training, for
+        models that have BatchNormalization.  With epochs=0 only the re-estimation runs.
       strategy: None, "mirrored", "multiworker" or a tf.distribute.Strategy.
       checkpoint_dir: write last/best checkpoints and state each epoch; `resume=True` continues
         from them (weights, optimizer state, epoch count, best value).
@@ -212,8 +208,9 @@ def finetune(model, data, *, val_data=None, val_split: float | None = None, epoc
 
     Returns a FinetuneResult; raises DataError for data problems, GraphswapError otherwise.
     """
-    if epochs < 1:
-        raise GraphswapError(f"epochs must be at least 1, got {epochs}")
+    if epochs < 0 or (epochs == 0 and not recalibrate_bn):
+        raise GraphswapError(f"epochs must be at least 1 (0 only with BatchNorm re-estimation, "
+                             f"recalibrate_bn=True / --recalibrate-bn), got {epochs}")
     if batch_size < 1:
         raise GraphswapError(f"batch size must be at least 1, got {batch_size}")
     if learning_rate is not None and not learning_rate >= 0:  # also refuses NaN; 0 freezes
@@ -285,11 +282,14 @@ def finetune(model, data, *, val_data=None, val_split: float | None = None, epoc
             settings = compile_settings(source_model, train.label_format)
             notes.append(settings.note)
             trained = copy_model(source_model)
-            trained.compile(optimizer=_make_optimizer(optimizer, learning_rate),
+            steps = -(-len(train) // batch_size) * epochs if len(train) else None
+            trained.compile(optimizer=make_optimizer(optimizer, learning_rate, schedule, steps),
                             loss=settings.loss, metrics=settings.metrics)
             if learning_rate is not None:
+                decay = (f", cosine decay to 0 over {steps} steps"
+                         if schedule == "cosine" and steps else "")
                 notes.append(f"optimizer {type(trained.optimizer).__name__}, learning rate "
-                             f"{learning_rate:g}")
+                             f"{learning_rate:g}{decay}")
     swapped = swapped_layers(trained)
     if swapped:
         kernels = sorted(set(swapped.values()))
@@ -303,10 +303,10 @@ def finetune(model, data, *, val_data=None, val_split: float | None = None, epoc
 
     initial_epoch = int(state["epoch"]) if state else 0
     run_config = {"epochs": epochs, "batch_size": batch_size, "learning_rate": learning_rate,
-                  "seed": seed}
+                  "schedule": schedule, "seed": seed}
     fingerprint = run_fingerprint(user_model, train, validation, settings_fingerprint(
         epochs=epochs, batch_size=batch_size, learning_rate=learning_rate, optimizer=optimizer,
-        seed=seed, val_split=val_split))
+        seed=seed, val_split=val_split, schedule=schedule))
     if state is not None:
         notes.extend(check_same_run(state.get("fingerprint"), fingerprint, directory))
         notes.append(f"resumed from {directory / CHECKPOINT_LAST} after epoch {state['epoch']} "
@@ -321,7 +321,15 @@ def finetune(model, data, *, val_data=None, val_split: float | None = None, epoc
         tracker.mode = state.get("mode") or ("max" if "acc" in (tracker.monitor or "") else "min")
     if verbose == "auto":
         verbose = 1
-    if initial_epoch >= epochs:
+    with_bn = has_batchnorm(trained)
+    if recalibrate_bn and not with_bn:
+        notes.append("--recalibrate-bn: the model has no BatchNormalization layer; nothing to "
+                     "re-estimate")
+    if recalibrate_bn and with_bn and initial_epoch == 0:
+        notes.extend(recalibrate_batchnorm(trained, train).lines())
+    if epochs == 0:
+        pass
+    elif initial_epoch >= epochs:
         notes.append(f"the checkpoint already has {initial_epoch} epoch(s); nothing to train "
                      f"for epochs={epochs}")
     else:
@@ -346,6 +354,9 @@ def finetune(model, data, *, val_data=None, val_split: float | None = None, epoc
                      f"({tracker.monitor} = {tracker.best:.4f})")
     if tracker.stopped_early:
         notes.append(f"stopped early: {tracker.monitor} did not improve for {patience} epoch(s)")
+    if epochs > 0 and with_bn and recalibrate_bn is not False and tracker.epochs_run:
+        notes.extend(f"after training: {line}"
+                     for line in recalibrate_batchnorm(trained, train).lines())
     if output is not None and chief:
         save_model(trained, output, force=force)
     return FinetuneResult(

@@ -116,14 +116,16 @@ def data_fingerprint(data) -> dict | None:
     return described
 
 
-def settings_fingerprint(*, epochs, batch_size, learning_rate, optimizer, seed, val_split) -> dict:
+def settings_fingerprint(*, epochs, batch_size, learning_rate, optimizer, seed, val_split,
+                         schedule=None) -> dict:
     """The settings part of a run's fingerprint."""
     if isinstance(optimizer, keras.optimizers.Optimizer):
         config = dict(keras.optimizers.serialize(optimizer).get("config", {}))
         config.pop("name", None)
         optimizer = f"{type(optimizer).__name__} {json.dumps(config, sort_keys=True, default=str)}"
     return {"epochs": epochs, "batch size": batch_size, "learning rate": learning_rate,
-            "optimizer": str(optimizer), "seed": seed, "validation split": val_split}
+            "optimizer": str(optimizer), "seed": seed, "validation split": val_split,
+            "schedule": schedule}
 
 
 def run_fingerprint(model, train, validation, settings: dict) -> dict:

@@ -35,6 +35,7 @@ from graphswap.io import atomic_output, load_model
 from graphswap.kernels import resolve_kernel
 from graphswap.research.finetuning import compile_settings
 from graphswap.research.loading import load_data
+from graphswap.research.recovery import prepared_rewrite_options
 from graphswap.research.scoring import classification_metrics, predict, takes_logits
 from graphswap.swap import plan, rewrite_model
 from graphswap.tables import format_table
@@ -304,7 +305,8 @@ def sweep(model, data, kernel, *, power=None, reference_power=None,
           max_accuracy_drop: float = 0.01, layer_types=None, include=None,
           exclude=None, backward: str = "native", batch_size: int = 128,
           split: str | None = "test", resize: bool = False, pad: bool = False, scale=None,
-          custom_objects=None, safe_mode: bool = True, progress=None) -> SweepResult:
+          custom_objects=None, safe_mode: bool = True, progress=None,
+          rewrite_options=None) -> SweepResult:
     """Per-layer sensitivity of `model` to `kernel` on `data`, with MACs and multiply energy.
 
     Args:
@@ -322,6 +324,8 @@ def sweep(model, data, kernel, *, power=None, reference_power=None,
         quantized per call (per batch), so keep it equal to evaluate's to compare numbers.
       progress: called as progress(done, total, label) after each evaluated model (one per
         layer, then one per cumulative step), e.g. to drive a progress bar.
+      rewrite_options: rewrite_model's quantization, calibration and folding arguments, as for
+        evaluate (graphswap.research.recovery.REWRITE_OPTIONS).
     """
     if not 0 <= max_accuracy_drop <= 1:
         raise GraphswapError(f"max accuracy drop is a fraction between 0 and 1 (0.01 = one "
@@ -339,6 +343,7 @@ def sweep(model, data, kernel, *, power=None, reference_power=None,
 
     test = load_data(data, model, split=split, resize=resize, pad=pad, scale=scale,
                      name="evaluation data")
+    options = prepared_rewrite_options(rewrite_options, model, resize, pad, scale)
     labels = test.labels()
     settings = compile_settings(model, test.label_format)
     from_logits = takes_logits(settings.loss)
@@ -378,8 +383,9 @@ def sweep(model, data, kernel, *, power=None, reference_power=None,
 
     layers = []
     for entry in candidates:
-        swapped = rewrite_model(model, kernel=None, kernel_map={entry.path: spec},
-                                backward=backward)
+        swapped, rewrite_report = rewrite_model(model, kernel=None,
+                                                kernel_map={entry.path: spec}, backward=backward,
+                                                return_report=True, **options)
         metrics = measure(swapped)
         layers.append({
             "layer": entry.path, "type": entry.layer_type, "macs": entry.macs,
@@ -410,7 +416,7 @@ def sweep(model, data, kernel, *, power=None, reference_power=None,
             metrics = {k: single[entry["layer"]][k] for k in ("accuracy", "loss", "agreement")}
         else:
             swapped = rewrite_model(model, kernel=None, kernel_map={p: spec for p in chosen},
-                                    backward=backward)
+                                    backward=backward, **options)
             metrics = measure(swapped)
             advance(f"+ {entry['layer']}")
         name = "all swappable layers" if step == len(order) else f"+ {entry['layer']}"
@@ -426,6 +432,8 @@ def sweep(model, data, kernel, *, power=None, reference_power=None,
     recommended = min(within, key=lambda item: (item[1], -item[0]["accuracy"]))[0]
 
     notes = list(test.notes)
+    notes.extend(note for note in rewrite_report.notes
+                 if note.startswith(("quantization", "folded", "--fold", "not folded")))
     if watts is None:
         notes.append(f"no power figure for {spec}: relative energy not estimated (pass "
                      f"power= / --power {spec}=MILLIWATTS); the Pareto plot uses the share of "

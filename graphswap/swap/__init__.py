@@ -4,30 +4,49 @@ rewrite_model with its report, and the output comparison used to check a rewrite
 
 Modules: ops (matmul, conv2d) and ops_layers (depthwise, transposed, einsum), layers (Dense,
 Conv2D), layers_conv (DepthwiseConv2D, SeparableConv2D, Conv1D, Conv2DTranspose) and
-layers_attention (EinsumDense, MultiHeadAttention), catalog (stock -> swapped), tracking (replacing
-held sublayers in place), clone (transform_model, iter_layers), subclassed (subclassed models),
-rewrite (rewrite_model, plan, kernel maps), report, compare.
+layers_attention (EinsumDense, MultiHeadAttention), quantstate (a swapped layer's quantization
+state), catalog (stock -> swapped), tracking (replacing held sublayers in place), clone
+(transform_model, iter_layers), subclassed (subclassed models), rewrite (rewrite_model, plan, kernel
+maps), report, compare, calibration (static activation ranges), folding (BatchNormalization
+folding), compensation (bias compensation, BN re-estimation).
 """
 
+from graphswap.swap.calibration import (CALIBRATION_METHODS, CALIBRATION_SOURCES,
+                                        DEFAULT_CALIBRATION_METHOD, DEFAULT_CALIBRATION_SAMPLES,
+                                        DEFAULT_CALIBRATION_SOURCE, MIN_CALIBRATION_SAMPLES,
+                                        CalibrationReport, calibrate, calibration_inputs)
 from graphswap.swap.catalog import LAYER_TYPES, SWAPPED_CLASSES, is_swapped, stock_class, type_name
 from graphswap.swap.clone import (check_cloneable, clone_layer, copy_model, is_functional,
                                   iter_layers, transform_model)
 from graphswap.swap.compare import (MAX_CHECK_BATCH, OriginalCannotRunError, OutputComparison,
                                     compare_outputs, max_output_difference, run_model,
                                     sample_inputs, tensorflow_reason, validate_check_batch)
+from graphswap.swap.compensation import (COMPENSATION_METHODS, DEFAULT_COMPENSATION,
+                                         RecoveryStep, calibrate_and_compensate, compensate_bias,
+                                         recalibrate_batchnorm)
+from graphswap.swap.folding import FoldReport, fold_batchnorm
 from graphswap.swap.layers import SwappedConv2D, SwappedDense, check_conv_options
 from graphswap.swap.layers_attention import SwappedEinsumDense, SwappedMultiHeadAttention
 from graphswap.swap.layers_conv import (SwappedConv1D, SwappedConv2DTranspose,
                                         SwappedDepthwiseConv2D, SwappedSeparableConv2D)
 from graphswap.swap.ops import BACKWARD_MODES, check_backward_mode, swapped_conv2d, swapped_matmul
 from graphswap.swap.report import LayerReport, RewriteReport, layer_macs
-from graphswap.swap.rewrite import (SWAPPABLE_TYPES, check_layer_types, load_kernel_map, plan,
+from graphswap.swap.quantstate import legacy_scheme
+from graphswap.swap.rewrite import (QUANTIZATION_PRESETS, SWAPPABLE_TYPES, check_layer_types,
+                                    load_kernel_map, plan, quantization_request,
                                     resolve_kernel_map, rewrite_model)
 
 __all__ = ["LAYER_TYPES", "SWAPPED_CLASSES", "SwappedConv1D", "SwappedConv2DTranspose",
            "SwappedDepthwiseConv2D", "SwappedEinsumDense", "SwappedMultiHeadAttention",
            "SwappedSeparableConv2D", "check_layer_types", "is_swapped", "stock_class", "type_name",
-           "BACKWARD_MODES", "LayerReport", "MAX_CHECK_BATCH", "OriginalCannotRunError", "OutputComparison",
+           "CALIBRATION_METHODS", "CALIBRATION_SOURCES", "COMPENSATION_METHODS",
+           "DEFAULT_CALIBRATION_METHOD", "DEFAULT_CALIBRATION_SAMPLES",
+           "DEFAULT_CALIBRATION_SOURCE", "DEFAULT_COMPENSATION", "calibrate_and_compensate",
+           "MIN_CALIBRATION_SAMPLES", "QUANTIZATION_PRESETS",
+           "CalibrationReport", "FoldReport", "RecoveryStep", "calibrate", "calibration_inputs",
+           "compensate_bias", "fold_batchnorm", "legacy_scheme", "quantization_request",
+           "recalibrate_batchnorm", "BACKWARD_MODES", "LayerReport", "MAX_CHECK_BATCH",
+           "OriginalCannotRunError", "OutputComparison",
            "RewriteReport", "SWAPPABLE_TYPES", "SwappedConv2D", "SwappedDense",
            "check_backward_mode", "check_cloneable", "check_conv_options", "clone_layer",
            "compare_outputs", "copy_model", "is_functional", "iter_layers", "layer_macs",

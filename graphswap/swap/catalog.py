@@ -56,11 +56,12 @@ def stock_class(swapped_layer):
     return CATALOG[_BY_SWAPPED[type(swapped_layer)]][0]
 
 
-def swapped_from(layer, arithmetic, backward: str):
-    """A swapped copy (unbuilt, same config) of the stock `layer`; refuses what it cannot mirror."""
+def swapped_from(layer, arithmetic, backward: str, quantization=None):
+    """A swapped copy (unbuilt, same config) of the stock `layer`; refuses what it cannot mirror.
+    `quantization`: the QuantScheme config of a multiplier kernel (None: the defaults)."""
     name = _BY_STOCK[type(layer)]
     if name == "Conv2D":
         check_conv_options(layer)
     config = layer.get_config()
     return CATALOG[name][1].from_config({**config, "arithmetic": arithmetic,
-                                         "backward": backward})
+                                         "backward": backward, "quantization": quantization})

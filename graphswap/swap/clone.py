@@ -68,11 +68,13 @@ def clone_layer(layer):
     return layer.__class__.from_config(config)
 
 
-def transform_model(model, replace: Callable, name_suffix: str = "", prefix: str = ""):
+def transform_model(model, replace: Callable, name_suffix: str = "", prefix: str = "",
+                    weights=None):
     """Clone `model`, letting `replace(path, layer)` return a new layer (or None to clone as is).
 
     Returns (new_model, {id(original_layer): new_layer}).  Weights of every layer are copied from
-    the original; a replacement layer must have the same weights layout as the layer it replaces.
+    the original; a replacement layer must have the same weights layout as the layer it replaces,
+    unless `weights(original, clone)` returns the list to set instead (None: the original's).
     `prefix` is put before every path (a model nested in a subclassed one).
     """
     check_cloneable(model)
@@ -94,12 +96,13 @@ def transform_model(model, replace: Callable, name_suffix: str = "", prefix: str
     for original, clone in pairs:
         if not isinstance(original, keras.layers.Layer):
             continue  # a keras.ops call in a functional graph (e.g. ops.relu): no weights
-        weights = original.get_weights()
-        if weights:
+        values = weights(original, clone) if weights is not None else None
+        values = original.get_weights() if values is None else values
+        if values:
             if not clone.built:
                 raise GraphswapError(
                     f"layer {original.name!r} was not built in the clone; is the model built?")
-            clone.set_weights(weights)
+            clone.set_weights(values)
     copy_compile_config(model, new_model)
     return new_model, {id(original): clone for original, clone in pairs}
 

@@ -4,27 +4,33 @@ They subclass Keras' Dense and Conv2D, so weights (names, shapes, order), initia
 constraints, bias and activation behave exactly as in the layers they replace; only the product
 (`inputs @ kernel`, the convolution) is routed through graphswap.swap.ops.  The arithmetic's record
 and the backward mode are part of the config, so a saved model reloads with the same arithmetic
-- after the record has passed the trust gate (from_config -> kernels.open_record).
+- after the record has passed the trust gate (from_config -> kernels.open_record).  A layer whose
+arithmetic quantizes also carries its quantization state (graphswap/swap/quantstate.py: scheme,
+static activation range, output correction), in the config too.
 """
 
 from __future__ import annotations
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from graphswap.errors import UnsupportedLayerError
-from graphswap.kernels import Kernel, open_record, resolve_kernel
+from graphswap.kernels import Kernel, bind_scheme, open_record, resolve_kernel
+from graphswap.native import conv_geometry
 from graphswap.swap import ops
+from graphswap.swap.quantstate import LEGACY, QuantizedLayerMixin, check_quantization
 
 
-class _SwappedMixin:
+class _SwappedMixin(QuantizedLayerMixin):
     """The arithmetic (a resolved Kernel) and its config, shared by the swapped layers.
 
     Keras calls the weight matrix `kernel`, so the Kernel a swapped layer computes with is its
     `arithmetic`; the config stores the Kernel's record under "arithmetic" (files written before
     used "swap_kernel", which is still read)."""
 
-    def _init_swap(self, arithmetic, swap_kernel, backward):
+    def _init_swap(self, arithmetic, swap_kernel, backward, quantization=None,
+                   output_correction=None):
         if swap_kernel is not None:  # the older keyword
             if arithmetic is not None:
                 raise UnsupportedLayerError(
@@ -34,6 +40,20 @@ class _SwappedMixin:
         # loaded, not in the middle of training.  A spec string here is named by the user's code.
         self.arithmetic = resolve_kernel("exact" if arithmetic is None else arithmetic)
         self.backward = ops.check_backward_mode(backward)
+        if self.backward == "lut_grad" and not self.static_activations_supported:
+            raise UnsupportedLayerError(
+                f"layer {self.name!r}: backward='lut_grad' is implemented for Dense and Conv2D; "
+                f"use backward='native' or 'kernel' for {type(self).__name__}, or swap only "
+                f"Dense/Conv2D layers with lut_grad")
+        self._init_quantization(quantization, output_correction)
+
+    def scheme_kernel(self) -> Kernel:
+        """The arithmetic, called with this layer's scheme on every product (for the ops of
+        graphswap.swap.ops_layers, which pass none of their own)."""
+        return bind_scheme(self.arithmetic, self.quantization)
+
+    def _scheme_config(self):
+        return None if self.quantization is None else self.quantization.to_config()
 
     @property
     def swap_kernel(self) -> dict:
@@ -41,7 +61,8 @@ class _SwappedMixin:
         return self.arithmetic.to_config()
 
     def _swap_config(self) -> dict:
-        return {"arithmetic": self.arithmetic.to_config(), "backward": self.backward}
+        return {"arithmetic": self.arithmetic.to_config(), "backward": self.backward,
+                **self._quantization_config()}
 
     @classmethod
     def from_config(cls, config):
@@ -54,6 +75,9 @@ class _SwappedMixin:
             arithmetic = legacy if legacy is not None else "exact"
         if not isinstance(arithmetic, Kernel):
             arithmetic = open_record(arithmetic, f"layer {config.get('name')!r}")
+        # written before quantization schemes existed: the scheme it was trained with
+        config.setdefault("quantization", LEGACY)
+        check_quantization(arithmetic, config["quantization"])  # before Keras wraps errors
         return super().from_config({**config, "arithmetic": arithmetic})
 
 
@@ -61,9 +85,12 @@ class _SwappedMixin:
 class SwappedDense(_SwappedMixin, keras.layers.Dense):
     """Dense whose matmul runs a graphswap kernel (float32), with TensorFlow's MatMul gradient."""
 
-    def __init__(self, units, arithmetic=None, backward="native", swap_kernel=None, **kwargs):
+    static_activations_supported = True
+
+    def __init__(self, units, arithmetic=None, backward="native", swap_kernel=None,
+                 quantization=None, output_correction=None, **kwargs):
         super().__init__(units, **kwargs)
-        self._init_swap(arithmetic, swap_kernel, backward)
+        self._init_swap(arithmetic, swap_kernel, backward, quantization, output_correction)
 
     def build(self, input_shape):
         super().build(input_shape)
@@ -71,9 +98,14 @@ class SwappedDense(_SwappedMixin, keras.layers.Dense):
             raise UnsupportedLayerError(
                 f"layer {self.name!r}: Keras-quantized Dense ({self.quantization_mode}) cannot be "
                 f"swapped; swap the float model instead")
+        self._build_quantization(self.units)
 
     def call(self, inputs, training=None):
-        outputs = ops.swapped_matmul(inputs, self.kernel, self.arithmetic, self.backward)
+        quant, activation_range = self._quant_inputs(
+            tf.reshape(inputs, [-1, inputs.shape[-1]]), training)
+        outputs = ops.swapped_matmul(inputs, self.kernel, self.arithmetic, self.backward,
+                                     quant, activation_range)
+        outputs = self._correct_outputs(outputs)
         if self.bias is not None:
             outputs = tf.add(outputs, tf.cast(self.bias, outputs.dtype))
         if self.activation is not None:
@@ -83,30 +115,63 @@ class SwappedDense(_SwappedMixin, keras.layers.Dense):
     def get_config(self):
         return {**super().get_config(), **self._swap_config()}
 
+    def numpy_product(self, x, arithmetic=None, quant=None):
+        """The layer's product (no correction, bias or activation) of an (m, k) input."""
+        arithmetic = arithmetic or self.arithmetic
+        w = np.asarray(self.kernel, dtype=np.float32)
+        return arithmetic.matmul(x, w) if quant is None else arithmetic.matmul(x, w, quant=quant)
+
 
 @keras.saving.register_keras_serializable(package="graphswap")
 class SwappedConv2D(_SwappedMixin, keras.layers.Conv2D):
     """Conv2D whose convolution runs a graphswap kernel (NHWC/HWIO, float32), TF's gradients."""
 
+    static_activations_supported = True
+
     def __init__(self, filters, kernel_size, arithmetic=None, backward="native", swap_kernel=None,
-                 **kwargs):
+                 quantization=None, output_correction=None, **kwargs):
         super().__init__(filters, kernel_size, **kwargs)
         check_conv_options(self)
-        self._init_swap(arithmetic, swap_kernel, backward)
+        self._init_swap(arithmetic, swap_kernel, backward, quantization, output_correction)
+        self._training_call = None
+
+    def build(self, input_shape):
+        super().build(input_shape)
+        self._build_quantization(self.filters)
+
+    def call(self, inputs, training=None):
+        # Conv2D.call takes no `training`; the moving-average observer needs it
+        self._training_call = training
+        try:
+            return super().call(inputs)
+        finally:
+            self._training_call = None
 
     def convolution_op(self, inputs, kernel):
         channels_first = self.data_format == "channels_first"
         if channels_first:
             inputs = tf.transpose(inputs, [0, 2, 3, 1])
+        quant, activation_range = self._quant_inputs(inputs, self._training_call)
         outputs = ops.swapped_conv2d(inputs, kernel, self.arithmetic, strides=self.strides,
                                      padding=self.padding, dilations=self.dilation_rate,
-                                     groups=self.groups, backward=self.backward)
+                                     groups=self.groups, backward=self.backward, quant=quant,
+                                     activation_range=activation_range)
+        outputs = self._correct_outputs(outputs)
         if channels_first:
             outputs = tf.transpose(outputs, [0, 3, 1, 2])
         return outputs
 
     def get_config(self):
         return {**super().get_config(), **self._swap_config()}
+
+    def numpy_product(self, x, arithmetic=None, quant=None):
+        """The layer's convolution (no correction, bias or activation) of an NHWC input."""
+        arithmetic = arithmetic or self.arithmetic
+        w = np.asarray(self.kernel, dtype=np.float32)
+        g = conv_geometry(x.shape, w.shape, tuple(self.strides), tuple(self.dilation_rate),
+                          self.padding, self.groups)
+        return arithmetic.conv2d(x, w, g) if quant is None else arithmetic.conv2d(x, w, g,
+                                                                                  quant=quant)
 
 
 def check_conv_options(layer) -> None:

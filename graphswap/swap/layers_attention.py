@@ -43,14 +43,15 @@ class SwappedEinsumDense(SwappedMixin, keras.layers.EinsumDense):
     """EinsumDense whose product runs a graphswap kernel as one (m,k)x(k,n) matmul."""
 
     def __init__(self, equation, output_shape, arithmetic=None, backward="native",
-                 swap_kernel=None, **kwargs):
+                 swap_kernel=None,
+                 quantization=None, output_correction=None, **kwargs):
         super().__init__(equation, output_shape, **kwargs)
         check_equation(self)
         if kwargs.get("quantization_config") is not None:
             raise UnsupportedLayerError(
                 f"layer {self.name!r}: Keras-quantized EinsumDense cannot be swapped; swap the "
                 f"float model instead")
-        self._init_swap(arithmetic, swap_kernel, backward)
+        self._init_swap(arithmetic, swap_kernel, backward, quantization, output_correction)
 
     def build(self, input_shape):
         super().build(input_shape)
@@ -60,7 +61,7 @@ class SwappedEinsumDense(SwappedMixin, keras.layers.EinsumDense):
                 f"cannot be swapped; swap the float model instead")
 
     def call(self, inputs, training=None):
-        x = ops_layers.swapped_einsum(self.equation, inputs, self.kernel, self.arithmetic,
+        x = ops_layers.swapped_einsum(self.equation, inputs, self.kernel, self.scheme_kernel(),
                                       self.backward)
         if self.bias is not None:
             x = tf.add(x, tf.cast(self.bias, x.dtype))
@@ -78,9 +79,10 @@ class SwappedMultiHeadAttention(SwappedMixin, keras.layers.MultiHeadAttention):
     kernel (SwappedEinsumDense); the attention-score products stay float."""
 
     def __init__(self, num_heads, key_dim, arithmetic=None, backward="native",
-                 swap_kernel=None, **kwargs):
+                 swap_kernel=None,
+                 quantization=None, output_correction=None, **kwargs):
         super().__init__(num_heads, key_dim, **kwargs)
-        self._init_swap(arithmetic, swap_kernel, backward)
+        self._init_swap(arithmetic, swap_kernel, backward, quantization, output_correction)
 
     def build(self, query_shape, value_shape, key_shape=None):
         super().build(query_shape, value_shape, key_shape)
@@ -96,7 +98,8 @@ class SwappedMultiHeadAttention(SwappedMixin, keras.layers.MultiHeadAttention):
                 continue
             swapped = SwappedEinsumDense.from_config({**stock.get_config(),
                                                       "arithmetic": self.arithmetic,
-                                                      "backward": self.backward})
+                                                      "backward": self.backward,
+                                                      "quantization": self._scheme_config()})
             swapped.build(shapes[attribute])
             swapped.set_weights(stock.get_weights())
             replace_attribute(self, attribute, swapped)

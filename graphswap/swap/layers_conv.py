@@ -56,15 +56,15 @@ class SwappedDepthwiseConv2D(SwappedMixin, keras.layers.DepthwiseConv2D):
     """DepthwiseConv2D whose product runs a graphswap kernel (a grouped conv2d, groups = in)."""
 
     def __init__(self, kernel_size, arithmetic=None, backward="native", swap_kernel=None,
-                 **kwargs):
+                 quantization=None, output_correction=None, **kwargs):
         super().__init__(kernel_size, **kwargs)
         check_options(self)
-        self._init_swap(arithmetic, swap_kernel, backward)
+        self._init_swap(arithmetic, swap_kernel, backward, quantization, output_correction)
 
     def call(self, inputs):
         channels_first = self.data_format == "channels_first"
         outputs = ops_layers.swapped_depthwise_conv2d(
-            _nhwc(inputs, channels_first), self.kernel, self.arithmetic, strides=self.strides,
+            _nhwc(inputs, channels_first), self.kernel, self.scheme_kernel(), strides=self.strides,
             padding=self.padding, dilations=self.dilation_rate, backward=self.backward)
         channels = int(self.kernel.shape[2]) * self.depth_multiplier
         return _bias_and_activation(self, _back(outputs, channels_first), channels)
@@ -78,18 +78,19 @@ class SwappedSeparableConv2D(SwappedMixin, keras.layers.SeparableConv2D):
     """SeparableConv2D whose depthwise and pointwise products both run a graphswap kernel."""
 
     def __init__(self, filters, kernel_size, arithmetic=None, backward="native",
-                 swap_kernel=None, **kwargs):
+                 swap_kernel=None,
+                 quantization=None, output_correction=None, **kwargs):
         super().__init__(filters, kernel_size, **kwargs)
         check_options(self)
-        self._init_swap(arithmetic, swap_kernel, backward)
+        self._init_swap(arithmetic, swap_kernel, backward, quantization, output_correction)
 
     def call(self, inputs):
         channels_first = self.data_format == "channels_first"
         depthwise = ops_layers.swapped_depthwise_conv2d(
-            _nhwc(inputs, channels_first), self.depthwise_kernel, self.arithmetic,
+            _nhwc(inputs, channels_first), self.depthwise_kernel, self.scheme_kernel(),
             strides=self.strides, padding=self.padding, dilations=self.dilation_rate,
             backward=self.backward)
-        outputs = ops.swapped_conv2d(depthwise, self.pointwise_kernel, self.arithmetic,
+        outputs = ops.swapped_conv2d(depthwise, self.pointwise_kernel, self.scheme_kernel(),
                                      backward=self.backward)
         return _bias_and_activation(self, _back(outputs, channels_first), self.filters)
 
@@ -102,10 +103,11 @@ class SwappedConv1D(SwappedMixin, keras.layers.Conv1D):
     """Conv1D whose convolution runs a graphswap kernel (a conv2d of height 1)."""
 
     def __init__(self, filters, kernel_size, arithmetic=None, backward="native",
-                 swap_kernel=None, **kwargs):
+                 swap_kernel=None,
+                 quantization=None, output_correction=None, **kwargs):
         super().__init__(filters, kernel_size, **kwargs)
         check_options(self)
-        self._init_swap(arithmetic, swap_kernel, backward)
+        self._init_swap(arithmetic, swap_kernel, backward, quantization, output_correction)
 
     def call(self, inputs):
         channels_first = self.data_format == "channels_first"
@@ -116,7 +118,7 @@ class SwappedConv1D(SwappedMixin, keras.layers.Conv1D):
             x = tf.pad(x, [[0, 0], [left, 0], [0, 0]])
             padding = "valid"
         outputs = ops.swapped_conv2d(
-            tf.expand_dims(x, 1), tf.expand_dims(self.kernel, 0), self.arithmetic,
+            tf.expand_dims(x, 1), tf.expand_dims(self.kernel, 0), self.scheme_kernel(),
             strides=(1, self.strides[0]), padding=padding, dilations=(1, self.dilation_rate[0]),
             groups=self.groups, backward=self.backward)
         outputs = tf.squeeze(outputs, [1])
@@ -133,15 +135,16 @@ class SwappedConv2DTranspose(SwappedMixin, keras.layers.Conv2DTranspose):
     """Conv2DTranspose whose products run a graphswap kernel (zero-inserted stride-1 conv2d)."""
 
     def __init__(self, filters, kernel_size, arithmetic=None, backward="native",
-                 swap_kernel=None, **kwargs):
+                 swap_kernel=None,
+                 quantization=None, output_correction=None, **kwargs):
         super().__init__(filters, kernel_size, **kwargs)
         check_options(self)
-        self._init_swap(arithmetic, swap_kernel, backward)
+        self._init_swap(arithmetic, swap_kernel, backward, quantization, output_correction)
 
     def call(self, inputs):
         channels_first = self.data_format == "channels_first"
         outputs = ops_layers.swapped_conv2d_transpose(
-            _nhwc(inputs, channels_first), self.kernel, self.arithmetic, strides=self.strides,
+            _nhwc(inputs, channels_first), self.kernel, self.scheme_kernel(), strides=self.strides,
             padding=self.padding, output_padding=self.output_padding,
             dilations=self.dilation_rate, backward=self.backward)
         return _bias_and_activation(self, _back(outputs, channels_first), self.filters)

@@ -7,6 +7,8 @@ Conv2DBackpropFilter with the forward's VALID/SAME padding), against the float w
 straight-through estimator for approximate forwards, and bit-for-bit TensorFlow's own gradient code
 for the exact kernel.  `backward="kernel"` sends the backward products through the same kernel (as
 ApproxTrain does): the matmuls directly, the convolution gradients as patches x matmul.
+`backward="lut_grad"` (8-bit multiplier kernels; float kernels fall back to "native") uses the
+table's own partial derivatives (graphswap/kernels/derivatives.py) on the forward's codes.
 
 Weights are explicit inputs of the custom-gradient functions (no captured variables), and all
 inputs are cast to float32 for the kernel; the casts' own gradients cast back, so float16,
@@ -22,10 +24,10 @@ import tensorflow as tf
 
 from graphswap import native
 from graphswap.errors import UnsupportedLayerError
-from graphswap.kernels import Kernel
+from graphswap.kernels import Kernel, lut_conv2d_gradients, lut_matmul_gradients
 from graphswap.native import conv_geometry
 
-BACKWARD_MODES = ("native", "kernel")
+BACKWARD_MODES = ("native", "kernel", "lut_grad")
 
 _sized_libraries: set = set()
 
@@ -56,16 +58,46 @@ def check_backward_mode(backward: str) -> str:
 # matmul
 # --------------------------------------------------------------------------------------------
 
-def _numpy_matmul(arithmetic: Kernel, a, b, m_static, n_static):
-    out = tf.numpy_function(lambda x, y: arithmetic.matmul(x, y), [a, b], tf.float32, stateful=False,
-                            name="graphswap_matmul")
+def scheme_with_range(quant, activation_range):
+    """The QuantScheme a kernel call receives: the layer's scheme, with the current static range
+    (a float32 array [lo, hi] read from the layer's state) when there is one."""
+    if quant is None or activation_range is None:
+        return quant
+    lo, hi = (float(v) for v in np.asarray(activation_range, dtype=np.float32))
+    return quant.with_range(lo, hi)
+
+
+def kernel_call(method, quant, with_range: bool):
+    """`method(*arrays)` for numpy_function.  With `with_range` the last array is the static
+    activation range and becomes the scheme's; `quant` is passed only when not None (kernels
+    written against the older interface take no quant argument)."""
+    def call(*arrays):
+        if quant is None:
+            return method(*arrays)
+        if with_range:
+            *arrays, activation_range = arrays
+            return method(*arrays, quant=scheme_with_range(quant, activation_range))
+        return method(*arrays, quant=quant)
+
+    return call
+
+
+def _numpy_matmul(arithmetic: Kernel, a, b, m_static, n_static, quant=None, activation_range=None):
+    with_range = activation_range is not None
+    inputs = [a, b] + ([activation_range] if with_range else [])
+    out = tf.numpy_function(kernel_call(arithmetic.matmul, quant, with_range), inputs, tf.float32,
+                            stateful=False, name="graphswap_matmul")
     out.set_shape([m_static, n_static])
     return out
 
 
 @tf.autograph.experimental.do_not_convert  # plain graph-building code: nothing to convert
-def swapped_matmul(x, w, arithmetic: Kernel, backward: str = "native"):
-    """x (..., k) @ w (k, n) with the arithmetic's forward; returns x's dtype, shape (..., n)."""
+def swapped_matmul(x, w, arithmetic: Kernel, backward: str = "native", quant=None,
+                   activation_range=None):
+    """x (..., k) @ w (k, n) with the arithmetic's forward; returns x's dtype, shape (..., n).
+
+    `quant` (the layer's QuantScheme) and `activation_range` (its static range tensor, or None)
+    go to the kernel with every forward call."""
     _configure_threads(arithmetic)
     dtype = x.dtype
     x32 = tf.cast(x, tf.float32)
@@ -78,15 +110,19 @@ def swapped_matmul(x, w, arithmetic: Kernel, backward: str = "native"):
 
     @tf.custom_gradient
     def matmul(a, b):
-        y = _numpy_matmul(arithmetic, a, b, m_static, n)
+        y = _numpy_matmul(arithmetic, a, b, m_static, n, quant, activation_range)
 
         def grad(dy):
-            if backward == "native":
+            if backward == "lut_grad" and quant is not None:
+                return _lut_grad_matmul(arithmetic, a, b, dy, quant, activation_range)
+            if backward in ("native", "lut_grad"):
                 # what TensorFlow registers for MatMul(transpose_a=False, transpose_b=False)
                 return (tf.linalg.matmul(dy, b, transpose_b=True),
                         tf.linalg.matmul(a, dy, transpose_a=True))
-            da = _numpy_matmul(arithmetic, dy, tf.transpose(b), m_static, k)
-            db = _numpy_matmul(arithmetic, tf.transpose(a), dy, k, n)
+            # gradients have ranges of their own: dynamic, with the layer's weight encoding
+            backward_quant = quant.dynamic() if quant is not None else None
+            da = _numpy_matmul(arithmetic, dy, tf.transpose(b), m_static, k, backward_quant)
+            db = _numpy_matmul(arithmetic, tf.transpose(a), dy, k, n, backward_quant)
             return da, db
 
         return y, grad
@@ -96,6 +132,22 @@ def swapped_matmul(x, w, arithmetic: Kernel, backward: str = "native"):
         y = tf.reshape(y, tf.concat([tf.shape(x32)[:-1], [n]], axis=0))
         y.set_shape(leading_static.concatenate([n]))
     return tf.cast(y, dtype) if dtype != tf.float32 else y
+
+
+def _lut_grad_matmul(arithmetic, a, b, dy, quant, activation_range):
+    """(da, db) through the table's own derivatives (graphswap/kernels/derivatives.py)."""
+    with_range = activation_range is not None
+
+    def gradients(a_array, b_array, dy_array, *rest):
+        scheme = scheme_with_range(quant, rest[0]) if with_range else quant
+        return lut_matmul_gradients(arithmetic, a_array, b_array, dy_array, quant=scheme)
+
+    inputs = [a, b, dy] + ([activation_range] if with_range else [])
+    da, db = tf.numpy_function(gradients, inputs, [tf.float32, tf.float32], stateful=False,
+                               name="graphswap_matmul_lut_grad")
+    da.set_shape(a.shape)
+    db.set_shape(b.shape)
+    return da, db
 
 
 # --------------------------------------------------------------------------------------------
@@ -151,8 +203,9 @@ def _native_conv_gradients(inputs, filters, dy, strides, dilations, groups,
 
 @tf.autograph.experimental.do_not_convert
 def swapped_conv2d(x, w, arithmetic: Kernel, strides=(1, 1), padding="valid", dilations=(1, 1),
-                   groups=1, backward: str = "native"):
-    """NHWC x HWIO convolution with the arithmetic's forward; returns x's dtype."""
+                   groups=1, backward: str = "native", quant=None, activation_range=None):
+    """NHWC x HWIO convolution with the arithmetic's forward; returns x's dtype (`quant`,
+    `activation_range`: as for swapped_matmul)."""
     _configure_threads(arithmetic)
     strides = tuple(int(s) for s in strides)
     dilations = tuple(int(d) for d in dilations)
@@ -178,21 +231,49 @@ def swapped_conv2d(x, w, arithmetic: Kernel, strides=(1, 1), padding="valid", di
     def geometry_of(x_array):
         return conv_geometry(x_array.shape, filter_shape, strides, dilations, padding, groups)
 
-    def forward_np(x_array, w_array):
-        return arithmetic.conv2d(x_array, w_array, geometry_of(x_array))
+    def forward_np(x_array, w_array, quant=None):
+        if quant is None:
+            return arithmetic.conv2d(x_array, w_array, geometry_of(x_array))
+        return arithmetic.conv2d(x_array, w_array, geometry_of(x_array), quant=quant)
+
+    backward_quant = quant.dynamic() if quant is not None else None
+
+    def backward_matmul(a, b):
+        if backward_quant is None:
+            return arithmetic.matmul(a, b)
+        return arithmetic.matmul(a, b, quant=backward_quant)
 
     def backward_np(x_array, w_array, dy_array):
         return native.conv_gradients_via_matmul(x_array, w_array, dy_array,
-                                                geometry_of(x_array), arithmetic.matmul)
+                                                geometry_of(x_array), backward_matmul)
+
+    def lut_grad(inputs, filters, dy):
+        with_range = activation_range is not None
+
+        def gradients(x_array, w_array, dy_array, *rest):
+            scheme = scheme_with_range(quant, rest[0]) if with_range else quant
+            return lut_conv2d_gradients(arithmetic, x_array, w_array, dy_array,
+                                        geometry_of(x_array), quant=scheme)
+
+        grad_inputs = [inputs, filters, dy] + ([activation_range] if with_range else [])
+        dx, dw = tf.numpy_function(gradients, grad_inputs, [tf.float32, tf.float32],
+                                   stateful=False, name="graphswap_conv2d_lut_grad")
+        dx.set_shape(inputs.shape)
+        dw.set_shape(filters.shape)
+        return dx, dw
 
     @tf.custom_gradient
     def conv(inputs, filters):
-        y = tf.numpy_function(forward_np, [inputs, filters], tf.float32, stateful=False,
-                              name="graphswap_conv2d")
+        forward_inputs = [inputs, filters] + ([activation_range] if activation_range is not None
+                                              else [])
+        y = tf.numpy_function(kernel_call(forward_np, quant, activation_range is not None),
+                              forward_inputs, tf.float32, stateful=False, name="graphswap_conv2d")
         y.set_shape(static_out)
 
         def grad(dy):
-            if backward == "native":
+            if backward == "lut_grad" and quant is not None:
+                return lut_grad(inputs, filters, dy)
+            if backward in ("native", "lut_grad"):
                 # what TensorFlow registers for Conv2D (nn_grad._Conv2DGrad)
                 return _native_conv_gradients(inputs, filters, dy, strides, dilations, groups,
                                               padding)

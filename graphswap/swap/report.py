@@ -47,7 +47,7 @@ class LayerReport:
 class RewriteReport:
     model_name: str
     layers: list[LayerReport]
-    notes: list = dataclasses.field(default_factory=list)
+    notes: list = dataclasses.field(default_factory=list)   # quantization, calibration, folding
 
     @property
     def swapped(self) -> list[LayerReport]:
@@ -99,7 +99,7 @@ class RewriteReport:
                          "attention_float": self.attention_macs, "by_type": self.by_type()},
                 "summary": self.summary_line(),
                 "layers": [entry.to_dict() for entry in self.layers],
-                **({"notes": list(self.notes)} if self.notes else {})}
+                "notes": list(self.notes)}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)

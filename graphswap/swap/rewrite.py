@@ -10,6 +10,7 @@ graphswap.swap.clone; the report is graphswap.swap.report.
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import json
 import os
@@ -17,12 +18,18 @@ import re
 
 import keras
 
-from graphswap.errors import GraphswapError
-from graphswap.kernels import Kernel, resolve_file_named, resolve_kernel
+from graphswap.errors import GraphswapError, QuantizationError
+from graphswap.kernels import Kernel, QuantScheme, resolve_file_named, resolve_kernel
 from graphswap.swap import ops
+from graphswap.swap.calibration import (DEFAULT_CALIBRATION_METHOD, DEFAULT_CALIBRATION_SAMPLES,
+                                        DEFAULT_CALIBRATION_SOURCE, calibration_inputs,
+                                        check_method)
 from graphswap.swap.catalog import (LAYER_TYPES, SWAPPABLE_TYPES, is_swappable_family,
                                     is_swapped, swapped_from, type_name)
-from graphswap.swap.clone import copy_compile_config, transform_model
+from graphswap.swap.clone import copy_compile_config, iter_layers, transform_model
+from graphswap.swap.compensation import COMPENSATION_METHODS, calibrate_and_compensate
+from graphswap.swap.folding import fold_batchnorm as fold_pairs
+from graphswap.swap.quantstate import legacy_scheme
 from graphswap.swap.report import LayerReport, RewriteReport, attention_macs, layer_macs
 from graphswap.swap.subclassed import (copy_subclassed, is_subclassed, layer_paths, mark_swapped,
                                        swap_layers)
@@ -123,8 +130,45 @@ def resolve_kernel_map(source) -> dict:
             for key, spec in mapping.items()}
 
 
+QUANTIZATION_PRESETS = ("default", "tfapprox")
+
+
+def quantization_request(quantization, calibrated: bool):
+    """scheme_for(kernel) -> the QuantScheme rewrite_model gives a multiplier layer running that
+    kernel.  `quantization`: None or "default" (sign-magnitude weights for unsigned multipliers,
+    symmetric for signed, per-channel), "tfapprox" (TFApprox: asymmetric per-tensor for unsigned
+    multipliers; signed ones keep symmetric per-channel), a dict or a QuantScheme.  Activations
+    are static exactly when calibration data is given (dynamic, per call, otherwise)."""
+    if quantization is None or quantization == "default":
+        base = QuantScheme()
+    elif isinstance(quantization, str):
+        if quantization not in QUANTIZATION_PRESETS:
+            raise QuantizationError(f"unknown quantization preset {quantization!r}; allowed: "
+                                    f"{', '.join(QUANTIZATION_PRESETS)}, a dict or a QuantScheme")
+        base = None
+    else:
+        base = QuantScheme.from_config(quantization)
+    if base is not None and base.activations == "static" and not calibrated \
+            and base.activation_range is None:
+        raise QuantizationError("static activations need calibration data: pass "
+                                "calibration_data= (--calibrate DATA), or use dynamic activations")
+
+    def scheme_for(kernel) -> QuantScheme:
+        scheme = base if base is not None else legacy_scheme(bool(getattr(kernel, "signed", 0)))
+        if calibrated:
+            scheme = dataclasses.replace(scheme, activations="static", activation_range=None)
+        return scheme
+
+    return scheme_for
+
+
 def rewrite_model(model, kernel="exact", include=None, exclude=None, kernel_map=None,
-                  layer_types=None, backward="native", return_report=False, inplace=False):
+                  layer_types=None, backward="native", return_report=False, inplace=False,
+                  quantization=None, calibration_data=None,
+                  calibration_samples=DEFAULT_CALIBRATION_SAMPLES,
+                  calibration_method=DEFAULT_CALIBRATION_METHOD,
+                  calibration_source=DEFAULT_CALIBRATION_SOURCE, bias_correction=None,
+                  recalibrate_bn=False, fold_batchnorm=False):
     """Return a copy of `model` whose selected layers' forward products run `kernel`.
 
     Args:
@@ -147,11 +191,52 @@ def rewrite_model(model, kernel="exact", include=None, exclude=None, kernel_map=
       return_report: also return a RewriteReport.
       inplace: subclassed models only: swap the layers of `model` itself (for a class that
         cannot be copied through get_config/from_config); `model` is changed and returned.
+      quantization: how the 8-bit multiplier layers quantize - None (the defaults: sign-magnitude
+        weights for unsigned multipliers, symmetric for signed, per-channel scales), "tfapprox"
+        (asymmetric per-tensor, dynamic), a dict or a graphswap.kernels.QuantScheme.
+      calibration_data: the model's inputs (an array, a list per input, or (x, y)); given, the
+        multiplier layers get static activation ranges calibrated on its first
+        `calibration_samples` examples (graphswap.swap.calibration: `calibration_method`
+        "minmax" | "percentile" | "mse", `calibration_source` "float" | "approximate");
+        without it activations are quantized per call ("dynamic", as TFApprox).  Static ranges
+        are for Dense and Conv2D; the other swapped types keep per-call ranges (report note).
+      bias_correction: with calibration data, also compensate each multiplier layer's product
+        error per output channel: "mean" (mean-error) or "moments" (mean and spread;
+        graphswap.swap.compensation).
+      recalibrate_bn: with calibration data, also re-estimate the BatchNormalization statistics
+        with the approximate forward (graphswap.swap.compensation).
+      fold_batchnorm: fold each Dense/Conv2D + BatchNormalization pair first
+        (graphswap.swap.folding); a model with no foldable pair gets a report note.
 
     Raises UnsupportedLayerError (naming the layer and option) for a selected layer whose options
     cannot be reproduced, and KernelSpecError for unknown kernels.
     """
     ops.check_backward_mode(backward)
+    calibrated = calibration_data is not None
+    scheme_for = quantization_request(quantization, calibrated)
+    if calibrated:   # checked before any work is done
+        check_method(calibration_method, calibration_source)
+        calibration_inputs(model, calibration_data, calibration_samples)
+    if recalibrate_bn and not calibrated:
+        raise QuantizationError("BatchNorm re-estimation in rewrite_model runs on the calibration "
+                                "data: pass calibration_data= (--calibrate DATA) as well")
+    if bias_correction is not None:
+        if bias_correction not in COMPENSATION_METHODS:
+            raise QuantizationError(f"unknown bias compensation method {bias_correction!r}; "
+                                    f"allowed: {', '.join(COMPENSATION_METHODS)}")
+        if not calibrated:
+            raise QuantizationError("bias compensation is estimated on calibration data: pass "
+                                    "calibration_data= (--calibrate DATA) as well")
+
+    def layer_scheme(kernel) -> dict:
+        scheme = scheme_for(kernel)   # static ones are created dynamic, calibrated after the clone
+        return (scheme.dynamic() if scheme.activation_range is None else scheme).to_config()
+
+    notes = []
+    source_model = model
+    if fold_batchnorm:
+        source_model, fold_report = fold_pairs(model)
+        notes.extend(fold_report.lines())
     include_patterns = _as_patterns(include)
     exclude_patterns = _as_patterns(exclude)
     mapping = resolve_kernel_map(kernel_map) if kernel_map is not None else {}
@@ -189,19 +274,18 @@ def rewrite_model(model, kernel="exact", include=None, exclude=None, kernel_map=
         entries.append(entry)
         if spec is None:
             return None
-        new_layer = swapped_from(layer, spec, backward)
+        new_layer = swapped_from(layer, spec, backward, layer_scheme(spec))
         entry.action, entry.kernel = "swapped", spec.spec
         return new_layer
 
-    notes = []
-    if is_subclassed(model):
-        new_model = _rewrite_subclassed(model, replace, inplace, notes)
+    if is_subclassed(source_model):
+        new_model = _rewrite_subclassed(source_model, replace, inplace, notes)
     else:
         if inplace:
             raise GraphswapError(
                 f"inplace=True is for subclassed models; {model.name!r} is a "
                 f"{type(model).__name__} model, which rewrite_model copies (never modifies)")
-        new_model, _ = transform_model(model, replace)
+        new_model, _ = transform_model(source_model, replace)
     unmatched = [key for key in mapping
                  if not any(e.path == key or e.path.split("/")[-1] == key
                             or fnmatch.fnmatchcase(e.path.split("/")[-1], key)
@@ -210,6 +294,25 @@ def rewrite_model(model, kernel="exact", include=None, exclude=None, kernel_map=
         raise GraphswapError(
             f"kernel map names layer(s) not in model {model.name!r}: {', '.join(unmatched)}; "
             f"list the layers with 'graphswap inspect MODEL'")
+    quantizing = [layer for _, layer in iter_layers(new_model)
+                  if getattr(layer, "quantization", None) is not None]
+    if quantizing:
+        described = sorted({scheme_for(layer.arithmetic).resolve(layer.arithmetic.signed)
+                            .describe() for layer in quantizing})
+        notes.append(f"quantization: {'; '.join(described)}")
+        if calibrated:
+            dynamic_only = sorted({type_name(layer) for layer in quantizing
+                                   if not layer.static_activations_supported})
+            if dynamic_only:
+                notes.append(f"static activation ranges are calibrated for Dense and Conv2D; "
+                             f"{', '.join(dynamic_only)} layers keep per-call ranges")
+            notes.extend(calibrate_and_compensate(
+                new_model, calibration_data, samples=calibration_samples,
+                method=calibration_method, source=calibration_source,
+                bias_correction=bias_correction, recalibrate_bn=recalibrate_bn))
+    elif calibrated:
+        notes.append("calibration data given, but no swapped layer quantizes (no 8-bit "
+                     "multiplier kernel): nothing calibrated")
     report = RewriteReport(model.name, entries, notes)
     return (new_model, report) if return_report else new_model
 
@@ -281,4 +384,3 @@ def plan(model, **kwargs) -> RewriteReport:
     """What rewrite_model would do, without keeping the rewritten model."""
     _, report = rewrite_model(model, return_report=True, **kwargs)
     return report
-

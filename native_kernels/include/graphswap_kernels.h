@@ -218,6 +218,29 @@ GRAPHSWAP_EXPORT int32_t graphswap_set_isa(const char *name);
 
 /* OpenBLAS build and core in use (e.g. "OpenBLAS 0.3.34 DYNAMIC_ARCH ...; core SkylakeX; threads 1"). */
 GRAPHSWAP_EXPORT const char *graphswap_blas_info(void);
+/* ---- multiplier level: approximation-aware gradients (backward="lut_grad"; src/lut_grad.c) ----
+ *
+ * The table's own partial derivatives as smoothed finite differences, in operand-value order
+ * (values 0..255 unsigned; -128..127, the two's-complement value of the code, signed), a central
+ * difference of half-width h clamped at the ends of the range:
+ *   d_first [(ca << 8) | cb] = (f(a+, b) - f(a-, b)) / (a+ - a-),  a+- = clamp(a +- h)
+ *   d_second[(ca << 8) | cb] = (f(a, b+) - f(a, b-)) / (b+ - b-),  b+- = clamp(b +- h)
+ * with f(a, b) = table[(code(a) << 8) | code(b)].  Both outputs have 65536 floats; 1 <= h <= 255.
+ */
+GRAPHSWAP_EXPORT int32_t graphswap_lut_derivative_tables(const int32_t *table, int32_t signed_operands,
+                                                         int32_t half_width, float *d_first,
+                                                         float *d_second);
+
+/* The gradient products of acc = sum_k table[(a[m,k] << 8) | b[k,n]] with the derivative tables:
+ *   da[i,k] = sum_j d_first [(a[i,k] << 8) | b[k,j]] * sign[k,j] * g_a[i,j]   (sign NULL: +1)
+ *   db[k,j] = sum_i d_second[(a[i,k] << 8) | b[k,j]] * g_b[i,j]
+ * a (m,k) and b (k,n) codes, sign (k,n) int8 of +-1 or NULL, g_a and g_b (m,n) float, da (m,k) and
+ * db (k,n) float; either output may be NULL (its table and g are then not read).  Sums in double. */
+GRAPHSWAP_EXPORT int32_t graphswap_lut_matmul_grad(const uint8_t *a, const uint8_t *b,
+                                                   const int8_t *sign, const float *d_first,
+                                                   const float *d_second, const float *g_a,
+                                                   const float *g_b, float *da, float *db,
+                                                   int64_t m, int64_t k, int64_t n);
 
 /* ---- extra exports of graphswap's own library (issue 3: built-in multipliers) ----
  *

@@ -1,0 +1,366 @@
+#!/usr/bin/env python
+"""The recovery tables of docs/RECOVERY.md: what each quantization mode and each recovery step
+does to the accuracy of the shipped models, for every built-in multiplier and the shipped example
+multipliers.  Every number in docs/RECOVERY.md comes from this script.
+
+Models and data: sample_models/lenet5.keras and sample_models/cnn_bn.keras (BatchNormalization)
+on sample_models/digits.npz (1,437 training / 360 test images; one test image = 0.28 points).
+Calibration, bias compensation and BN re-estimation use the first 512 training images; fine-tuning
+all 1,437 (graphswap.finetune's default recipe, seeded); accuracy is on the 360 test images.
+
+Sections:
+  table     per multiplier: float | TFApprox (asymmetric per-tensor weights, dynamic activations) |
+            dynamic (graphswap's default encodings, per-call activations) | calibrated (static) |
+            + BN folding (folded before quantization; BN model) | + bias compensation |
+            + BN re-estimation (BN model) | fine-tuned 1 and 3 epochs from the last zero-step
+            column, straight-through (STE) and lut_grad gradients
+  batch     how much one image's output depends on its batch: max |softmax(batches of 32) -
+            softmax(one batch of 200)| over 200 test images, per quantization mode
+  ablation  calibration source x method and the two compensation methods (zero gradient steps)
+  recipes   fine-tuning recipes (optimizer, learning rate, schedule, fixed or moving-average
+            static ranges) from the zero-step start, over seeds: the measurements the default
+            recipe was chosen from
+
+    python benchmarks/recovery_table.py --quick                  # a few minutes: 4 multipliers
+    python benchmarks/recovery_table.py                          # everything (about an hour on
+                                                                 # 2 cores)
+    python benchmarks/recovery_table.py --update-docs            # rewrite docs/RECOVERY.md's tables
+    python benchmarks/recovery_table.py --sections recipes --json out.json
+
+Results are cached in --json (default benchmarks/recovery_results.json): a rerun only computes
+what is missing (delete the file, or pass --fresh, to start over).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+import graphswap  # noqa: E402
+from graphswap import kernels, swap  # noqa: E402
+
+MODELS = ("lenet5", "cnn_bn")
+EXAMPLES = ("mul8u_gsbam6.c", "mul8s_gsbam6.c", "mul8u_gsloa11.c", "mul8s_gsloa11.c",
+            "mul8u_gsot45.c", "mul8s_gsot36.c")   # mul8u_gsot45l.c: the same table as gsot45
+QUICK = ("mul8u_drum4", "mul8s_drum3", "sample_models/multipliers/mul8u_gsot45.c",
+         "sample_models/multipliers/mul8s_gsot36.c")
+ABLATION = ("mul8u_drum4", "mul8u_drum3", "mul8u_mitchell", "mul8s_drum3",
+            "sample_models/multipliers/mul8u_gsloa11.c", "sample_models/multipliers/mul8s_gsloa11.c",
+            "sample_models/multipliers/mul8u_gsot45.c", "sample_models/multipliers/mul8s_gsot36.c")
+RECIPE_MULTIPLIERS = ("mul8s_drum3", "mul8u_drum3", "sample_models/multipliers/mul8u_gsot45.c",
+                      "sample_models/multipliers/mul8s_gsot36.c")
+RECIPES = {   # name: (learning rate, schedule, observer of the static ranges)
+    "adam 1e-4 constant": (1e-4, "constant", "fixed"),
+    "adam 1e-4 cosine": (1e-4, "cosine", "fixed"),
+    "adam 3e-4 cosine": (3e-4, "cosine", "fixed"),
+    "adam 1e-3 cosine": (1e-3, "cosine", "fixed"),
+    "adam 1e-3 cosine, moving-average ranges": (1e-3, "cosine", "moving_average"),
+}
+CALIBRATION_SAMPLES = 512
+
+
+def all_multipliers() -> list[str]:
+    names = sorted(n for n in kernels.builtin_names() if n.startswith("mul8"))
+    return names + [f"sample_models/multipliers/{name}" for name in EXAMPLES]
+
+
+def label(spec: str) -> str:
+    return os.path.basename(spec)
+
+
+class Context:
+    def __init__(self, path: Path, fresh: bool):
+        self.path = path
+        self.results = {} if fresh or not path.is_file() else json.loads(path.read_text())
+        with np.load(REPO / "sample_models" / "digits.npz") as data:
+            self.data = {k: data[k] for k in data.files}
+        self.calibration = self.data["x_train"][:CALIBRATION_SAMPLES]
+        self.models = {}
+
+    def model(self, name):
+        if name not in self.models:
+            self.models[name] = keras.models.load_model(REPO / "sample_models" / f"{name}.keras")
+        return self.models[name]
+
+    def accuracy(self, model) -> float:
+        x, y = self.data["x_test"], self.data["y_test"]
+        predictions = np.concatenate([np.asarray(model(x[i:i + 128], training=False))
+                                      for i in range(0, len(x), 128)])
+        return round(100.0 * float(np.mean(predictions.argmax(axis=1) == y)), 2)
+
+    def cached(self, key: str, compute):
+        if key not in self.results:
+            started = time.time()
+            self.results[key] = compute()
+            self.path.write_text(json.dumps(self.results, indent=1, sort_keys=True))
+            print(f"  {key}: {self.results[key]} ({time.time() - started:.0f} s)", flush=True)
+        return self.results[key]
+
+
+def has_bn(model) -> bool:
+    return any(isinstance(layer, keras.layers.BatchNormalization) for layer in model.layers)
+
+
+def zero_step(ctx, model, spec, **options):
+    return graphswap.rewrite_model(model, kernel=spec, **options)
+
+
+def recovered(ctx, model, spec, observer="fixed"):
+    """The last zero-step column's model: calibrated + compensated (+ BN re-estimated)."""
+    return graphswap.rewrite_model(model, kernel=spec, calibration_data=ctx.calibration,
+                                   bias_correction=graphswap.research.DEFAULT_BIAS_CORRECTION,
+                                   recalibrate_bn=has_bn(model),
+                                   quantization={"observer": observer})
+
+
+def start_signature() -> str:
+    """The zero-step defaults the fine-tuning runs start from (part of their cache keys)."""
+    return (f"{swap.DEFAULT_CALIBRATION_SOURCE}-{swap.DEFAULT_CALIBRATION_METHOD}-"
+            f"{graphswap.research.DEFAULT_BIAS_CORRECTION}")
+
+
+def recipe_signature() -> str:
+    """The default fine-tuning recipe (part of the table's cache keys)."""
+    return f"adam-{graphswap.research.DEFAULT_LEARNING_RATE:g}-{graphswap.research.DEFAULT_SCHEDULE}"
+
+
+def finetuned(ctx, model, spec, epochs, backward="native", learning_rate=None, schedule=None,
+              seed=0, observer="fixed"):
+    start = recovered(ctx, model, spec, observer)
+    for _, layer in swap.iter_layers(start):
+        if hasattr(layer, "arithmetic"):
+            layer.backward = backward
+    options = {}
+    if learning_rate is not None:
+        options.update(learning_rate=learning_rate, schedule=schedule)
+    result = graphswap.finetune(start, (ctx.data["x_train"], ctx.data["y_train"]), epochs=epochs,
+                                seed=seed, verbose=0, restore_best=False, **options)
+    return ctx.accuracy(result.model)
+
+
+# ------------------------------------------------------------------------------------------------
+
+TABLE_COLUMNS = ["float", "TFApprox", "dynamic", "calibrated", "+ BN folding",
+                 "+ bias comp.", "+ BN re-est.", "STE 1", "STE 3", "lut_grad 1", "lut_grad 3"]
+
+
+def table_row(ctx, name, spec, finetune=True) -> dict:
+    model = ctx.model(name)
+    key = f"table/{name}/{label(spec)}"
+    bn = has_bn(model)
+    row = {"MAE%": round(kernels.metrics(spec)["MAE%"], 4)}
+    row["float"] = ctx.cached(f"float/{name}", lambda: ctx.accuracy(model))
+    row["TFApprox"] = ctx.cached(f"{key}/tfapprox", lambda: ctx.accuracy(
+        zero_step(ctx, model, spec, quantization="tfapprox")))
+    row["dynamic"] = ctx.cached(f"{key}/dynamic", lambda: ctx.accuracy(
+        zero_step(ctx, model, spec)))
+    key_cal = f"{key}/{swap.DEFAULT_CALIBRATION_SOURCE}-{swap.DEFAULT_CALIBRATION_METHOD}"
+    row["calibrated"] = ctx.cached(f"{key_cal}/calibrated", lambda: ctx.accuracy(
+        zero_step(ctx, model, spec, calibration_data=ctx.calibration)))
+    row["+ BN folding"] = ctx.cached(f"{key_cal}/folded", lambda: ctx.accuracy(zero_step(
+        ctx, model, spec, calibration_data=ctx.calibration, fold_batchnorm=True))) if bn else None
+    row["+ bias comp."] = ctx.cached(f"{key}/{start_signature()}/compensated", lambda: ctx.accuracy(zero_step(
+        ctx, model, spec, calibration_data=ctx.calibration,
+        bias_correction=graphswap.research.DEFAULT_BIAS_CORRECTION)))
+    row["+ BN re-est."] = ctx.cached(f"{key}/{start_signature()}/bn", lambda: ctx.accuracy(
+        recovered(ctx, model, spec))) if bn else None
+    for backward, short in (("native", "STE"), ("lut_grad", "lut_grad")):
+        for epochs in (1, 3):
+            if not finetune:
+                row[f"{short} {epochs}"] = None
+                continue
+            row[f"{short} {epochs}"] = ctx.cached(
+                f"{key}/{start_signature()}/{recipe_signature()}/{short}{epochs}", lambda: finetuned(ctx, model, spec, epochs, backward))
+    return row
+
+
+def target_note(row) -> str:
+    float_acc, mae = row["float"], row["MAE%"]
+    zero = max(v for k, v in row.items() if k in ("calibrated", "+ BN folding", "+ bias comp.",
+                                                    "+ BN re-est.") and v is not None)
+    notes = []
+    if mae <= 1.0:
+        notes.append("zero-step " + ("ok" if zero >= float_acc - 2.0 else "MISSED"))
+        if row["STE 1"] is not None:
+            notes.append("1 ep " + ("ok" if max(row["STE 1"], row["lut_grad 1"]) >=
+                                    float_acc - 0.3 else "MISSED"))
+    if mae >= 3.0 and row["STE 1"] is not None:
+        best = max(row["STE 1"], row["STE 3"], row["lut_grad 1"], row["lut_grad 3"])
+        notes.append("<=3 ep " + ("ok" if best >= float_acc - 3.0 else "MISSED"))
+    return ", ".join(notes)
+
+
+def _cell(value) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, float):
+        if value == 0:
+            return "0"
+        return f"{value:.4f}" if abs(value) < 1 else f"{value:.2f}"
+    return str(value)
+
+
+def format_markdown(headers, rows) -> list[str]:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    for row in rows:
+        lines.append("| " + " | ".join(_cell(v) for v in row) + " |")
+    return lines
+
+
+def section_table(ctx, multipliers, finetune=True) -> list[str]:
+    out = []
+    for name in MODELS:
+        rows = []
+        for spec in multipliers:
+            row = table_row(ctx, name, spec, finetune)
+            rows.append([label(spec), f"{row['MAE%']:.2f}"] + [row[c] for c in TABLE_COLUMNS]
+                        + [target_note(row)])
+        out.append(f"### {name}\n")
+        out.extend(format_markdown(["multiplier", "MAE%"] + TABLE_COLUMNS + ["targets"], rows))
+        out.append("")
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+
+def section_batch(ctx, multipliers) -> list[str]:
+    x = ctx.data["x_test"][:200]
+
+    def dependence(model):
+        whole = np.asarray(model(x, training=False))
+        parts = np.concatenate([np.asarray(model(x[i:i + 32], training=False))
+                                for i in range(0, len(x), 32)])
+        return round(float(np.abs(parts - whole).max()), 4)
+
+    rows = []
+    for spec in multipliers:
+        model = ctx.model("lenet5")
+        row = [label(spec)]
+        for mode, options in (("tfapprox", {"quantization": "tfapprox"}), ("dynamic", {}),
+                              ("static", {"calibration_data": ctx.calibration})):
+            row.append(ctx.cached(f"batch/lenet5/{label(spec)}/{mode}", lambda: dependence(
+                graphswap.rewrite_model(model, kernel=spec, **options))))
+        rows.append(row)
+    return (["### lenet5: max |softmax(batches of 32) - softmax(one batch of 200)|, 200 test "
+             "images\n"]
+            + format_markdown(["multiplier", "TFApprox (dynamic)", "dynamic", "static "
+                               "(calibrated)"], rows) + [""])
+
+
+ABLATION_COLUMNS = [("float", "minmax"), ("float", "percentile"), ("float", "mse"),
+                    ("approximate", "minmax"), ("approximate", "percentile"),
+                    ("approximate", "mse")]
+
+
+def section_ablation(ctx, multipliers) -> list[str]:
+    out = []
+    for name in MODELS:
+        model = ctx.model(name)
+        bn = has_bn(model)
+        rows = []
+        for spec in multipliers:
+            row = [label(spec)]
+            for correction in ("mean", "moments"):
+                for source, method in ABLATION_COLUMNS:
+                    key = f"ablation/{name}/{label(spec)}/{source}/{method}/{correction}"
+                    row.append(ctx.cached(key, lambda: ctx.accuracy(graphswap.rewrite_model(
+                        model, kernel=spec, calibration_data=ctx.calibration,
+                        calibration_source=source, calibration_method=method,
+                        bias_correction=correction, recalibrate_bn=bn))))
+            rows.append(row)
+        means = ["mean"] + [round(float(np.mean([r[i] for r in rows])), 2)
+                            for i in range(1, len(rows[0]))]
+        headers = ["multiplier"] + [f"{c} {s[:6]} {m}" for c in ("mean", "moments")
+                                    for s, m in ABLATION_COLUMNS]
+        out.append(f"### {name}: calibration source/method x compensation (zero gradient steps"
+                   f"{', BN re-estimated' if bn else ''})\n")
+        out.extend(format_markdown(headers, rows + [means]))
+        out.append("")
+    return out
+
+
+def section_recipes(ctx, multipliers, seeds) -> list[str]:
+    out = []
+    for name in MODELS:
+        model = ctx.model(name)
+        rows = []
+        for spec in multipliers:
+            for recipe, (rate, schedule, observer) in RECIPES.items():
+                row = [label(spec), recipe]
+                for epochs in (1, 3):
+                    values = [ctx.cached(f"recipes/{name}/{label(spec)}/{start_signature()}/"
+                                         f"{recipe}/{epochs}/{seed}",
+                                         lambda: finetuned(ctx, model, spec, epochs,
+                                                           learning_rate=rate, schedule=schedule,
+                                                           seed=seed, observer=observer))
+                              for seed in seeds]
+                    row.append(f"{np.mean(values):.2f} [{min(values):.2f}-{max(values):.2f}]")
+                rows.append(row)
+        out.append(f"### {name}: fine-tuning recipes from the zero-step start (test accuracy, "
+                   f"mean [min-max] over seeds {', '.join(map(str, seeds))})\n")
+        out.extend(format_markdown(["multiplier", "recipe", "1 epoch", "3 epochs"], rows))
+        out.append("")
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+
+def update_docs(blocks: dict) -> None:
+    path = REPO / "docs" / "RECOVERY.md"
+    text = path.read_text()
+    for name, lines in blocks.items():
+        pattern = re.compile(rf"(<!-- BEGIN {name} -->\n).*?(<!-- END {name} -->)", re.S)
+        if not pattern.search(text):
+            raise SystemExit(f"docs/RECOVERY.md has no <!-- BEGIN {name} --> block")
+        text = pattern.sub(lambda m: m.group(1) + "\n".join(lines) + "\n" + m.group(2), text)
+    path.write_text(text)
+    print(f"updated {path}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help=f"only {', '.join(map(label, QUICK))}")
+    parser.add_argument("--sections", default="table,batch,ablation,recipes")
+    parser.add_argument("--seeds", default="0,1", help="seeds of the recipes section")
+    parser.add_argument("--json", type=Path, default=REPO / "benchmarks" / "recovery_results.json")
+    parser.add_argument("--fresh", action="store_true", help="ignore cached results")
+    parser.add_argument("--update-docs", action="store_true")
+    parser.add_argument("--no-finetune", action="store_true",
+                        help="table: only the zero-gradient-step columns")
+    args = parser.parse_args()
+    ctx = Context(args.json, args.fresh)
+    sections = args.sections.split(",")
+    seeds = [int(s) for s in args.seeds.split(",")]
+    blocks = {}
+    started = time.time()
+    if "table" in sections:
+        blocks["TABLE"] = section_table(ctx, list(QUICK) if args.quick else all_multipliers(),
+                                        not args.no_finetune)
+    if "batch" in sections:
+        blocks["BATCH"] = section_batch(ctx, list(QUICK) if args.quick else list(ABLATION))
+    if "ablation" in sections:
+        blocks["ABLATION"] = section_ablation(ctx, list(QUICK) if args.quick else list(ABLATION))
+    if "recipes" in sections:
+        blocks["RECIPES"] = section_recipes(ctx, list(QUICK[2:]) if args.quick
+                                            else list(RECIPE_MULTIPLIERS), seeds)
+    for lines in blocks.values():
+        print("\n".join(lines))
+    print(f"({time.time() - started:.0f} s; results in {args.json})")
+    if args.update_docs:
+        update_docs(blocks)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,175 @@
+"""QuantScheme: how a multiplier kernel quantizes, as one small explicit, frozen structure.
+
+A swapped layer holds one QuantScheme (its config key "quantization") and passes it, with the
+static activation range filled in, to every kernel call: `Kernel.matmul(a, b, quant=scheme)` /
+`Kernel.conv2d(x, w, geometry, quant=scheme)`.  Float kernels ignore it; LutKernel follows it
+exactly as graphswap/kernels/quantized.py's docstring specifies.
+
+Fields (all validated; `to_config`/`from_config` round-trip through JSON exactly):
+
+    weights       "sign_magnitude" | "asymmetric" | "symmetric" | None
+                  None = the multiplier's default: sign_magnitude for unsigned multipliers,
+                  symmetric for signed ones.  Unsigned multipliers accept sign_magnitude or
+                  asymmetric (TFApprox); signed ones accept symmetric.
+    granularity   "per_channel" | "per_tensor"   (weight scales and zero points)
+    activations   "dynamic" (range of each call's tensor, i.e. of the batch, as TFApprox) |
+                  "static" (the calibrated `activation_range`, the same for every call)
+    activation_range  (lo, hi) of a static layer input, float32-representable numbers; a static
+                  scheme without one is a request (calibration fills it in), which kernels refuse
+                  to run
+    observer      "fixed" (the static range never changes) | "moving_average" (in training calls
+                  the range follows lo <- m lo + (1 - m) min(batch), hi likewise, m = momentum,
+                  as QAT observers do; inference calls never change it)
+    momentum      the moving average's m, 0 <= m < 1
+
+Which hardware each mode matches:
+    sign_magnitude, per_channel  a sign-magnitude MAC array: the unsigned multiplier sees |w|'s
+                                 8-bit magnitude, the product takes w's sign; one scale per output
+                                 channel (requantization per channel), weight zero point 0
+    asymmetric, per_tensor       TFApprox / gemmlowp-style uint8 with one scale and zero point per
+                                 tensor; zero-point cross terms corrected exactly outside the
+                                 multiplier
+    asymmetric, per_channel      the same with per-output-channel weight scales and zero points
+    symmetric, per_channel       int8 accelerators (TFLite int8, AdaPT, TransAxx): zero point 0,
+                                 one weight scale per output channel
+    symmetric, per_tensor        int8 with one weight scale per tensor
+    activations static           every int8 accelerator: scales fixed at calibration
+    activations dynamic          TFApprox (range of each call); not what hardware runs
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from graphswap.errors import QuantizationError
+
+WEIGHT_ENCODINGS = ("sign_magnitude", "asymmetric", "symmetric")
+GRANULARITIES = ("per_channel", "per_tensor")
+ACTIVATION_MODES = ("dynamic", "static")
+OBSERVERS = ("fixed", "moving_average")
+DEFAULT_MOMENTUM = 0.99
+
+UNSIGNED_ENCODINGS = ("sign_magnitude", "asymmetric")
+SIGNED_ENCODINGS = ("symmetric",)
+
+
+def _choice(value, allowed, what):
+    if value not in allowed:
+        raise QuantizationError(f"{what} must be one of {', '.join(allowed)}; got {value!r}")
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantScheme:
+    """How a multiplier kernel quantizes (see the module docstring)."""
+
+    weights: str | None = None
+    granularity: str = "per_channel"
+    activations: str = "dynamic"
+    activation_range: tuple | None = None
+    observer: str = "fixed"
+    momentum: float = DEFAULT_MOMENTUM
+
+    def __post_init__(self):
+        if self.weights is not None:
+            _choice(self.weights, WEIGHT_ENCODINGS, "weight encoding")
+        _choice(self.granularity, GRANULARITIES, "weight granularity")
+        _choice(self.activations, ACTIVATION_MODES, "activation mode")
+        _choice(self.observer, OBSERVERS, "observer")
+        momentum = self.momentum
+        if isinstance(momentum, bool) or not isinstance(momentum, (int, float)) \
+                or not 0 <= momentum < 1:
+            raise QuantizationError(f"observer momentum must be a number in [0, 1); got "
+                                   f"{momentum!r}")
+        object.__setattr__(self, "momentum", float(momentum))
+        if self.activation_range is not None:
+            object.__setattr__(self, "activation_range", _as_range(self.activation_range))
+
+    # -- resolving against a multiplier --------------------------------------------------------
+    def resolve(self, signed: bool) -> "QuantScheme":
+        """This scheme with `weights` chosen for a (signed or unsigned) multiplier; raises
+        QuantizationError if the encoding cannot run on it."""
+        allowed = SIGNED_ENCODINGS if signed else UNSIGNED_ENCODINGS
+        weights = self.weights if self.weights is not None else allowed[0]
+        if weights not in allowed:
+            kind = "signed (mul8s)" if signed else "unsigned (mul8u)"
+            raise QuantizationError(
+                f"weight encoding {weights!r} cannot run on a {kind} multiplier; allowed: "
+                f"{', '.join(allowed)}")
+        return dataclasses.replace(self, weights=weights)
+
+    def with_range(self, lo, hi) -> "QuantScheme":
+        """Static activations with the range (lo, hi)."""
+        return dataclasses.replace(self, activations="static", activation_range=(lo, hi))
+
+    def dynamic(self) -> "QuantScheme":
+        return dataclasses.replace(self, activations="dynamic", activation_range=None)
+
+    # -- config --------------------------------------------------------------------------------
+    def to_config(self) -> dict:
+        return {"weights": self.weights, "granularity": self.granularity,
+                "activations": self.activations,
+                "activation_range": None if self.activation_range is None
+                else [float(v) for v in self.activation_range],
+                "observer": self.observer, "momentum": self.momentum}
+
+    @classmethod
+    def from_config(cls, config) -> "QuantScheme":
+        if config is None:
+            return cls()
+        if isinstance(config, QuantScheme):
+            return config
+        if not isinstance(config, dict):
+            raise QuantizationError(f"a quantization config is a dict with keys "
+                                   f"{', '.join(f.name for f in dataclasses.fields(cls))}; got "
+                                   f"{type(config).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(config) - known)
+        if unknown:
+            raise QuantizationError(f"unknown quantization setting(s) {', '.join(unknown)}; "
+                                   f"allowed: {', '.join(sorted(known))}")
+        values = dict(config)
+        if values.get("activation_range") is not None:
+            values["activation_range"] = tuple(values["activation_range"])
+        return cls(**values)
+
+    @property
+    def calibrated(self) -> bool:
+        """Whether the scheme can run: dynamic, or static with its range."""
+        return self.activations == "dynamic" or self.activation_range is not None
+
+    def describe(self) -> str:
+        """One line for reports, naming the mode (and the hardware it matches)."""
+        weights = {"sign_magnitude": "sign-magnitude", "asymmetric": "asymmetric uint8",
+                   "symmetric": "symmetric int8", None: "default"}[self.weights]
+        granularity = self.granularity.replace("_", "-")
+        if self.activations == "static" and self.activation_range is None:
+            activations = "static activations (calibrated)"
+        elif self.activations == "static":
+            lo, hi = self.activation_range
+            activations = f"static activations [{lo:.4g}, {hi:.4g}]"
+            if self.observer == "moving_average":
+                activations += f" (moving average, momentum {self.momentum:g})"
+        else:
+            activations = "dynamic activations (range per call, as TFApprox)"
+        return f"{weights} weights {granularity}, {activations}"
+
+
+def _as_range(value) -> tuple:
+    try:
+        lo, hi = (float(v) for v in value)
+    except (TypeError, ValueError):
+        raise QuantizationError(f"an activation range is two numbers (lo, hi); got "
+                               f"{value!r}") from None
+    if not (math.isfinite(lo) and math.isfinite(hi)) or lo > hi:
+        raise QuantizationError(f"an activation range needs finite lo <= hi; got ({lo}, {hi})")
+    # stored as float32 values (what a layer keeps), read as float64 for the scale arithmetic
+    return float(np.float32(lo)), float(np.float32(hi))
+
+
+def tfapprox_scheme() -> QuantScheme:
+    """TFApprox's quantization: asymmetric uint8 per tensor, dynamic (per-call) activations."""
+    return QuantScheme(weights="asymmetric", granularity="per_tensor", activations="dynamic")

@@ -1,0 +1,125 @@
+"""Recovery tools at the research level: the zero-gradient-step ones on data sources graphswap reads
+(.npz, image folders, arrays), and the fine-tuning recipe.
+
+    calibration_arrays(source, model)       the inputs calibration, bias compensation and BN
+                                            re-estimation run on (first `samples` examples)
+    recalibrate_batchnorm(model, data)      BN statistics re-estimated with the approximate forward
+    compensate_bias(model, data)            per-channel compensation of the products' error
+    make_optimizer(recipe, steps)           the fine-tuning optimizer of a recipe
+
+The mechanisms are graphswap.swap.calibration / graphswap.swap.compensation; these add data
+loading (the model's own input fitting and scaling, graphswap.research.loading) on top.
+
+Fine-tuning recipe (graphswap finetune's defaults; chosen from the measurements in
+docs/RECOVERY.md, reproduced by benchmarks/recovery_table.py --sections recipes): Adam, learning
+rate DEFAULT_LEARNING_RATE (1e-3) decayed by a cosine to 0 over the run (`schedule="cosine"`),
+batch 128, and for models with BatchNormalization the statistics re-estimated with the
+approximate forward after training (the moving averages Keras keeps during 1-3 short epochs lag
+behind the weights).  Of the recipes measured (Adam 1e-4 constant - the former default -, and
+1e-4, 3e-4, 1e-3 with cosine decay), it has the highest mean accuracy after 1 and after 3 epochs
+over the multipliers and models measured, and it is the only one that brings the severe signed
+multiplier on the BN model within 3 points in 3 epochs; medium multipliers do slightly better after
+1 epoch with 1e-4 (see the recipes table).
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+
+from graphswap.errors import GraphswapError
+from graphswap.research.data import translate_errors
+from graphswap.research.loading import load_data
+from graphswap.swap import (DEFAULT_CALIBRATION_SAMPLES, DEFAULT_COMPENSATION,
+                            compensate_bias as compensate_layers, iter_layers,
+                            recalibrate_batchnorm as recalibrate_layers)
+
+DEFAULT_BIAS_CORRECTION = DEFAULT_COMPENSATION
+SCHEDULES = ("constant", "cosine")
+DEFAULT_SCHEDULE = "cosine"
+DEFAULT_LEARNING_RATE = 1e-3
+
+
+def calibration_arrays(source, model, samples: int = DEFAULT_CALIBRATION_SAMPLES,
+                       split: str | None = "train", resize: bool = False, pad: bool = False,
+                       scale=None, name: str = "calibration data") -> np.ndarray:
+    """The first `samples` inputs of `source` as float32, fitted and scaled as for training
+    (graphswap.research.load_data); arrays of the model's input shape pass through."""
+    if isinstance(source, np.ndarray):
+        return source[:samples]
+    data = load_data(source, model, split=split, resize=resize, pad=pad, scale=scale, name=name)
+    if data.x is not None:
+        x = np.asarray(data.x[:samples], dtype=np.float32)
+        return x * np.float32(data.scale) if data.scale is not None else x
+    batches, count = [], 0
+    with translate_errors():
+        for x, _ in data.as_dataset(128):
+            batches.append(np.asarray(x, dtype=np.float32))
+            count += len(batches[-1])
+            if count >= samples:
+                break
+    if not batches:
+        raise GraphswapError(f"{name}: {data.source} holds no examples")
+    return np.concatenate(batches)[:samples]
+
+
+def has_batchnorm(model) -> bool:
+    return any(isinstance(layer, keras.layers.BatchNormalization)
+               for _, layer in iter_layers(model))
+
+
+def recalibrate_batchnorm(model, data, samples: int = DEFAULT_CALIBRATION_SAMPLES, **loading):
+    """Re-estimate `model`'s BatchNormalization statistics in place with its swapped layers'
+    arithmetic in the loop (no gradient steps); `data` as for calibration_arrays."""
+    x = calibration_arrays(data, model, samples, name="BatchNorm re-estimation data", **loading)
+    return recalibrate_layers(model, x, samples=samples)
+
+
+def compensate_bias(model, data, samples: int = DEFAULT_CALIBRATION_SAMPLES,
+                    method: str = DEFAULT_COMPENSATION, **loading):
+    """Per-output-channel compensation of the approximate products' error, in place (no
+    training); `data` as for calibration_arrays, methods as graphswap.swap.compensate_bias."""
+    x = calibration_arrays(data, model, samples, name="bias compensation data", **loading)
+    return compensate_layers(model, x, samples=samples, method=method)
+
+
+def make_optimizer(optimizer, learning_rate, schedule: str = "constant", steps: int | None = None):
+    """The fine-tuning optimizer: `optimizer` (a name or a Keras optimizer, used as is), with
+    `learning_rate` constant or decayed by a cosine to 0 over `steps` training steps."""
+    if schedule not in SCHEDULES:
+        raise GraphswapError(f"unknown learning-rate schedule {schedule!r}; allowed: "
+                             f"{', '.join(SCHEDULES)}")
+    if isinstance(optimizer, keras.optimizers.Optimizer):
+        return optimizer
+    try:
+        opt = keras.optimizers.get(optimizer)
+    except ValueError as exc:
+        raise GraphswapError(f"unknown optimizer {optimizer!r}: {exc}") from None
+    if learning_rate is None:
+        return opt
+    rate = learning_rate
+    if schedule == "cosine" and steps:
+        rate = keras.optimizers.schedules.CosineDecay(float(learning_rate), int(steps))
+    return type(opt).from_config({**opt.get_config(), "learning_rate": rate})
+
+
+REWRITE_OPTIONS = ("quantization", "calibration_data", "calibration_samples", "calibration_method",
+                   "calibration_source", "bias_correction", "recalibrate_bn", "fold_batchnorm")
+
+
+def prepared_rewrite_options(options, model, resize: bool = False, pad: bool = False,
+                             scale=None) -> dict:
+    """rewrite_model's quantization/calibration/folding keyword arguments from `options` (a dict
+    with keys REWRITE_OPTIONS), with a calibration data source (.npz, image folder, ...) read
+    into arrays for `model` (fitted and scaled like the evaluation data)."""
+    options = dict(options or {})
+    unknown = sorted(set(options) - set(REWRITE_OPTIONS))
+    if unknown:
+        raise GraphswapError(f"unknown rewrite option(s) {', '.join(unknown)}; allowed: "
+                             f"{', '.join(REWRITE_OPTIONS)}")
+    source = options.get("calibration_data")
+    if source is not None and not isinstance(source, (np.ndarray, list, tuple)):
+        samples = options.get("calibration_samples", DEFAULT_CALIBRATION_SAMPLES)
+        options["calibration_data"] = calibration_arrays(source, model, samples, resize=resize,
+                                                         pad=pad, scale=scale)
+    return options

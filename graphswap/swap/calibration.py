@@ -1,0 +1,293 @@
+"""Static calibration: each swapped layer's input range, observed on representative data, stored
+in the layer (its QuantScheme's activation_range, saved and reloaded with it).
+
+    calibrate(model, data, samples=512, method="minmax", source="float")
+
+`data` is the model's input as arrays (one array, or a list for a multi-input model); the first
+`samples` examples are used (at least MIN_CALIBRATION_SAMPLES), in eager batches of
+`batch_size`.  Every swapped layer whose arithmetic quantizes gets
+
+    source="float"        the range of its input in the float forward: every swapped layer computes
+                          with graphswap's exact float32 kernel - the original model, to float
+                          round-off - in one pass;
+    source="approximate"  the range of its input with the layers before it already running their
+                          approximate arithmetic on their own calibrated ranges (one pass per
+                          layer, in model order): the activations the hardware will actually see.
+
+Methods (per layer, over the observed values v; a range always contains 0):
+    minmax      lo, hi = min(v), max(v)
+    percentile  unsigned (asymmetric) layers: lo, hi = the (100 - p)th and p-th percentiles;
+                signed (symmetric): +-(the p-th percentile of |v|); p = percentile (99.99)
+    mse         the clipping range minimizing the mean squared quantization error of v under the
+                layer's own activation quantizer: the minmax range scaled by f, f over 100 steps
+                from 0.01 to 1 (the best f is kept)
+Percentile and mse read a deterministic subsample of at most SUBSAMPLE_VALUES values per layer (and
+always the exact minimum and maximum); minmax reads every value.
+
+The observation itself (`observing`) is the swapped layers' observer hook
+(graphswap/swap/quantstate.py); graphswap/swap/compensation.py builds bias compensation and BN
+re-estimation on the same machinery.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+
+import numpy as np
+
+from graphswap.errors import QuantizationError
+from graphswap.kernels import resolve_kernel
+from graphswap.kernels.quantized import SIGNED_LIMIT, UNSIGNED_LEVELS, asymmetric_params
+from graphswap.swap.clone import iter_layers
+
+CALIBRATION_METHODS = ("minmax", "percentile", "mse")
+CALIBRATION_SOURCES = ("float", "approximate")
+DEFAULT_CALIBRATION_METHOD = "percentile"
+DEFAULT_CALIBRATION_SOURCE = "float"
+DEFAULT_CALIBRATION_SAMPLES = 512
+MIN_CALIBRATION_SAMPLES = 16
+DEFAULT_PERCENTILE = 99.99
+SUBSAMPLE_VALUES = 1 << 20
+MSE_STEPS = 100
+BATCH_SIZE = 128
+
+
+# --------------------------------------------------------------------------------------------
+# data and layers
+# --------------------------------------------------------------------------------------------
+
+def calibration_inputs(model, data, samples: int = DEFAULT_CALIBRATION_SAMPLES,
+                       what: str = "calibration data") -> list[np.ndarray]:
+    """The first `samples` examples of `data` as float32 arrays, one per model input, checked
+    against the model's input shapes.  Raises QuantizationError on a mismatch or too few
+    examples."""
+    if isinstance(samples, bool) or not isinstance(samples, (int, np.integer)) \
+            or samples < MIN_CALIBRATION_SAMPLES:
+        raise QuantizationError(f"the number of {what} samples must be a whole number >= "
+                                f"{MIN_CALIBRATION_SAMPLES}; got {samples!r}")
+    if isinstance(data, tuple) and len(data) == 2 and len(model.inputs) == 1:
+        data = data[0]     # (x, y): the inputs
+    arrays = list(data) if isinstance(data, (list, tuple)) else [data]
+    if len(arrays) != len(model.inputs):
+        raise QuantizationError(f"{what}: the model has {len(model.inputs)} input(s) but "
+                                f"{len(arrays)} array(s) were given")
+    checked = []
+    for array, tensor in zip(arrays, model.inputs):
+        try:
+            array = np.asarray(array, dtype=np.float32)
+        except (TypeError, ValueError):
+            raise QuantizationError(f"{what} must be numeric arrays; got "
+                                    f"{type(array).__name__}") from None
+        expected = tuple(tensor.shape[1:])
+        if array.ndim != len(expected) + 1 or any(
+                e is not None and e != a for e, a in zip(expected, array.shape[1:])):
+            raise QuantizationError(
+                f"{what} has shape {array.shape}, but the model's input {tensor.name!r} takes "
+                f"(N, {', '.join('any' if e is None else str(e) for e in expected)}); pass "
+                f"samples shaped like the model's input (the same the model is evaluated on)")
+        checked.append(array)
+    count = min(len(a) for a in checked)
+    if count < MIN_CALIBRATION_SAMPLES:
+        raise QuantizationError(f"{what} has {count} example(s); calibration needs at least "
+                                f"{MIN_CALIBRATION_SAMPLES} (representative inputs, e.g. a few "
+                                f"hundred training images)")
+    return [a[:samples] for a in checked]
+
+
+def quantizing_layers(model) -> list:
+    """(path, layer) of the swapped layers whose arithmetic quantizes and whose activations can be
+    static (Dense, Conv2D), in model order."""
+    return [(path, layer) for path, layer in iter_layers(model)
+            if getattr(layer, "quantization", None) is not None
+            and layer.static_activations_supported]
+
+
+def select_layers(targets, paths):
+    """The (path, layer) pairs of `targets` named in `paths` (None: all)."""
+    if paths is None:
+        return targets
+    wanted = set(paths)
+    unknown = wanted - {path for path, _ in targets}
+    if unknown:
+        raise QuantizationError(f"no quantizing swapped layer {', '.join(sorted(unknown))}; "
+                                f"they are: {', '.join(path for path, _ in targets)}")
+    return [(path, layer) for path, layer in targets if path in wanted]
+
+
+def run_batches(model, inputs: list[np.ndarray], batch_size: int = BATCH_SIZE) -> None:
+    """Run the model eagerly (inference mode) over the inputs, discarding the outputs."""
+    count = len(inputs[0])
+    for start in range(0, count, batch_size):
+        batch = [a[start:start + batch_size] for a in inputs]
+        model(batch[0] if len(batch) == 1 else batch, training=False)
+
+
+@contextlib.contextmanager
+def observing(layers, callback):
+    """While inside, every eager call of each layer hands (layer, input) to `callback`."""
+    previous = [layer.observer for layer in layers]
+    for layer in layers:
+        layer.observer = callback
+    try:
+        yield
+    finally:
+        for layer, before in zip(layers, previous):
+            layer.observer = before
+
+
+@contextlib.contextmanager
+def float_forward(layers):
+    """While inside, the layers compute with the exact float32 kernel (no quantization)."""
+    exact = resolve_kernel("exact")
+    previous = [layer.arithmetic for layer in layers]
+    for layer in layers:
+        layer.arithmetic = exact
+    try:
+        yield
+    finally:
+        for layer, arithmetic in zip(layers, previous):
+            layer.arithmetic = arithmetic
+
+
+# --------------------------------------------------------------------------------------------
+# ranges
+# --------------------------------------------------------------------------------------------
+
+class RangeObserver:
+    """Minimum, maximum and a capped deterministic subsample of the finite values seen over
+    `batches` calls (the subsampling rate is set from the first call's size)."""
+
+    def __init__(self, batches: int, seed: int = 0):
+        self.lo = np.inf
+        self.hi = -np.inf
+        self.kept = []
+        self.count = 0
+        self._batches = max(int(batches), 1)
+        self._fraction = None
+        self._rng = np.random.default_rng(seed)
+
+    def update(self, values: np.ndarray) -> None:
+        values = np.asarray(values, dtype=np.float32).reshape(-1)
+        values = values[np.isfinite(values)]
+        if not values.size:
+            return
+        if self._fraction is None:
+            self._fraction = min(1.0, SUBSAMPLE_VALUES / (values.size * self._batches))
+        self.lo = min(self.lo, float(values.min()))
+        self.hi = max(self.hi, float(values.max()))
+        self.count += values.size
+        if self._fraction < 1.0:
+            take = max(1, int(round(values.size * self._fraction)))
+            values = values[self._rng.choice(values.size, take, replace=False)]
+        self.kept.append(values)
+
+    def values(self) -> np.ndarray:
+        kept = np.concatenate(self.kept) if self.kept else np.zeros(0, np.float32)
+        return np.concatenate([kept, np.array([self.lo, self.hi], np.float32)]) if self.count \
+            else kept
+
+    def range(self, method: str, signed: bool, percentile: float = DEFAULT_PERCENTILE):
+        if not self.count:
+            return 0.0, 0.0
+        if method == "minmax":
+            return self.lo, self.hi
+        values = self.values().astype(np.float64)
+        if method == "percentile":
+            if signed:
+                a = float(np.percentile(np.abs(values), percentile))
+                return max(self.lo, -a), min(self.hi, a)
+            return (min(float(np.percentile(values, 100 - percentile)), 0.0),
+                    float(np.percentile(values, percentile)))
+        return _mse_range(values, self.lo, self.hi, signed)
+
+
+def _quantization_mse(values, lo, hi, signed) -> float:
+    if signed:
+        amax = max(abs(lo), abs(hi))
+        scale = amax / SIGNED_LIMIT if amax > 0 else 1.0
+        restored = np.clip(np.rint(values / scale), -SIGNED_LIMIT, SIGNED_LIMIT) * scale
+    else:
+        scale, zero = asymmetric_params(lo, hi)
+        codes = np.clip(np.rint(values / scale) + zero, 0, UNSIGNED_LEVELS)
+        restored = (codes - zero) * scale
+    return float(np.mean((restored - values) ** 2))
+
+
+def _mse_range(values, lo, hi, signed):
+    lo, hi = min(lo, 0.0), max(hi, 0.0)
+    best, best_error = (lo, hi), np.inf
+    for fraction in np.linspace(1.0 / MSE_STEPS, 1.0, MSE_STEPS):
+        candidate = (lo * fraction, hi * fraction)
+        error = _quantization_mse(values, *candidate, signed)
+        if error < best_error:
+            best, best_error = candidate, error
+    return best
+
+
+# --------------------------------------------------------------------------------------------
+# calibrate
+# --------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class CalibrationReport:
+    """What calibrate did: per layer path, the range it stored."""
+
+    method: str
+    source: str
+    samples: int
+    ranges: dict      # path -> (lo, hi)
+
+    def lines(self) -> list[str]:
+        shown = ", ".join(f"{path} [{lo:.4g}, {hi:.4g}]" for path, (lo, hi) in self.ranges.items())
+        return [f"calibrated static activation ranges of {len(self.ranges)} layer(s) on "
+                f"{self.samples} samples ({self.method}, {self.source} forward): {shown}"]
+
+
+def check_method(method: str, source: str = "float") -> None:
+    if method not in CALIBRATION_METHODS:
+        raise QuantizationError(f"unknown calibration method {method!r}; allowed: "
+                                f"{', '.join(CALIBRATION_METHODS)}")
+    if source not in CALIBRATION_SOURCES:
+        raise QuantizationError(f"unknown calibration source {source!r}; allowed: "
+                                f"{', '.join(CALIBRATION_SOURCES)}")
+
+
+def calibrate(model, data, *, samples: int = DEFAULT_CALIBRATION_SAMPLES,
+              method: str = DEFAULT_CALIBRATION_METHOD, source: str = DEFAULT_CALIBRATION_SOURCE,
+              percentile: float = DEFAULT_PERCENTILE,
+              batch_size: int = BATCH_SIZE, layers=None) -> CalibrationReport:
+    """Give every quantizing swapped layer of `model` (or those whose paths are in `layers`)
+    static activations with a calibrated range (module docstring).  Changes `model` in place;
+    returns a CalibrationReport."""
+    check_method(method, source)
+    if not 50.0 < percentile <= 100.0:
+        raise QuantizationError(f"the calibration percentile must be in (50, 100]; got "
+                                f"{percentile}")
+    inputs = calibration_inputs(model, data, samples)
+    count = len(inputs[0])
+    targets = select_layers(quantizing_layers(model), layers)
+    if not targets:
+        raise QuantizationError(f"model {model.name!r} has no swapped layer that quantizes "
+                                f"(8-bit multiplier kernels); there is nothing to calibrate")
+    swapped = [layer for _, layer in iter_layers(model) if hasattr(layer, "arithmetic")]
+    batches = -(-count // batch_size)
+    ranges = {}
+    # float: one pass, every swapped layer in float; approximate: one pass per layer, the
+    # layers before it running their approximate arithmetic on the ranges just calibrated
+    rounds = [targets] if source == "float" else [[target] for target in targets]
+    for index, group in enumerate(rounds):
+        in_float = swapped if source == "float" else [layer for _, layer in targets[index:]]
+        observers = {id(layer): RangeObserver(batches) for _, layer in group}
+
+        def record(layer, x, observers=observers):
+            observers[id(layer)].update(x)
+
+        with float_forward(in_float), observing([layer for _, layer in group], record):
+            run_batches(model, inputs, batch_size)
+        for path, layer in group:
+            signed = layer.quantization.weights == "symmetric"
+            lo, hi = observers[id(layer)].range(method, signed, percentile)
+            ranges[path] = (float(np.float32(lo)), float(np.float32(hi)))
+            layer.set_quantization(layer.quantization.with_range(lo, hi))
+    return CalibrationReport(method, source, count, ranges)

@@ -1,0 +1,215 @@
+"""Recovery without gradient steps: bias (mean-error) compensation of the approximate products and
+BatchNormalization statistics re-estimated with the approximate forward in the loop.
+
+compensate_bias(model, data, method="mean")
+    For each swapped layer that quantizes, in model order (the layers before it already
+    compensated, all running their approximate arithmetic), its inputs on the first `samples`
+    examples are observed and its product is computed twice with the same codes: through the
+    multiplier (y) and with exact products (y_e, the kernel's `exact_products()`).  Per output
+    channel c, over every sample and position:
+        method "mean":    offset_c = mean(y_e - y)   gain_c = 1     (mean-error compensation)
+        method "moments": gain_c = std(y_e) / std(y) (1 if std(y) == 0),
+                          offset_c = mean(y_e) - gain_c mean(y)     (mean and spread matched)
+    and the layer's output correction becomes y <- gain * y + offset (before the bias) - an
+    integer bias / per-channel requantization scale in hardware.  Zero training.
+
+recalibrate_batchnorm(model, data)
+    For each BatchNormalization layer, in model order (the ones before it already re-estimated),
+    moving_mean and moving_variance become the mean and the (population) variance of its input
+    over the first `samples` examples, with every swapped layer running its arithmetic.  No
+    gradient steps; gamma and beta are untouched.
+
+Both change `model` in place and return a small report; data as for graphswap.swap.calibration.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+
+import keras
+import numpy as np
+
+from graphswap.errors import QuantizationError
+from graphswap.swap.calibration import (BATCH_SIZE, DEFAULT_CALIBRATION_METHOD,
+                                        DEFAULT_CALIBRATION_SAMPLES, DEFAULT_CALIBRATION_SOURCE,
+                                        CalibrationReport, calibrate, calibration_inputs, observing, quantizing_layers,
+                                        run_batches, select_layers)
+from graphswap.swap.clone import iter_layers
+
+COMPENSATION_METHODS = ("mean", "moments")
+DEFAULT_COMPENSATION = "moments"   # measured better (docs/RECOVERY.md, ablation)
+
+
+@dataclasses.dataclass
+class RecoveryStep:
+    """What one zero-gradient recovery step did."""
+
+    step: str
+    samples: int
+    layers: dict          # path -> summary numbers
+
+    def lines(self) -> list[str]:
+        if self.step == "bias compensation":
+            shown = ", ".join(f"{path} (mean |offset| {v['mean_abs_offset']:.3g})"
+                              for path, v in self.layers.items())
+            return [f"bias compensation on {self.samples} samples: {shown}"]
+        if not self.layers:
+            return ["BatchNorm re-estimation: the model has no BatchNormalization layer"]
+        return [f"re-estimated the statistics of {len(self.layers)} BatchNormalization layer(s) "
+                f"on {self.samples} samples with the approximate forward: "
+                f"{', '.join(self.layers)}"]
+
+
+class _ChannelMoments:
+    def __init__(self):
+        self.n = 0
+        self.sums = None
+
+    def update(self, approximate: np.ndarray, exact: np.ndarray) -> None:
+        channels = approximate.shape[-1]
+        a = approximate.reshape(-1, channels).astype(np.float64)
+        e = exact.reshape(-1, channels).astype(np.float64)
+        finite = np.isfinite(a).all(axis=1) & np.isfinite(e).all(axis=1)
+        a, e = a[finite], e[finite]
+        values = np.stack([a.sum(0), e.sum(0), (a * a).sum(0), (e * e).sum(0)])
+        self.sums = values if self.sums is None else self.sums + values
+        self.n += len(a)
+
+    def correction(self, method: str):
+        if not self.n:
+            return None, None
+        mean_a, mean_e, square_a, square_e = self.sums / self.n
+        if method == "mean":
+            return None, mean_e - mean_a
+        std_a = np.sqrt(np.maximum(square_a - mean_a ** 2, 0.0))
+        std_e = np.sqrt(np.maximum(square_e - mean_e ** 2, 0.0))
+        gain = np.where(std_a > 0, std_e / np.where(std_a > 0, std_a, 1.0), 1.0)
+        return gain, mean_e - gain * mean_a
+
+
+def compensate_bias(model, data, *, samples: int = DEFAULT_CALIBRATION_SAMPLES,
+                    method: str = "mean", batch_size: int = BATCH_SIZE,
+                    layers=None) -> RecoveryStep:
+    """Per-output-channel compensation of the approximate products' error (module docstring);
+    `layers`: only the quantizing layers with these paths."""
+    if method not in COMPENSATION_METHODS:
+        raise QuantizationError(f"unknown bias compensation method {method!r}; allowed: "
+                                f"{', '.join(COMPENSATION_METHODS)}")
+    inputs = calibration_inputs(model, data, samples, what="bias compensation data")
+    targets = select_layers(quantizing_layers(model), layers)
+    if not targets:
+        raise QuantizationError(f"model {model.name!r} has no swapped layer that quantizes (8-bit "
+                                f"multiplier kernels); there is no approximate product to "
+                                f"compensate")
+    summary = {}
+    for path, layer in targets:
+        moments = _ChannelMoments()
+        scheme = layer.current_quantization()
+        exact = layer.arithmetic.exact_products()
+
+        def record(observed, x, layer=layer, moments=moments, scheme=scheme, exact=exact):
+            moments.update(layer.numpy_product(x, quant=scheme),
+                           layer.numpy_product(x, exact, quant=scheme))
+
+        with observing([layer], record):
+            run_batches(model, inputs, batch_size)
+        gain, offset = moments.correction(method)
+        layer.set_output_correction(gain, offset)
+        summary[path] = {"mean_abs_offset": float(np.abs(offset).mean()) if offset is not None
+                         else 0.0,
+                         "mean_gain": float(np.mean(gain)) if gain is not None else 1.0}
+    return RecoveryStep("bias compensation", len(inputs[0]), summary)
+
+
+@contextlib.contextmanager
+def _recording_inputs(layer, record):
+    """While inside, every call of `layer` hands its input (numpy) to `record`."""
+    original = layer.call
+
+    def call(inputs, *args, **kwargs):
+        record(np.asarray(inputs, dtype=np.float64))
+        return original(inputs, *args, **kwargs)
+
+    layer.call = call
+    try:
+        yield
+    finally:
+        del layer.call
+
+
+def recalibrate_batchnorm(model, data, *, samples: int = DEFAULT_CALIBRATION_SAMPLES,
+                          batch_size: int = BATCH_SIZE, layers=None) -> RecoveryStep:
+    """BatchNormalization moving statistics from the approximate forward (module docstring);
+    `layers`: only the BatchNormalization layers with these paths."""
+    inputs = calibration_inputs(model, data, samples, what="BatchNorm re-estimation data")
+    norms = [(path, layer) for path, layer in iter_layers(model)
+             if isinstance(layer, keras.layers.BatchNormalization)]
+    if layers is not None:
+        norms = [(path, layer) for path, layer in norms if path in set(layers)]
+    summary = {}
+    for path, bn in norms:
+        axes = [bn.axis] if isinstance(bn.axis, int) else list(bn.axis)
+        totals = {"n": 0, "sum": 0.0, "square": 0.0}
+
+        def record(x, axes=axes, totals=totals):
+            keep = [a % x.ndim for a in axes]
+            reduce = tuple(d for d in range(x.ndim) if d not in keep)
+            totals["n"] += int(np.prod([x.shape[d] for d in reduce]))
+            totals["sum"] = totals["sum"] + x.sum(axis=reduce)
+            totals["square"] = totals["square"] + (x * x).sum(axis=reduce)
+
+        with _recording_inputs(bn, record):
+            run_batches(model, inputs, batch_size)
+        if not totals["n"]:
+            continue
+        mean = totals["sum"] / totals["n"]
+        variance = np.maximum(totals["square"] / totals["n"] - mean ** 2, 0.0)
+        bn.moving_mean.assign(mean.astype(np.float32).reshape(bn.moving_mean.shape))
+        bn.moving_variance.assign(variance.astype(np.float32).reshape(bn.moving_variance.shape))
+        summary[path] = {"mean": float(np.mean(mean)), "variance": float(np.mean(variance))}
+    return RecoveryStep("batchnorm", len(inputs[0]), summary)
+
+
+def calibrate_and_compensate(model, data, *, samples: int = DEFAULT_CALIBRATION_SAMPLES,
+                             method: str = DEFAULT_CALIBRATION_METHOD,
+                             source: str = DEFAULT_CALIBRATION_SOURCE, bias_correction: str | None = None, recalibrate_bn: bool = False,
+                             batch_size: int = BATCH_SIZE) -> list[str]:
+    """The zero-gradient-step recovery of rewrite_model: static calibration, then (optionally)
+    bias compensation, then (optionally) BatchNorm re-estimation.  With the approximate source
+    the steps alternate in model order - each quantizing layer is calibrated and compensated, each
+    BatchNormalization re-estimated, with everything before it already done - so every range and
+    correction is measured on the activations the finished model produces.  Returns report
+    lines."""
+    if bias_correction is not None and bias_correction not in COMPENSATION_METHODS:
+        raise QuantizationError(f"unknown bias compensation method {bias_correction!r}; "
+                                f"allowed: {', '.join(COMPENSATION_METHODS)}")
+    options = dict(samples=samples, batch_size=batch_size)
+    if source == "float":
+        lines = calibrate(model, data, method=method, source=source, **options).lines()
+        if bias_correction is not None:
+            lines += compensate_bias(model, data, method=bias_correction, **options).lines()
+        if recalibrate_bn:
+            lines += recalibrate_batchnorm(model, data, **options).lines()
+        return lines
+    ranges, offsets, norms, count = {}, {}, {}, 0
+    quantizing = {path for path, _ in quantizing_layers(model)}
+    for path, layer in iter_layers(model):
+        if path in quantizing:
+            report = calibrate(model, data, method=method, source=source, layers=[path],
+                               **options)
+            ranges.update(report.ranges)
+            count = report.samples
+            if bias_correction is not None:
+                offsets.update(compensate_bias(model, data, method=bias_correction,
+                                               layers=[path], **options).layers)
+        elif recalibrate_bn and isinstance(layer, keras.layers.BatchNormalization):
+            norms.update(recalibrate_batchnorm(model, data, layers=[path], **options).layers)
+    lines = CalibrationReport(method, source, count, ranges).lines()
+    if bias_correction is not None:
+        lines += RecoveryStep("bias compensation", count, offsets).lines()
+    if recalibrate_bn:
+        lines += RecoveryStep("batchnorm", count, norms).lines()
+    if bias_correction is not None or recalibrate_bn:
+        lines.append("(the steps alternated layer by layer, in model order)")
+    return lines

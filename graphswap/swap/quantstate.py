@@ -1,0 +1,208 @@
+"""A swapped layer's quantization state: its QuantScheme, its static activation range, its output
+correction - kept in the layer (config + non-weight state), shared by every swapped layer type
+through `QuantizedLayerMixin` (the swapped layers' mixin inherits it).
+
+What a layer whose arithmetic quantizes (an 8-bit multiplier) holds:
+
+  quantization       a resolved QuantScheme (graphswap/kernels/scheme.py), config key
+                     "quantization"; None for float kernels
+  activation range   static activations: (lo, hi) of the layer's input, a non-trainable
+                     tf.Variable (so the moving-average observer can update it inside training
+                     steps) whose current value is written into the config's
+                     quantization.activation_range - saved and reloaded with the layer
+  output correction  per output channel y <- y * gain + offset, applied to the product before the
+                     bias (config key "output_correction": {"gain": [...] | None,
+                     "offset": [...] | None}); bias (mean-error) compensation sets the offset.
+                     Also tf.Variables, so a correction set after a model was traced applies.
+
+None of these are Keras weights: a swapped layer's weights stay exactly the stock layer's
+(kernel, bias), so weights transfer 1:1 from and to stock layers and checkpoints.  Consequence:
+`set_weights`/`get_weights` (and fine-tuning's best-epoch restore) do not carry the state; the
+config does.
+
+Files written before this state existed have no "quantization" key; they reload with the scheme
+they were trained with ("legacy": asymmetric per-tensor dynamic for unsigned multipliers,
+symmetric per-channel dynamic for signed ones).
+
+Observation hook: while `layer.observer` is set (a callable), every eager call hands it
+(layer, input as float32 numpy, in the layout the kernel sees: (m, k) / NHWC) - calibration and
+bias compensation (graphswap/swap/calibration.py) use it.  While `layer.arithmetic` is
+temporarily a float kernel (calibration's float pass), the scheme and the correction are skipped:
+the layer computes the float product.  `layer.numpy_product(x, arithmetic, quant)` (each swapped
+layer type implements it) computes the layer's product on such an input in numpy.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from graphswap.errors import QuantizationError
+from graphswap.kernels import QuantScheme, tfapprox_scheme
+
+LEGACY = "legacy"
+
+
+def legacy_scheme(signed: bool) -> QuantScheme:
+    """What graphswap ran before QuantScheme existed (for files without a "quantization" key)."""
+    if signed:
+        return QuantScheme(weights="symmetric", granularity="per_channel", activations="dynamic")
+    return tfapprox_scheme()
+
+
+def check_quantization(arithmetic, quantization) -> None:
+    """Raise QuantizationError if `quantization` cannot describe a layer running `arithmetic`."""
+    if getattr(arithmetic, "quantizes", False) and quantization != LEGACY:
+        QuantScheme.from_config(quantization).resolve(bool(getattr(arithmetic, "signed", False)))
+
+
+def _vector(values, channels, what, layer_name):
+    if values is None:
+        return None
+    array = np.asarray(values, dtype=np.float64).reshape(-1)
+    if array.shape != (channels,) or not np.isfinite(array).all():
+        raise QuantizationError(f"layer {layer_name!r}: output correction {what} must be "
+                                f"{channels} finite numbers (one per output channel); got shape "
+                                f"{np.asarray(values).shape}")
+    return array.astype(np.float32)
+
+
+def _read(variable) -> np.ndarray:
+    """A variable's current value, also while a tf.function is being traced."""
+    with tf.init_scope():
+        return np.asarray(variable.numpy())
+
+
+class QuantizedLayerMixin:
+    """Quantization state of a swapped layer (module docstring).  The layer calls
+    `_init_quantization` after its arithmetic is resolved, `_build_quantization(channels)` at the
+    end of build, `_quant_inputs(x, training)` for the op's arguments and `_correct_outputs(y)` on
+    the product.
+
+    `static_activations_supported`: Dense and Conv2D run calibrated static ranges (one input, one
+    product); the other swapped types (several products, or products of intermediate tensors)
+    quantize each call's activations with their own range - their scheme is kept dynamic."""
+
+    observer = None
+    static_activations_supported = False
+
+    def _init_quantization(self, quantization, output_correction):
+        arithmetic = self.arithmetic
+        self._gs_state = None
+        if not getattr(arithmetic, "quantizes", False):
+            self.quantization = None
+            self._pending_correction = None
+            return
+        signed = bool(getattr(arithmetic, "signed", False))
+        scheme = legacy_scheme(signed) if quantization == LEGACY else \
+            QuantScheme.from_config(quantization)
+        if not self.static_activations_supported:
+            scheme = scheme.dynamic()
+        self.quantization = scheme.resolve(signed)
+        self._pending_correction = output_correction
+
+    def _build_quantization(self, channels: int):
+        if self.quantization is None:
+            return
+        value = self.quantization.activation_range or (np.nan, np.nan)
+        pending = self._pending_correction or {}
+        gain = _vector(pending.get("gain"), channels, "gain", self.name)
+        offset = _vector(pending.get("offset"), channels, "offset", self.name)
+        variable = dict(trainable=False, synchronization=tf.VariableSynchronization.ON_WRITE,
+                        aggregation=tf.VariableAggregation.MEAN)
+        self._gs_state = {
+            "range": tf.Variable(np.asarray(value, np.float32), name="activation_range",
+                                 **variable),
+            "gain": tf.Variable(np.ones(channels, np.float32) if gain is None else gain,
+                                name="output_gain", **variable),
+            "offset": tf.Variable(np.zeros(channels, np.float32) if offset is None else offset,
+                                  name="output_offset", **variable),
+        }
+
+    # -- reading and setting the state ----------------------------------------------------------
+    def current_quantization(self) -> QuantScheme | None:
+        """The scheme with the activation range as it is now (after any observer updates)."""
+        scheme = self.quantization
+        if scheme is None or scheme.activations != "static" or self._gs_state is None:
+            return scheme
+        lo, hi = (float(v) for v in _read(self._gs_state["range"]))
+        if not (np.isfinite(lo) and np.isfinite(hi)):
+            return scheme
+        return scheme.with_range(lo, hi)
+
+    def set_quantization(self, scheme: QuantScheme) -> None:
+        """Replace the layer's scheme (e.g. static, with a calibrated range)."""
+        if self.quantization is None:
+            raise QuantizationError(f"layer {self.name!r} runs {self.arithmetic.spec}, a float "
+                                    f"kernel: it does not quantize")
+        scheme = QuantScheme.from_config(scheme).resolve(bool(self.arithmetic.signed))
+        self.quantization = scheme
+        if self._gs_state is not None:
+            value = scheme.activation_range or (np.nan, np.nan)
+            self._gs_state["range"].assign(np.asarray(value, np.float32))
+
+    @property
+    def output_correction(self) -> dict | None:
+        """{"gain": list | None, "offset": list | None}, or None when there is none."""
+        if self._gs_state is None:
+            return self._pending_correction if self.quantization is not None else None
+        gain = _read(self._gs_state["gain"])
+        offset = _read(self._gs_state["offset"])
+        result = {"gain": None if (gain == 1).all() else [float(v) for v in gain],
+                  "offset": None if (offset == 0).all() else [float(v) for v in offset]}
+        return None if result["gain"] is None and result["offset"] is None else result
+
+    def set_output_correction(self, gain=None, offset=None) -> None:
+        """Set the per-output-channel correction y <- y * gain + offset (None: 1 / 0)."""
+        if self._gs_state is None:
+            raise QuantizationError(f"layer {self.name!r} has no output correction (a float "
+                                    f"kernel, or not built yet)")
+        channels = int(self._gs_state["gain"].shape[0])
+        gain = _vector(gain, channels, "gain", self.name)
+        offset = _vector(offset, channels, "offset", self.name)
+        self._gs_state["gain"].assign(np.ones(channels, np.float32) if gain is None else gain)
+        self._gs_state["offset"].assign(np.zeros(channels, np.float32) if offset is None
+                                        else offset)
+
+    def _quantization_config(self) -> dict:
+        if self.quantization is None:
+            return {}
+        return {"quantization": self.current_quantization().to_config(),
+                "output_correction": self.output_correction}
+
+    # -- in the forward pass -------------------------------------------------------------------
+    def _quant_inputs(self, x, training):
+        """(scheme, activation-range tensor or None) for the op; updates a moving-average range
+        in training calls; hands eager inputs to the observer."""
+        if self.observer is not None and tf.executing_eagerly():
+            self.observer(self, np.asarray(x, dtype=np.float32))
+        scheme = self.quantization
+        if not getattr(self.arithmetic, "quantizes", False):
+            return None, None   # a float forward (e.g. calibration's float pass)
+        if scheme is None or scheme.activations != "static":
+            return scheme, None
+        if scheme.activation_range is None or self._gs_state is None:
+            raise QuantizationError(
+                f"layer {self.name!r} uses static activations but has no calibrated range; "
+                f"calibrate it (rewrite_model(..., calibration_data=...), --calibrate DATA)")
+        current = self._gs_state["range"]
+        if training is True and scheme.observer == "moving_average":
+            x32 = tf.cast(x, tf.float32)
+            finite = tf.math.is_finite(x32)
+            lo = tf.reduce_min(tf.where(finite, x32, tf.float32.max))
+            hi = tf.reduce_max(tf.where(finite, x32, tf.float32.min))
+            observed = tf.stack([tf.minimum(lo, hi), tf.maximum(lo, hi)])
+            m = tf.constant(scheme.momentum, tf.float32)
+            updated = m * current + (1.0 - m) * observed
+            updated = tf.where(tf.reduce_any(finite), updated, current)
+            current.assign(updated)
+            return scheme, tf.identity(updated)
+        return scheme, tf.identity(current)
+
+    def _correct_outputs(self, y):
+        """y * gain + offset over the last (channel) axis."""
+        if self._gs_state is None or not getattr(self.arithmetic, "quantizes", False):
+            return y
+        gain = tf.cast(self._gs_state["gain"], y.dtype)
+        offset = tf.cast(self._gs_state["offset"], y.dtype)
+        return y * gain + offset

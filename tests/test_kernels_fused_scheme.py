@@ -1,0 +1,68 @@
+"""LutKernel runs every QuantScheme through the fused C entry points (one call per product); the
+numpy pipeline it falls back to (empty operands, libraries without them) gives the same results bit
+for bit, on every instruction-set path this CPU runs."""
+
+import itertools
+
+import numpy as np
+import pytest
+
+from graphswap import native
+from graphswap.kernels import QuantScheme, resolve_kernel
+from graphswap.native import conv_geometry
+
+MODES = [m for m in itertools.product(["sign_magnitude", "asymmetric", "symmetric"],
+                                      ["per_channel", "per_tensor"], ["dynamic", "static"])]
+
+
+@pytest.fixture
+def each_isa():
+    library = native.shipped_library()
+    before = library.isa
+    yield library
+    library.set_isa(before)
+
+
+def _operands(rng, non_finite):
+    a = rng.normal(size=(37, 29)).astype(np.float32)
+    b = rng.normal(size=(29, 13)).astype(np.float32)
+    x = rng.normal(size=(2, 9, 8, 6)).astype(np.float32)
+    w = rng.normal(size=(3, 3, 3, 10)).astype(np.float32)
+    if non_finite:
+        a[3, 4] = np.nan
+        b[5, 2] = np.inf
+        x[0, 2, 3, 1] = np.nan
+    return a, b, x, w
+
+
+@pytest.mark.parametrize("spec", ["mul8u_drum4", "mul8s_drum4", "mul8u_mitchell"])
+def test_fused_path_equals_the_numpy_pipeline_on_every_isa(spec, each_isa):
+    kernel = resolve_kernel(spec)
+    assert kernel._fused, "the shipped library has the fused LUT entry points"
+    rng = np.random.default_rng(7)
+    compared = 0
+    for isa in each_isa.supported_isas:
+        each_isa.set_isa(isa)
+        for (weights, granularity, activations), non_finite in itertools.product(MODES,
+                                                                                 [False, True]):
+            if (weights == "symmetric") != kernel.signed:
+                continue
+            scheme = QuantScheme(weights=weights, granularity=granularity).resolve(kernel.signed)
+            if activations == "static":
+                scheme = scheme.with_range(-0.7, 2.3)
+            a, b, x, w = _operands(rng, non_finite)
+            geometry = conv_geometry(x.shape, w.shape, (1, 2), (1, 1), "same", 2)
+            fused = (kernel.matmul(a, b, quant=scheme), kernel.conv2d(x, w, geometry, quant=scheme))
+            kernel._fused = False
+            try:
+                pipeline = (kernel.matmul(a, b, quant=scheme),
+                            kernel.conv2d(x, w, geometry, quant=scheme))
+            finally:
+                kernel._fused = True
+            for got, expected in zip(fused, pipeline):
+                np.testing.assert_array_equal(got, expected, err_msg=f"{isa} {scheme}")
+                compared += 1
+            assert not np.isnan(fused[0]).all()
+            if non_finite:
+                assert np.isnan(fused[0][3]).all() and np.isnan(fused[0][:, 2]).all()
+    assert compared >= 2 * 4 * 2 * len(each_isa.supported_isas)
