@@ -78,10 +78,13 @@ def round_trip(tmp_path_factory):
     work = tmp_path_factory.mktemp("round_trip")
     cli("convert", SAMPLE_MODEL, "--kernel", KERNEL, "-o", "l.keras", cwd=work)
     exported = cli("export", "l.keras", "--format", "savedmodel", "-o", "l_sm", cwd=work)
+    # a constant learning rate keeps the optimizer's variables those of the exported model, so
+    # swapping variables/ between the two exports reaches the consistency check (with the cosine
+    # default TensorFlow already refuses the differently shaped optimizer state)
     tuned = cli("finetune", "l_sm", "--data", SAMPLE_DATA, "--epochs", "1", "--seed", "3",
-                "-o", "l_ft_sm/", cwd=work)
+                "--schedule", "constant", "-o", "l_ft_sm/", cwd=work)
     cli("finetune", "l.keras", "--data", SAMPLE_DATA, "--epochs", "1", "--seed", "3",
-        "-o", "l_ft.keras", cwd=work)
+        "--schedule", "constant", "-o", "l_ft.keras", cwd=work)
     return {"dir": work, "export_output": exported.stdout, "finetune_output": tuned.stdout}
 
 

@@ -399,7 +399,7 @@ def test_cli_resume_of_another_run_is_one_clear_error(tmp_path):
     assert result.exit_code == 1
     error = [line for line in result.output.splitlines() if line.startswith("Error: ")]
     assert len(error) == 1 and "belongs to another run" in error[0]
-    assert "kernels differ" in error[0] and "learning rate: checkpointed 0.0001, now 0.5" in error[0]
+    assert "kernels differ" in error[0] and "learning rate: checkpointed 0.001, now 0.5" in error[0]
     assert not (tmp_path / "b.ft.keras").exists()
 
 
