@@ -2,7 +2,7 @@
 """Re-run every command of docs/WALKTHROUGH.md and write its output back, verbatim.
 
 Each fenced block whose first line is `$ graphswap ...` is run from the repository root (outputs
-go to runs/, which is created and left in place, as the walk-through says), with a fresh trust
+go to runs/, emptied first so every command writes as on a first run, and left in place), with a fresh trust
 store so the "trusted ..." lines read as a first run does.  Keras' per-step timing ("12ms/step")
 is replaced by "...", and the repository's absolute path by /path/to/graphswap, as the
 walk-through's introduction says.
@@ -17,6 +17,7 @@ import argparse
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -25,8 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 WALKTHROUGH = REPO / "docs" / "WALKTHROUGH.md"
 BLOCK = re.compile(r"```\n(\$ graphswap [^\n]*)\n(.*?)```", re.S)
-TIMING = re.compile(r"\d+(\.\d+)?m?s/step")
-SECONDS = re.compile(r" - \d+s ")
+TIMING = re.compile(r" - \d+s - \d+(\.\d+)?(ms|s|us)/step")
 
 
 def run(command: str, env: dict) -> str:
@@ -34,8 +34,7 @@ def run(command: str, env: dict) -> str:
     result = subprocess.run([sys.executable, "-m", "graphswap.cli", *args[1:]], cwd=REPO,
                             env=env, capture_output=True, text=True)
     text = result.stderr + result.stdout if result.stderr.strip() else result.stdout
-    text = TIMING.sub("...", text)
-    text = SECONDS.sub(" - ... ", text)
+    text = TIMING.sub(" - ...s - ...ms/step", text)
     text = text.replace(str(REPO), "/path/to/graphswap")
     if result.returncode != 0:
         text += f"(exit code {result.returncode})\n"
@@ -46,7 +45,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true")
     args = parser.parse_args()
-    (REPO / "runs").mkdir(exist_ok=True)
+    shutil.rmtree(REPO / "runs", ignore_errors=True)
+    (REPO / "runs").mkdir()
     env = dict(os.environ, GRAPHSWAP_CONFIG_DIR=tempfile.mkdtemp(), TF_CPP_MIN_LOG_LEVEL="3",
                COLUMNS="100")
     text = WALKTHROUGH.read_text()

@@ -713,15 +713,16 @@ def sweep_command(ctx, model_path, data_path, kernel_spec, power_options, refere
                   plot, force, as_json, custom_objects, unsafe, rewrite):
     """Swap one layer at a time to KERNEL: accuracy drop, MACs, energy, Pareto plot, kernel map.
 
-    A progress bar (click's) on stderr counts the evaluated models: one per layer, then one
-    per cumulative step.
+    On a terminal a progress bar (click's) on stderr counts the evaluated models: one per
+    layer, then one per cumulative step.
     """
     if output is None:
         output = io.default_output_path(model_path, "sweep")
     for path in (output, plot):
         if path is not None:
             io.check_output_path(path, force, inputs=[model_path, data_path])
-    progress = SweepProgress(enabled=not as_json)
+    # a bar only where someone watches it: not in logs, pipes or --json output
+    progress = SweepProgress(enabled=not as_json and sys.stderr.isatty())
     try:
         result = research.sweep(model_path, data_path, kernel_spec,
                                 power=research.parse_power_options(power_options) or None,
