@@ -82,7 +82,12 @@ def main() -> None:
         y = rng.integers(0, int(model.outputs[0].shape[-1]), batch)
         variants = {"float": model,
                     "exact": graphswap.rewrite_model(model, kernel="exact"),
-                    args.multiplier: graphswap.rewrite_model(model, kernel=args.multiplier)}
+                    args.multiplier: graphswap.rewrite_model(model, kernel=args.multiplier),
+                    # TFApprox's asymmetric weights: one table column per output channel where
+                    # the default sign-magnitude encoding needs two
+                    "asymmetric": graphswap.rewrite_model(
+                        model, kernel=args.multiplier,
+                        quantization={"weights": "asymmetric"})}
         _, report = graphswap.rewrite_model(model, kernel="exact", return_report=True)
         print(f"{name}: {report.summary_line()}")
         forwards = [inference_fn(m) for m in variants.values()]
@@ -96,13 +101,16 @@ def main() -> None:
             rows.append((name, "train step", batch, times))
     print()
     header = (f"{'model':<13}{'measure':<12}{'batch':>6}{'float ms':>11}{'exact ms':>11}"
-              f"{'LUT ms':>11}{'exact/float':>13}{'LUT/float':>11}{'LUT images/s':>14}")
+              f"{'LUT ms':>11}{'exact/float':>13}{'LUT/float':>11}{'LUT images/s':>14}"
+              f"{'asym/float':>12}")
     print(header)
     print("-" * len(header))
-    for name, measure, batch, (t_float, t_exact, t_lut) in rows:
+    for name, measure, batch, (t_float, t_exact, t_lut, t_asym) in rows:
         print(f"{name:<13}{measure:<12}{batch:>6}{t_float * 1e3:>11.1f}{t_exact * 1e3:>11.1f}"
               f"{t_lut * 1e3:>11.1f}{t_exact / t_float:>13.2f}{t_lut / t_float:>11.2f}"
-              f"{batch / t_lut:>14.1f}")
+              f"{batch / t_lut:>14.1f}{t_asym / t_float:>12.2f}")
+    print(f"LUT: {args.multiplier} with graphswap's default sign-magnitude weights; asym: the same "
+          f"multiplier with TFApprox's asymmetric weights")
 
 
 if __name__ == "__main__":

@@ -13,10 +13,12 @@
  * lanes' sum exactly; the run is then flushed into int64 as sum_p 256^p * plane_sum, and at the end
  * K * min(T) is added back.  Per 64 products and plane: 2 vpermi2b + 3 word ops.
  *
- * Loop order: per column j, runs of <= 256 k, up to 4 groups of 64 rows (P <= 2; 2 groups for
- * P = 3) whose accumulators stay in registers while k advances; each k loads the column of code
- * b[k, j] (4P registers, from the 64-192 KiB plane table in L1/L2) and one 64-code activation
- * vector per group.
+ * Loop order: per column j, runs of <= 256 terms, up to 4 groups of 64 rows (P <= 2; 2 groups for
+ * P = 3) whose accumulators stay in registers while k advances; each term loads the column of
+ * code b[k, j] (4P registers, from the 64-192 KiB plane table in L1/L2) and one 64-code
+ * activation vector per group.  A column's terms are a list of (code, activation offset): every k,
+ * or - when code 0 adds nothing (t->zero_code_free) - only the k with a nonzero code, which halves
+ * the work of sign-magnitude weights (each magnitude sits in one of two columns, 0 in the other).
  */
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vbmi,avx2,fma")
 
@@ -50,23 +52,25 @@ static inline void flush_plane(__m512i W, __m512i O, int shift, uint32_t *dst)
     }
 }
 
-/* One column, k in [k0, k1) (k1 - k0 <= RUN), R groups starting at packed group pointer a (stride
- * gstride bytes between groups); adds the run's sums of U to sums[g*64 + lane]. */
+/* One run of a column: terms i in [0, count) (count <= RUN) with weight codes codes[i] and
+ * activation offsets ko[i] (bytes), R groups starting at packed group pointer a (stride gstride
+ * bytes between groups); adds the run's sums of U to sums[g*64 + lane]. */
 static inline __attribute__((always_inline)) void column_run(const uint8_t *restrict a, int64_t gstride,
-                                                             const uint8_t *restrict btj, int64_t k0,
-                                                             int64_t k1, const uint8_t *restrict planes,
+                                                             const uint8_t *restrict codes,
+                                                             const int64_t *restrict ko, int64_t count,
+                                                             const uint8_t *restrict planes,
                                                              const int P, const int R, uint32_t *sums)
 {
     __m512i W[4][3], O[4][3];
     for (int g = 0; g < R; ++g)
         for (int q = 0; q < P; ++q) W[g][q] = O[g][q] = _mm512_setzero_si512();
-    for (int64_t kk = k0; kk < k1; ++kk) {
-        const uint8_t *col = planes + (int64_t)btj[kk] * P * 256;
+    for (int64_t i = 0; i < count; ++i) {
+        const uint8_t *col = planes + (int64_t)codes[i] * P * 256;
         __m512i T[3][4];
         for (int q = 0; q < P; ++q)
             for (int s = 0; s < 4; ++s) T[q][s] = _mm512_loadu_si512((const void *)(col + q * 256 + s * 64));
         for (int g = 0; g < R; ++g) {
-            const __m512i idx = _mm512_loadu_si512((const void *)(a + g * gstride + kk * 64));
+            const __m512i idx = _mm512_loadu_si512((const void *)(a + g * gstride + ko[i]));
             const __mmask64 hi = _mm512_movepi8_mask(idx);
             const __mmask64 lo = _knot_mask64(hi);
             for (int q = 0; q < P; ++q) {
@@ -101,10 +105,10 @@ static inline __attribute__((always_inline)) void column_run(const uint8_t *rest
     "vpaddw %%zmm25, " O0 ", " O0 "\n\t"                                                            \
     "vpaddw %%zmm24, " O1 ", " O1 "\n\t"
 
-static void column_run_p2r4_asm(const uint8_t *a, int64_t gs, const uint8_t *btj, int64_t count,
-                                const uint8_t *planes, uint8_t *out)
+static void column_run_p2r4_asm(const uint8_t *base, int64_t gs, const uint8_t *btj,
+                                const int64_t *ko, int64_t count, const uint8_t *planes, uint8_t *out)
 {
-    const uint8_t *a3 = a + 3 * gs;
+    const uint8_t *a, *a3;
     const uint8_t *end = btj + count;
     int64_t tmp;
     __asm__ volatile(
@@ -117,6 +121,10 @@ static void column_run_p2r4_asm(const uint8_t *a, int64_t gs, const uint8_t *btj
         "cmp %[btj], %[end]\n\t"
         "je 2f\n\t"
         "1:\n\t"
+        "mov (%[ko]), %[a]\n\t"
+        "add %[base], %[a]\n\t"
+        "lea (%[a],%[gs],2), %[a3]\n\t"
+        "add %[gs], %[a3]\n\t"
         "movzbl (%[btj]), %k[tmp]\n\t"
         "shl $9, %[tmp]\n\t"
         "add %[pl], %[tmp]\n\t"
@@ -128,8 +136,7 @@ static void column_run_p2r4_asm(const uint8_t *a, int64_t gs, const uint8_t *btj
         GS_GROUP("(%[a],%[gs],1)", "%%zmm10", "%%zmm11", "%%zmm18", "%%zmm19")
         GS_GROUP("(%[a],%[gs],2)", "%%zmm12", "%%zmm13", "%%zmm20", "%%zmm21")
         GS_GROUP("(%[a3])", "%%zmm14", "%%zmm15", "%%zmm22", "%%zmm23")
-        "add $64, %[a]\n\t"
-        "add $64, %[a3]\n\t"
+        "add $8, %[ko]\n\t"
         "inc %[btj]\n\t"
         "cmp %[btj], %[end]\n\t"
         "jne 1b\n\t"
@@ -142,22 +149,25 @@ static void column_run_p2r4_asm(const uint8_t *a, int64_t gs, const uint8_t *btj
         "vmovdqu64 %%zmm20, 640(%[out])\n\t" "vmovdqu64 %%zmm21, 704(%[out])\n\t"
         "vmovdqu64 %%zmm14, 768(%[out])\n\t" "vmovdqu64 %%zmm15, 832(%[out])\n\t"
         "vmovdqu64 %%zmm22, 896(%[out])\n\t" "vmovdqu64 %%zmm23, 960(%[out])\n\t"
-        : [a] "+r"(a), [a3] "+r"(a3), [btj] "+r"(btj), [tmp] "=&r"(tmp)
-        : [gs] "r"(gs), [end] "r"(end), [pl] "r"(planes), [out] "r"(out)
+        : [a] "=&r"(a), [a3] "=&r"(a3), [btj] "+r"(btj), [ko] "+r"(ko), [tmp] "=&r"(tmp)
+        : [base] "r"(base), [gs] "r"(gs), [end] "r"(end), [pl] "r"(planes), [out] "r"(out)
         : "memory", "cc", "k1", "k2", "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7",
           "xmm8", "xmm9", "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "xmm16", "xmm17",
           "xmm18", "xmm19", "xmm20", "xmm21", "xmm22", "xmm23", "xmm24", "xmm25");
 }
 #undef GS_GROUP
 
+/* One column of `terms` terms (codes[i], activation offset ko[i]) over a packed block of K per
+ * group. */
 static inline __attribute__((always_inline)) void column(const uint8_t *a, int64_t K, int64_t groups,
-                                                         const uint8_t *btj, const uint8_t *planes,
+                                                         const uint8_t *codes, const int64_t *ko,
+                                                         int64_t terms, const uint8_t *planes,
                                                          const int P, uint32_t *sums32, int64_t *sums64)
 {
     const int RMAX = P == 3 ? 2 : 4;
     for (int64_t i = 0; i < groups * 64; ++i) sums64[i] = 0;
-    for (int64_t k0 = 0; k0 < K; k0 += RUN) {
-        const int64_t k1 = K - k0 < RUN ? K : k0 + RUN;
+    for (int64_t k0 = 0; k0 < terms; k0 += RUN) {
+        const int64_t k1 = terms - k0 < RUN ? terms : k0 + RUN;
         memset(sums32, 0, (size_t)(groups * 64) * sizeof(uint32_t));
         for (int64_t g0 = 0; g0 < groups; g0 += RMAX) {
             const int64_t R = groups - g0 < RMAX ? groups - g0 : RMAX;
@@ -165,7 +175,7 @@ static inline __attribute__((always_inline)) void column(const uint8_t *a, int64
             uint32_t *s = sums32 + g0 * 64;
             if (P == 2 && R == 4) {
                 uint8_t acc[16 * 64] __attribute__((aligned(64)));
-                column_run_p2r4_asm(ag + k0 * 64, K * 64, btj + k0, k1 - k0, planes, acc);
+                column_run_p2r4_asm(ag, K * 64, codes + k0, ko + k0, k1 - k0, planes, acc);
                 for (int g = 0; g < 4; ++g)
                     for (int q = 0; q < 2; ++q)
                         flush_plane(_mm512_load_si512((const void *)(acc + (g * 4 + q) * 64)),
@@ -174,10 +184,10 @@ static inline __attribute__((always_inline)) void column(const uint8_t *a, int64
                 continue;
             }
             switch (R) {
-            case 4: column_run(ag, K * 64, btj, k0, k1, planes, P, 4, s); break;
-            case 3: column_run(ag, K * 64, btj, k0, k1, planes, P, 3, s); break;
-            case 2: column_run(ag, K * 64, btj, k0, k1, planes, P, 2, s); break;
-            default: column_run(ag, K * 64, btj, k0, k1, planes, P, 1, s); break;
+            case 4: column_run(ag, K * 64, codes + k0, ko + k0, k1 - k0, planes, P, 4, s); break;
+            case 3: column_run(ag, K * 64, codes + k0, ko + k0, k1 - k0, planes, P, 3, s); break;
+            case 2: column_run(ag, K * 64, codes + k0, ko + k0, k1 - k0, planes, P, 2, s); break;
+            default: column_run(ag, K * 64, codes + k0, ko + k0, k1 - k0, planes, P, 1, s); break;
             }
         }
         for (int64_t i = 0; i < groups * 64; ++i) sums64[i] += sums32[i];
@@ -192,16 +202,25 @@ void gs_lut_kernel_avx512(const gs_lut_args *p)
     const int P = p->t->planes;
     uint32_t *sums32 = (uint32_t *)p->scratch;                           /* GS_LUT_ROWS */
     int64_t *sums64 = (int64_t *)((char *)p->scratch + GS_LUT_ROWS * 4); /* COLS x GS_LUT_ROWS */
+    int64_t *ko = sums64 + COLS * GS_LUT_ROWS;                            /* K term offsets */
+    uint8_t *codes = (uint8_t *)(ko + (K > 0 ? K : 1));                   /* K term codes */
     const int64_t offset = K * (int64_t)p->t->tmin; /* sum of the subtracted minimum */
+    const int skip_zero = p->t->zero_code_free;
     for (int64_t j0 = 0; j0 < p->ncols; j0 += COLS) {
         const int64_t w = p->ncols - j0 < COLS ? p->ncols - j0 : COLS;
         for (int64_t c = 0; c < w; ++c) {
             const uint8_t *btj = p->bt + (j0 + c) * p->ldbt;
+            int64_t terms = 0;
+            for (int64_t kk = 0; kk < K; ++kk) {
+                codes[terms] = btj[kk];
+                ko[terms] = kk * 64;
+                terms += !skip_zero || btj[kk] != 0;
+            }
             int64_t *s64 = sums64 + c * GS_LUT_ROWS;
             switch (P) {
-            case 1: column(p->a, K, groups, btj, p->t->plane_data, 1, sums32, s64); break;
-            case 2: column(p->a, K, groups, btj, p->t->plane_data, 2, sums32, s64); break;
-            default: column(p->a, K, groups, btj, p->t->plane_data, 3, sums32, s64); break;
+            case 1: column(p->a, K, groups, codes, ko, terms, p->t->plane_data, 1, sums32, s64); break;
+            case 2: column(p->a, K, groups, codes, ko, terms, p->t->plane_data, 2, sums32, s64); break;
+            default: column(p->a, K, groups, codes, ko, terms, p->t->plane_data, 3, sums32, s64); break;
             }
         }
         for (int64_t r = 0; r < p->rows; ++r) {

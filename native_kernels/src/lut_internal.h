@@ -36,6 +36,9 @@ typedef struct gs_lut_table {
     int planes;               /* byte planes of (T - tmin): 1..3, or 0 if the span needs more */
     uint8_t *plane_data;      /* [256 b][planes][256 a]: byte p of T[a][b] - tmin (NULL if planes == 0) */
     uint16_t *tt16;           /* [256 b][256 a]: T[a][b] - tmin if planes <= 2 (else NULL) */
+    int zero_code_free;       /* T[a][0] == tmin for every a: terms with weight code 0 add nothing to
+                               * the sums of T - tmin, so the avx512 kernel skips them (half the
+                               * terms of sign-magnitude weights' two columns; pruned weights) */
     int refs;                 /* users + 1 while cached */
 } gs_lut_table;
 

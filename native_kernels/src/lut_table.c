@@ -37,6 +37,8 @@ static gs_lut_table *table_build(const int32_t *table)
     }
     t->tmin = lo;
     t->tmax = hi;
+    t->zero_code_free = 1;
+    for (int a = 0; a < 256; ++a) t->zero_code_free &= table[a << 8] == lo;
     const int64_t maxabs = -(int64_t)lo > (int64_t)hi ? -(int64_t)lo : (int64_t)hi;
     t->kblock = maxabs == 0 ? INT64_MAX : ((int64_t)INT32_MAX / maxabs > 0 ? (int64_t)INT32_MAX / maxabs : 1);
     for (int a = 0; a < 256; ++a)
@@ -130,7 +132,7 @@ gs_lut_shape gs_lut_job_shape(gs_isa_level isa, const gs_lut_table *t)
 int64_t gs_lut_scratch_bytes(gs_isa_level isa, const gs_lut_table *t, int64_t k, int64_t rows)
 {
     switch (effective(isa, t)) {
-    case GS_ISA_AVX512: return (int64_t)GS_LUT_ROWS * (4 + 8 * 8) + 64;
+    case GS_ISA_AVX512: return (int64_t)GS_LUT_ROWS * (4 + 8 * 8) + 64 + (k > 0 ? k : 1) * 9 + 64;
     case GS_ISA_AVX2: return gs_lut_scratch_avx2(t, k, rows);
     default: return (int64_t)GS_LUT_COLS * (4 + 8) + 64;
     }
