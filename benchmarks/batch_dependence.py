@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""How much one image's result depends on the batch it is in, with per-call activation ranges.
+"""How much one image's result depends on the batch it is in, per quantization mode.
 
     python benchmarks/batch_dependence.py [--kernel mul8u_drum4 --kernel mul8s_drum4 ...] [--images 500]
 
@@ -9,9 +9,12 @@ once as one batch of N and once one image at a time.  For each kernel it prints 
 get another predicted class alone than inside the batch, the largest and mean change of a logit
 (the last layer's output before its softmax), and the accuracy both ways.
 
-The quantized kernels choose their activation scale (and, unsigned, their zero point) per call
-from the values in the batch (graphswap/kernels/quantized.py), so an image's codes depend on the
-other images; `exact` (float32) is the control: round-off only.  Not a timing: the numbers are
+Each multiplier runs in three modes: "tfapprox" (TFApprox's asymmetric per-tensor weights, dynamic
+activations), "dynamic" (graphswap's default weights, dynamic activations) and "static"
+(activation ranges calibrated on the first 512 training images, saved in the layers).  Dynamic
+modes choose the activation scale (and, unsigned, the zero point) per call from the values in the
+batch (graphswap/kernels/quantized.py), so an image's codes depend on the other images; static
+ranges do not.  `exact` (float32) is the control: round-off only.  Not a timing: the numbers are
 deterministic, the same on every run.
 """
 from __future__ import annotations
@@ -42,16 +45,21 @@ def logits_model(model):
     return clone
 
 
-def measure(kernel: str, images: np.ndarray, labels: np.ndarray) -> dict:
+MODES = {"tfapprox": {"quantization": "tfapprox"}, "dynamic": {}, "static": None}
+
+
+def measure(kernel: str, mode: str, images: np.ndarray, labels: np.ndarray,
+            calibration: np.ndarray) -> dict:
     import graphswap
 
     original = graphswap.load_model(REPO / "sample_models" / "lenet5.keras")
-    model = logits_model(graphswap.rewrite_model(original, kernel=kernel))
+    options = MODES[mode] if MODES[mode] is not None else {"calibration_data": calibration}
+    model = logits_model(graphswap.rewrite_model(original, kernel=kernel, **options))
     together = np.asarray(model(images, training=False))
     alone = np.concatenate([np.asarray(model(images[i:i + 1], training=False))
                             for i in range(len(images))])
     change = np.abs(alone - together)
-    return {"kernel": kernel, "images": len(images),
+    return {"kernel": kernel, "mode": mode, "images": len(images),
             "accuracy_together": float(np.mean(together.argmax(1) == labels)),
             "accuracy_alone": float(np.mean(alone.argmax(1) == labels)),
             "class_changes": int(np.count_nonzero(alone.argmax(1) != together.argmax(1))),
@@ -66,16 +74,19 @@ def main() -> None:
     with np.load(REPO / "sample_models" / "digits.npz") as digits:
         pool = np.concatenate([digits["x_test"], digits["x_train"]]).astype(np.float32)
         targets = np.concatenate([digits["y_test"], digits["y_train"]])
+        calibration = digits["x_train"][:512].astype(np.float32)
     images, labels = pool[:args.images], targets[:args.images]
     print(f"LeNet-5 on {len(images)} digits images: each image alone vs inside one batch of "
           f"{len(images)}")
-    print(f"{'kernel':<12} {'class changes':>14} {'max |d logit|':>14} {'mean |d logit|':>15} "
-          f"{'accuracy in batch':>18} {'alone':>7}")
+    print(f"{'kernel':<12} {'mode':<9} {'class changes':>14} {'max |d logit|':>14} "
+          f"{'mean |d logit|':>15} {'accuracy in batch':>18} {'alone':>7}")
     for kernel in args.kernel or DEFAULT_KERNELS:
-        row = measure(kernel, images, labels)
-        print(f"{kernel:<12} {row['class_changes']:>8} of {row['images']:<3} "
-              f"{row['max_logit_change']:>14.3g} {row['mean_logit_change']:>15.3g} "
-              f"{row['accuracy_together']:>17.2%} {row['accuracy_alone']:>7.2%}")
+        for mode in (["dynamic"] if kernel == "exact" else list(MODES)):
+            row = measure(kernel, mode, images, labels, calibration)
+            print(f"{kernel:<12} {mode if kernel != 'exact' else '-':<9} "
+                  f"{row['class_changes']:>8} of {row['images']:<3} "
+                  f"{row['max_logit_change']:>14.3g} {row['mean_logit_change']:>15.3g} "
+                  f"{row['accuracy_together']:>17.2%} {row['accuracy_alone']:>7.2%}")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@
  *   OWN   the hand-written AVX2 GEMM of gemm_f32.c with implicit im2col (patches expanded while
  *         packing register panels, transposed for narrow outputs).  It is kept because it beats
  *         sgemm when a group has few output channels (LeNet-5's 6 and 16: sgemm's tiles are
- *         16-24 wide), measured by /work/scratch/native/bench_native.py; used only on the avx2 /
+ *         16-24 wide; benchmarks/bench_core.py, LeNet conv rows); used only on the avx2 /
  *         avx512 paths.
  *   DEPTHWISE  one input channel per group (DepthwiseConv2D, groups = in_channels): a direct
  *         loop, vectorised across the channels of a pixel -- as a GEMM each group would be a
