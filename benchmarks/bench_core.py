@@ -36,6 +36,8 @@ from _timing import (REPO, machine_line, median_times, run_context,  # noqa: E40
 
 use_repository_package()
 
+from _models import train_step_fn  # noqa: E402  (benchmarks/ is on sys.path)
+
 
 def kernel_section(args, rng) -> list[tuple[str, float]]:
     import tensorflow as tf
@@ -116,25 +118,6 @@ def lenet_models(multiplier, compile_for_fit=False):
                           loss="sparse_categorical_crossentropy")
         models[label] = model
     return models
-
-
-def train_step_fn(model):
-    import keras
-    import tensorflow as tf
-
-    optimizer = keras.optimizers.SGD(1e-4)
-    optimizer.build(model.trainable_variables)
-    loss_fn = keras.losses.SparseCategoricalCrossentropy()
-
-    @tf.function
-    def step(x, y):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True))
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply(grads, model.trainable_variables)
-        return loss
-
-    return step
 
 
 def print_ratios(title, labels, times, unit="ms", scale=1e3, targets=None):

@@ -27,7 +27,7 @@ use_repository_package()
 
 import numpy as np  # noqa: E402
 
-from _models import build  # noqa: E402  (benchmarks/ is on sys.path)
+from _models import build, train_step_fn  # noqa: E402  (benchmarks/ is on sys.path)
 
 
 def inference_fn(model):
@@ -35,25 +35,6 @@ def inference_fn(model):
 
     forward = tf.function(lambda x: model(x, training=False))
     return forward
-
-
-def train_step_fn(model):
-    import keras
-    import tensorflow as tf
-
-    optimizer = keras.optimizers.SGD(1e-4)
-    optimizer.build(model.trainable_variables)
-    loss_fn = keras.losses.SparseCategoricalCrossentropy()
-
-    @tf.function
-    def step(x, y):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True))
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply(grads, model.trainable_variables)
-        return loss
-
-    return step
 
 
 def main() -> None:

@@ -19,6 +19,7 @@ import tensorflow as tf
 
 from graphswap.io.kept_layers import KEPT_CLASSES, conv_attributes
 from graphswap.io.onnx_ops import MATMUL_OP
+from graphswap.kernels import bind_scheme
 from graphswap.native import conv_geometry
 from graphswap.swap import (SWAPPED_CLASSES, SwappedConv2D, SwappedDense,
                             iter_layers, stock_class, transform_model, type_name)
@@ -134,13 +135,6 @@ class MarkedConv1D(MarkedLayer, keras.layers.Conv1D):
         if self.data_format == "channels_first":
             y = tf.transpose(y, [0, 2, 1])
         return self.activation(y) if self.activation is not None else y
-def kernel_matmul(arithmetic, a, b, quant):
-    """arithmetic.matmul with the layer's scheme (passed only when there is one)."""
-    if quant is None:
-        return arithmetic.matmul(a, b)
-    return arithmetic.matmul(a, b, quant=quant)
-
-
 class KeptDense(SwappedDense):
     """A swapped Dense whose kernel call is one numpy_function named by its marker (only ever
     traced for tf2onnx: never trained, never saved)."""
@@ -153,9 +147,9 @@ class KeptDense(SwappedDense):
         w = tf.cast(self.kernel, tf.float32)
         k, n = int(w.shape[0]), int(w.shape[1])
         x2d = tf.reshape(x, [-1, k]) if x.shape.rank != 2 else x
-        arithmetic = self.arithmetic
-        quant = self.current_quantization()   # static parameters: constants of the export
-        y = tf.numpy_function(lambda a, b: kernel_matmul(arithmetic, a, b, quant), [x2d, w],
+        # the scheme as it is now (static parameters: constants of the export)
+        arithmetic = bind_scheme(self.arithmetic, self.current_quantization())
+        y = tf.numpy_function(lambda a, b: arithmetic.matmul(a, b), [x2d, w],
                               tf.float32, stateful=False, name=self.graphswap_marker)
         # ensure_shape, not set_shape: tf2onnx re-infers shapes from the GraphDef, where a
         # PyFunc's output shape is unknown; ops needing it downstream (a Concat with axis -1)
@@ -188,15 +182,14 @@ class KeptConv2D(SwappedConv2D):
         w = tf.cast(kernel, tf.float32)
         filter_shape = tuple(int(d) for d in w.shape)
         strides, dilations = tuple(self.strides), tuple(self.dilation_rate)
-        padding, groups, arithmetic = self.padding, self.groups, self.arithmetic
-        quant = self.current_quantization()   # static parameters: constants of the export
+        padding, groups = self.padding, self.groups
+        # the scheme as it is now (static parameters: constants of the export)
+        arithmetic = bind_scheme(self.arithmetic, self.current_quantization())
 
         def forward(x_array, w_array):
             geometry = conv_geometry(x_array.shape, filter_shape, strides, dilations, padding,
                                      groups)
-            if quant is None:
-                return arithmetic.conv2d(x_array, w_array, geometry)
-            return arithmetic.conv2d(x_array, w_array, geometry, quant=quant)
+            return arithmetic.conv2d(x_array, w_array, geometry)
 
         y = tf.numpy_function(forward, [x, w], tf.float32, stateful=False,
                               name=self.graphswap_marker)

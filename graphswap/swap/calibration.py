@@ -124,30 +124,26 @@ def run_batches(model, inputs: list[np.ndarray], batch_size: int = BATCH_SIZE) -
 
 
 @contextlib.contextmanager
-def observing(layers, callback):
-    """While inside, every eager call of each layer hands (layer, input) to `callback`."""
-    previous = [layer.observer for layer in layers]
+def _setting(layers, attribute: str, value):
+    """While inside, each layer's `attribute` is `value`; the previous values come back after."""
+    previous = [getattr(layer, attribute) for layer in layers]
     for layer in layers:
-        layer.observer = callback
+        setattr(layer, attribute, value)
     try:
         yield
     finally:
         for layer, before in zip(layers, previous):
-            layer.observer = before
+            setattr(layer, attribute, before)
 
 
-@contextlib.contextmanager
+def observing(layers, callback):
+    """While inside, every eager call of each layer hands (layer, input) to `callback`."""
+    return _setting(layers, "observer", callback)
+
+
 def float_forward(layers):
     """While inside, the layers compute with the exact float32 kernel (no quantization)."""
-    exact = resolve_kernel("exact")
-    previous = [layer.arithmetic for layer in layers]
-    for layer in layers:
-        layer.arithmetic = exact
-    try:
-        yield
-    finally:
-        for layer, arithmetic in zip(layers, previous):
-            layer.arithmetic = arithmetic
+    return _setting(layers, "arithmetic", resolve_kernel("exact"))
 
 
 # --------------------------------------------------------------------------------------------

@@ -119,7 +119,7 @@ class SwappedDense(_SwappedMixin, keras.layers.Dense):
         """The layer's product (no correction, bias or activation) of an (m, k) input."""
         arithmetic = arithmetic or self.arithmetic
         w = np.asarray(self.kernel, dtype=np.float32)
-        return arithmetic.matmul(x, w) if quant is None else arithmetic.matmul(x, w, quant=quant)
+        return bind_scheme(arithmetic, quant).matmul(x, w)
 
 
 @keras.saving.register_keras_serializable(package="graphswap")
@@ -170,8 +170,7 @@ class SwappedConv2D(_SwappedMixin, keras.layers.Conv2D):
         w = np.asarray(self.kernel, dtype=np.float32)
         g = conv_geometry(x.shape, w.shape, tuple(self.strides), tuple(self.dilation_rate),
                           self.padding, self.groups)
-        return arithmetic.conv2d(x, w, g) if quant is None else arithmetic.conv2d(x, w, g,
-                                                                                  quant=quant)
+        return bind_scheme(arithmetic, quant).conv2d(x, w, g)
 
 
 def check_conv_options(layer) -> None:

@@ -24,7 +24,7 @@ import tensorflow as tf
 
 from graphswap import native
 from graphswap.errors import UnsupportedLayerError
-from graphswap.kernels import Kernel, lut_conv2d_gradients, lut_matmul_gradients
+from graphswap.kernels import Kernel, bind_scheme, lut_conv2d_gradients, lut_matmul_gradients
 from graphswap.native import conv_geometry
 
 BACKWARD_MODES = ("native", "kernel", "lut_grad")
@@ -232,20 +232,14 @@ def swapped_conv2d(x, w, arithmetic: Kernel, strides=(1, 1), padding="valid", di
         return conv_geometry(x_array.shape, filter_shape, strides, dilations, padding, groups)
 
     def forward_np(x_array, w_array, quant=None):
-        if quant is None:
-            return arithmetic.conv2d(x_array, w_array, geometry_of(x_array))
-        return arithmetic.conv2d(x_array, w_array, geometry_of(x_array), quant=quant)
+        return bind_scheme(arithmetic, quant).conv2d(x_array, w_array, geometry_of(x_array))
 
-    backward_quant = quant.dynamic() if quant is not None else None
-
-    def backward_matmul(a, b):
-        if backward_quant is None:
-            return arithmetic.matmul(a, b)
-        return arithmetic.matmul(a, b, quant=backward_quant)
+    # gradients have ranges of their own: dynamic, with the layer's weight encoding
+    backward_kernel = bind_scheme(arithmetic, quant.dynamic() if quant is not None else None)
 
     def backward_np(x_array, w_array, dy_array):
         return native.conv_gradients_via_matmul(x_array, w_array, dy_array,
-                                                geometry_of(x_array), backward_matmul)
+                                                geometry_of(x_array), backward_kernel.matmul)
 
     def lut_grad(inputs, filters, dy):
         with_range = activation_range is not None

@@ -94,14 +94,7 @@ static void gather(const graphswap_conv2d_params *P, const gs_conv_geo *G, const
                 if (++oh == P->out_height) { oh = 0; ++n; }
             }
         }
-        uint8_t *d = dst + (r8 / 64) * K * 64 + (r8 % 64);
-        for (int64_t k0 = 0; k0 < K; k0 += 8) {
-            uint64_t x[8];
-            for (int i = 0; i < 8; ++i) memcpy(&x[i], tmp + i * k8 + k0, 8);
-            gs_transpose8x8_bytes(x);
-            const int64_t nk = K - k0 < 8 ? K - k0 : 8;
-            for (int64_t j = 0; j < nk; ++j) memcpy(d + (k0 + j) * 64, &x[j], 8);
-        }
+        gs_pack_rows8(tmp, k8, K, dst + (r8 / 64) * K * 64 + (r8 % 64));
     }
 }
 

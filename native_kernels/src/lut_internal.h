@@ -22,6 +22,8 @@
 #ifndef GRAPHSWAP_LUT_INTERNAL_H
 #define GRAPHSWAP_LUT_INTERNAL_H
 
+#include <string.h>
+
 #include "internal.h"
 
 #define GS_LUT_ROWS 256  /* rows per block (4 groups of 64) */
@@ -95,6 +97,20 @@ static inline void gs_transpose8x8_bytes(uint64_t x[8])
     for (int j = 0; j < 4; ++j) {
         const uint64_t t = ((x[j] >> 32) ^ x[j + 4]) & 0x00000000FFFFFFFFull;
         x[j + 4] ^= t, x[j] ^= t << 32;
+    }
+}
+
+/* Stores 8 rows of k codes - row i at tmp + i * k8 (k8 = k rounded up to 8, the pad zero) - into
+ * a packed block at d (the first row's byte of k = 0; consecutive k are 64 bytes apart) by 8 x 8
+ * byte transposes. */
+static inline void gs_pack_rows8(const uint8_t *tmp, int64_t k8, int64_t k, uint8_t *d)
+{
+    for (int64_t k0 = 0; k0 < k; k0 += 8) {
+        uint64_t x[8];
+        for (int i = 0; i < 8; ++i) memcpy(&x[i], tmp + i * k8 + k0, 8);
+        gs_transpose8x8_bytes(x);
+        const int64_t nk = k - k0 < 8 ? k - k0 : 8;
+        for (int64_t j = 0; j < nk; ++j) memcpy(d + (k0 + j) * 64, &x[j], 8);
     }
 }
 

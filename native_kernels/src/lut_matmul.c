@@ -55,14 +55,7 @@ static void pack_rows(const uint8_t *src8, const float *srcf, const gs_qparams *
                 rowsum[r] = sum;
             }
         }
-        uint8_t *d = dst + (r8 / 64) * k * 64 + (r8 % 64);
-        for (int64_t k0 = 0; k0 < k; k0 += 8) {
-            uint64_t x[8];
-            for (int i = 0; i < 8; ++i) memcpy(&x[i], tmp + i * k8 + k0, 8);
-            gs_transpose8x8_bytes(x);
-            const int64_t nk = k - k0 < 8 ? k - k0 : 8;
-            for (int64_t j = 0; j < nk; ++j) memcpy(d + (k0 + j) * 64, &x[j], 8);
-        }
+        gs_pack_rows8(tmp, k8, k, dst + (r8 / 64) * k * 64 + (r8 % 64));
     }
 }
 
