@@ -64,6 +64,10 @@ class _SwappedMixin(QuantizedLayerMixin):
         return {"arithmetic": self.arithmetic.to_config(), "backward": self.backward,
                 **self._quantization_config()}
 
+    def get_config(self):
+        """The stock layer's config plus the arithmetic's record, backward mode and scheme."""
+        return {**super().get_config(), **self._swap_config()}
+
     @classmethod
     def from_config(cls, config):
         """Rebuild from a config, where the arithmetic's record comes from a file: it passes the
@@ -112,9 +116,6 @@ class SwappedDense(_SwappedMixin, keras.layers.Dense):
             outputs = self.activation(outputs)
         return outputs
 
-    def get_config(self):
-        return {**super().get_config(), **self._swap_config()}
-
     def numpy_product(self, x, arithmetic=None, quant=None):
         """The layer's product (no correction, bias or activation) of an (m, k) input."""
         arithmetic = arithmetic or self.arithmetic
@@ -160,9 +161,6 @@ class SwappedConv2D(_SwappedMixin, keras.layers.Conv2D):
         if channels_first:
             outputs = tf.transpose(outputs, [0, 3, 1, 2])
         return outputs
-
-    def get_config(self):
-        return {**super().get_config(), **self._swap_config()}
 
     def numpy_product(self, x, arithmetic=None, quant=None):
         """The layer's convolution (no correction, bias or activation) of an NHWC input."""

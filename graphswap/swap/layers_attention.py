@@ -43,8 +43,7 @@ class SwappedEinsumDense(SwappedMixin, keras.layers.EinsumDense):
     """EinsumDense whose product runs a graphswap kernel as one (m,k)x(k,n) matmul."""
 
     def __init__(self, equation, output_shape, arithmetic=None, backward="native",
-                 swap_kernel=None,
-                 quantization=None, output_correction=None, **kwargs):
+                 swap_kernel=None, quantization=None, output_correction=None, **kwargs):
         super().__init__(equation, output_shape, **kwargs)
         check_equation(self)
         if kwargs.get("quantization_config") is not None:
@@ -69,9 +68,6 @@ class SwappedEinsumDense(SwappedMixin, keras.layers.EinsumDense):
             x = self.activation(x)
         return x
 
-    def get_config(self):
-        return {**super().get_config(), **self._swap_config()}
-
 
 @keras.saving.register_keras_serializable(package="graphswap")
 class SwappedMultiHeadAttention(SwappedMixin, keras.layers.MultiHeadAttention):
@@ -79,8 +75,7 @@ class SwappedMultiHeadAttention(SwappedMixin, keras.layers.MultiHeadAttention):
     kernel (SwappedEinsumDense); the attention-score products stay float."""
 
     def __init__(self, num_heads, key_dim, arithmetic=None, backward="native",
-                 swap_kernel=None,
-                 quantization=None, output_correction=None, **kwargs):
+                 swap_kernel=None, quantization=None, output_correction=None, **kwargs):
         super().__init__(num_heads, key_dim, **kwargs)
         self._init_swap(arithmetic, swap_kernel, backward, quantization, output_correction)
 
@@ -107,6 +102,3 @@ class SwappedMultiHeadAttention(SwappedMixin, keras.layers.MultiHeadAttention):
     def projections(self) -> dict:
         """{attribute: the projection layer} of a built layer."""
         return {a: getattr(self, a) for a in PROJECTIONS if getattr(self, a, None) is not None}
-
-    def get_config(self):
-        return {**super().get_config(), **self._swap_config()}

@@ -69,17 +69,13 @@ class SwappedDepthwiseConv2D(SwappedMixin, keras.layers.DepthwiseConv2D):
         channels = int(self.kernel.shape[2]) * self.depth_multiplier
         return _bias_and_activation(self, _back(outputs, channels_first), channels)
 
-    def get_config(self):
-        return {**super().get_config(), **self._swap_config()}
-
 
 @keras.saving.register_keras_serializable(package="graphswap")
 class SwappedSeparableConv2D(SwappedMixin, keras.layers.SeparableConv2D):
     """SeparableConv2D whose depthwise and pointwise products both run a graphswap kernel."""
 
     def __init__(self, filters, kernel_size, arithmetic=None, backward="native",
-                 swap_kernel=None,
-                 quantization=None, output_correction=None, **kwargs):
+                 swap_kernel=None, quantization=None, output_correction=None, **kwargs):
         super().__init__(filters, kernel_size, **kwargs)
         check_options(self)
         self._init_swap(arithmetic, swap_kernel, backward, quantization, output_correction)
@@ -94,17 +90,13 @@ class SwappedSeparableConv2D(SwappedMixin, keras.layers.SeparableConv2D):
                                      backward=self.backward)
         return _bias_and_activation(self, _back(outputs, channels_first), self.filters)
 
-    def get_config(self):
-        return {**super().get_config(), **self._swap_config()}
-
 
 @keras.saving.register_keras_serializable(package="graphswap")
 class SwappedConv1D(SwappedMixin, keras.layers.Conv1D):
     """Conv1D whose convolution runs a graphswap kernel (a conv2d of height 1)."""
 
     def __init__(self, filters, kernel_size, arithmetic=None, backward="native",
-                 swap_kernel=None,
-                 quantization=None, output_correction=None, **kwargs):
+                 swap_kernel=None, quantization=None, output_correction=None, **kwargs):
         super().__init__(filters, kernel_size, **kwargs)
         check_options(self)
         self._init_swap(arithmetic, swap_kernel, backward, quantization, output_correction)
@@ -126,17 +118,13 @@ class SwappedConv1D(SwappedMixin, keras.layers.Conv1D):
             outputs = tf.transpose(outputs, [0, 2, 1])
         return _bias_and_activation(self, outputs, self.filters)
 
-    def get_config(self):
-        return {**super().get_config(), **self._swap_config()}
-
 
 @keras.saving.register_keras_serializable(package="graphswap")
 class SwappedConv2DTranspose(SwappedMixin, keras.layers.Conv2DTranspose):
     """Conv2DTranspose whose products run a graphswap kernel (zero-inserted stride-1 conv2d)."""
 
     def __init__(self, filters, kernel_size, arithmetic=None, backward="native",
-                 swap_kernel=None,
-                 quantization=None, output_correction=None, **kwargs):
+                 swap_kernel=None, quantization=None, output_correction=None, **kwargs):
         super().__init__(filters, kernel_size, **kwargs)
         check_options(self)
         self._init_swap(arithmetic, swap_kernel, backward, quantization, output_correction)
@@ -148,9 +136,6 @@ class SwappedConv2DTranspose(SwappedMixin, keras.layers.Conv2DTranspose):
             padding=self.padding, output_padding=self.output_padding,
             dilations=self.dilation_rate, backward=self.backward)
         return _bias_and_activation(self, _back(outputs, channels_first), self.filters)
-
-    def get_config(self):
-        return {**super().get_config(), **self._swap_config()}
 
 
 def check_options(layer) -> None:
