@@ -191,6 +191,18 @@ def pytest_generate_tests(metafunc):
         metafunc.parametrize("kernel_isa", isas, ids=[isa or "default-isa" for isa in isas])
 
 
+@pytest.fixture
+def each_isa():
+    """graphswap's shipped library, for a test that switches its ISA path (set_isa); the path in
+    use before is restored afterwards."""
+    from graphswap import native
+
+    library = native.shipped_library()
+    before = library.isa
+    yield library
+    library.set_isa(before)
+
+
 def tensorflow_runs_nchw_conv_on_cpu() -> bool:
     """Whether this TensorFlow build runs channels_first Conv2D on the CPU (oneDNN builds on
     some CPUs do, others refuse): tests probe it instead of assuming either."""

@@ -15,14 +15,6 @@ MODES = [m for m in itertools.product(["sign_magnitude", "asymmetric", "symmetri
                                       ["per_channel", "per_tensor"], ["dynamic", "static"])]
 
 
-@pytest.fixture
-def each_isa():
-    library = native.shipped_library()
-    before = library.isa
-    yield library
-    library.set_isa(before)
-
-
 def _operands(rng, non_finite):
     a = rng.normal(size=(37, 29)).astype(np.float32)
     b = rng.normal(size=(29, 13)).astype(np.float32)

@@ -174,6 +174,10 @@ class KeptConv2D(SwappedConv2D):
 
     graphswap_marker = ""
 
+    def call(self, inputs, training=None):
+        # Keras's own Conv2D.call: convolution_op below, then Keras's bias add (ONNX's Add)
+        return keras.layers.Conv2D.call(self, inputs)
+
     def convolution_op(self, inputs, kernel):
         channels_first = self.data_format == "channels_first"
         x = tf.cast(inputs, tf.float32)

@@ -191,6 +191,8 @@ class KernelLibrary:
         self._lut_matmul_grad = self._optional(
             "graphswap_lut_matmul_grad", i32,
             [_u8p, _u8p, _i8p, _f32p, _f32p, _f32p, _f32p, _f32p, _f32p, _i64, _i64, _i64])
+        self._channel_affine = self._optional("graphswap_channel_affine_f32", i32,
+                                              [_f32p, _i64, _i64, _f32p, _f32p, i32])
 
     # -- capabilities ------------------------------------------------------------------------
     @property
@@ -286,6 +288,33 @@ class KernelLibrary:
         self._check("graphswap_conv2d_f32",
                     self._conv(_ptr(x, _f32p), _ptr(w, _f32p), _ptr(out, _f32p), ctypes.byref(params)))
         return out
+
+    @property
+    def has_channel_affine(self) -> bool:
+        return self._channel_affine is not None
+
+    def channel_affine_(self, y: np.ndarray, gain=None, shift=None, relu=False) -> np.ndarray:
+        """y * gain + shift over the last axis (None: 1 / 0), then max(y, 0) with `relu`, in one
+        pass: in place when y is a writable C-contiguous float32 array, else on a copy; returns
+        the result."""
+        if not (y.dtype == np.float32 and y.flags.c_contiguous and y.flags.writeable):
+            y = np.array(y, dtype=np.float32, order="C")
+        channels = y.shape[-1] if y.ndim else 1
+        vectors = []
+        for name, vector in (("gain", gain), ("shift", shift)):
+            if vector is not None:
+                vector = _as_input(vector, np.float32).reshape(-1)
+                if vector.shape[0] != channels:
+                    raise GraphswapError(f"{name} has {vector.shape[0]} values for {channels} "
+                                         f"output channels; give one per channel")
+            vectors.append(vector)
+        gain, shift = vectors
+        self._check("graphswap_channel_affine_f32",
+                    self._channel_affine(_ptr(y, _f32p), y.size // max(channels, 1), channels,
+                                         None if gain is None else _ptr(gain, _f32p),
+                                         None if shift is None else _ptr(shift, _f32p),
+                                         1 if relu else 0))
+        return y
 
     def lut_matmul(self, a_codes: np.ndarray, b_codes: np.ndarray, table: np.ndarray) -> np.ndarray:
         """int64 sums of table[(a<<8)|b] over k; a (m,k) and b (k,n) are uint8 codes."""

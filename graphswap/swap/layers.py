@@ -47,6 +47,11 @@ class _SwappedMixin(QuantizedLayerMixin):
                 f"Dense/Conv2D layers with lut_grad")
         self._init_quantization(quantization, output_correction)
 
+    def _fused_relu(self) -> bool:
+        """Whether the op applies this layer's activation itself: Keras's plain ReLU, whose
+        gradient (ReluGrad on the output) the op then registers."""
+        return self.activation is keras.activations.relu
+
     def scheme_kernel(self) -> Kernel:
         """The arithmetic, called with this layer's scheme on every product (for the ops of
         graphswap.swap.ops_layers, which pass none of their own)."""
@@ -107,12 +112,11 @@ class SwappedDense(_SwappedMixin, keras.layers.Dense):
     def call(self, inputs, training=None):
         quant, activation_range = self._quant_inputs(
             tf.reshape(inputs, [-1, inputs.shape[-1]]), training)
+        gain, shift = self._output_epilogue(self.bias)
+        relu = self._fused_relu()
         outputs = ops.swapped_matmul(inputs, self.kernel, self.arithmetic, self.backward,
-                                     quant, activation_range)
-        outputs = self._correct_outputs(outputs)
-        if self.bias is not None:
-            outputs = tf.add(outputs, tf.cast(self.bias, outputs.dtype))
-        if self.activation is not None:
+                                     quant, activation_range, gain, shift, relu)
+        if self.activation is not None and not relu:
             outputs = self.activation(outputs)
         return outputs
 
@@ -144,23 +148,31 @@ class SwappedConv2D(_SwappedMixin, keras.layers.Conv2D):
         # Conv2D.call takes no `training`; the moving-average observer needs it
         self._training_call = training
         try:
-            return super().call(inputs)
+            if self.data_format == "channels_first":
+                return super().call(inputs)   # Keras adds the bias after convolution_op
+            # channels_last: correction and bias inside the op's call (one pass in C)
+            relu = self._fused_relu()
+            outputs = self._convolve(inputs, self.kernel, self.bias if self.use_bias else None,
+                                     relu)
+            return outputs if self.activation is None or relu else self.activation(outputs)
         finally:
             self._training_call = None
 
     def convolution_op(self, inputs, kernel):
-        channels_first = self.data_format == "channels_first"
-        if channels_first:
-            inputs = tf.transpose(inputs, [0, 2, 3, 1])
+        """Keras's hook (channels_first layers): NCHW in and out around the NHWC op."""
+        outputs = self._convolve(tf.transpose(inputs, [0, 2, 3, 1]), kernel, None)
+        return tf.transpose(outputs, [0, 3, 1, 2])
+
+    def _convolve(self, inputs, kernel, bias, relu=False):
+        """The swapped convolution of NHWC inputs, corrected, plus `bias` when given (then the
+        ReLU with `relu`)."""
         quant, activation_range = self._quant_inputs(inputs, self._training_call)
-        outputs = ops.swapped_conv2d(inputs, kernel, self.arithmetic, strides=self.strides,
-                                     padding=self.padding, dilations=self.dilation_rate,
-                                     groups=self.groups, backward=self.backward, quant=quant,
-                                     activation_range=activation_range)
-        outputs = self._correct_outputs(outputs)
-        if channels_first:
-            outputs = tf.transpose(outputs, [0, 3, 1, 2])
-        return outputs
+        gain, shift = self._output_epilogue(bias)
+        return ops.swapped_conv2d(inputs, kernel, self.arithmetic, strides=self.strides,
+                                  padding=self.padding, dilations=self.dilation_rate,
+                                  groups=self.groups, backward=self.backward, quant=quant,
+                                  activation_range=activation_range, gain=gain, shift=shift,
+                                  relu=relu)
 
     def numpy_product(self, x, arithmetic=None, quant=None):
         """The layer's convolution (no correction, bias or activation) of an NHWC input."""

@@ -67,37 +67,75 @@ def scheme_with_range(quant, activation_range):
     return quant.with_range(lo, hi)
 
 
-def kernel_call(method, quant, with_range: bool):
-    """`method(*arrays)` for numpy_function.  With `with_range` the last array is the static
-    activation range and becomes the scheme's; `quant` is passed only when not None (kernels
-    written against the older interface take no quant argument)."""
+def kernel_call(method, quant, with_range: bool, epilogue: tuple = (False, False, False)):
+    """`method(*arrays)` for numpy_function.  With `with_range` the array after the operands is
+    the static activation range and becomes the scheme's; `quant` is passed only when not None
+    (kernels written against the older interface take no quant argument).  `epilogue` = (has
+    gain, has shift, relu): the last arrays are the per-channel gain and shift applied to the
+    product, then the ReLU, in one native pass (graphswap_channel_affine_f32)."""
+    has_gain, has_shift, relu = epilogue
+    # resolved now, at trace time: finding the library re-hashes a source checkout's sources
+    affine = native.shipped_library().channel_affine_ if any(epilogue) else None
+
     def call(*arrays):
+        arrays = list(arrays)
+        shift = arrays.pop() if has_shift else None
+        gain = arrays.pop() if has_gain else None
         if quant is None:
-            return method(*arrays)
-        if with_range:
+            product = method(*arrays)
+        elif with_range:
             *arrays, activation_range = arrays
-            return method(*arrays, quant=scheme_with_range(quant, activation_range))
-        return method(*arrays, quant=quant)
+            product = method(*arrays, quant=scheme_with_range(quant, activation_range))
+        else:
+            product = method(*arrays, quant=quant)
+        if affine is None:
+            return product
+        return affine(product, gain, shift, relu)
 
     return call
 
 
-def _numpy_matmul(arithmetic: Kernel, a, b, m_static, n_static, quant=None, activation_range=None):
+def epilogue_inputs(gain, shift) -> list:
+    """The epilogue tensors an op passes on (float32; None ones left out)."""
+    return [tf.cast(t, tf.float32) for t in (gain, shift) if t is not None]
+
+
+def epilogue_gradients(dy, y, gain, shift, relu):
+    """(dy of the product, [gradients of the epilogue inputs]) for y = relu?(product * gain +
+    shift): TensorFlow's own ReluGrad (on the output, as it registers for Relu) and BiasAdd
+    gradient; the gain is non-trainable state (the output correction), so it gets none."""
+    if relu:
+        dy = tf.raw_ops.ReluGrad(gradients=dy, features=y)
+    extra = []
+    if gain is not None:
+        extra.append(None)
+    if shift is not None:
+        extra.append(tf.raw_ops.BiasAddGrad(out_backprop=dy, data_format="NHWC"))
+    if gain is not None:
+        dy = dy * tf.cast(gain, dy.dtype)
+    return dy, extra
+
+
+def _numpy_matmul(arithmetic: Kernel, a, b, m_static, n_static, quant=None, activation_range=None,
+                  gain=None, shift=None, relu=False):
     with_range = activation_range is not None
-    inputs = [a, b] + ([activation_range] if with_range else [])
-    out = tf.numpy_function(kernel_call(arithmetic.matmul, quant, with_range), inputs, tf.float32,
-                            stateful=False, name="graphswap_matmul")
+    inputs = [a, b] + ([activation_range] if with_range else []) + epilogue_inputs(gain, shift)
+    call = kernel_call(arithmetic.matmul, quant, with_range,
+                       (gain is not None, shift is not None, relu))
+    out = tf.numpy_function(call, inputs, tf.float32, stateful=False, name="graphswap_matmul")
     out.set_shape([m_static, n_static])
     return out
 
 
 @tf.autograph.experimental.do_not_convert  # plain graph-building code: nothing to convert
 def swapped_matmul(x, w, arithmetic: Kernel, backward: str = "native", quant=None,
-                   activation_range=None):
+                   activation_range=None, gain=None, shift=None, relu=False):
     """x (..., k) @ w (k, n) with the arithmetic's forward; returns x's dtype, shape (..., n).
 
     `quant` (the layer's QuantScheme) and `activation_range` (its static range tensor, or None)
-    go to the kernel with every forward call."""
+    go to the kernel with every forward call.  `gain` and `shift` ((n,) tensors or None) and
+    `relu`: the result is relu?(product * gain + shift) (a layer's output correction, bias and
+    activation), applied inside the same numpy_function call."""
     _configure_threads(arithmetic)
     dtype = x.dtype
     x32 = tf.cast(x, tf.float32)
@@ -108,30 +146,42 @@ def swapped_matmul(x, w, arithmetic: Kernel, backward: str = "native", quant=Non
     x2d = tf.reshape(x32, [-1, k]) if x32.shape.rank != 2 else x32
     m_static = x2d.shape[0]
 
+    def product_gradients(a, b, dy):
+        if backward == "lut_grad" and quant is not None:
+            return _lut_grad_matmul(arithmetic, a, b, dy, quant, activation_range)
+        if backward in ("native", "lut_grad"):
+            # what TensorFlow registers for MatMul(transpose_a=False, transpose_b=False)
+            return (tf.linalg.matmul(dy, b, transpose_b=True),
+                    tf.linalg.matmul(a, dy, transpose_a=True))
+        # gradients have ranges of their own: dynamic, with the layer's weight encoding
+        backward_quant = quant.dynamic() if quant is not None else None
+        da = _numpy_matmul(arithmetic, dy, tf.transpose(b), m_static, k, backward_quant)
+        db = _numpy_matmul(arithmetic, tf.transpose(a), dy, k, n, backward_quant)
+        return da, db
+
     @tf.custom_gradient
-    def matmul(a, b):
-        y = _numpy_matmul(arithmetic, a, b, m_static, n, quant, activation_range)
+    def matmul(a, b, *epilogue):
+        g, s = _split_epilogue(epilogue, gain, shift)
+        y = _numpy_matmul(arithmetic, a, b, m_static, n, quant, activation_range, g, s, relu)
 
         def grad(dy):
-            if backward == "lut_grad" and quant is not None:
-                return _lut_grad_matmul(arithmetic, a, b, dy, quant, activation_range)
-            if backward in ("native", "lut_grad"):
-                # what TensorFlow registers for MatMul(transpose_a=False, transpose_b=False)
-                return (tf.linalg.matmul(dy, b, transpose_b=True),
-                        tf.linalg.matmul(a, dy, transpose_a=True))
-            # gradients have ranges of their own: dynamic, with the layer's weight encoding
-            backward_quant = quant.dynamic() if quant is not None else None
-            da = _numpy_matmul(arithmetic, dy, tf.transpose(b), m_static, k, backward_quant)
-            db = _numpy_matmul(arithmetic, tf.transpose(a), dy, k, n, backward_quant)
-            return da, db
+            dy, extra = epilogue_gradients(dy, y, g, s, relu)
+            return (*product_gradients(a, b, dy), *extra)
 
         return y, grad
 
-    y = matmul(x2d, w32)
+    y = matmul(x2d, w32, *epilogue_inputs(gain, shift))
     if x32.shape.rank != 2:
         y = tf.reshape(y, tf.concat([tf.shape(x32)[:-1], [n]], axis=0))
         y.set_shape(leading_static.concatenate([n]))
     return tf.cast(y, dtype) if dtype != tf.float32 else y
+
+
+def _split_epilogue(tensors, gain, shift):
+    """(gain, shift) back out of the custom-gradient function's extra arguments."""
+    tensors = list(tensors)
+    return (tensors.pop(0) if gain is not None else None,
+            tensors.pop(0) if shift is not None else None)
 
 
 def _lut_grad_matmul(arithmetic, a, b, dy, quant, activation_range):
@@ -203,9 +253,10 @@ def _native_conv_gradients(inputs, filters, dy, strides, dilations, groups,
 
 @tf.autograph.experimental.do_not_convert
 def swapped_conv2d(x, w, arithmetic: Kernel, strides=(1, 1), padding="valid", dilations=(1, 1),
-                   groups=1, backward: str = "native", quant=None, activation_range=None):
+                   groups=1, backward: str = "native", quant=None, activation_range=None,
+                   gain=None, shift=None, relu=False):
     """NHWC x HWIO convolution with the arithmetic's forward; returns x's dtype (`quant`,
-    `activation_range`: as for swapped_matmul)."""
+    `activation_range`, `gain`, `shift`, `relu`: as for swapped_matmul)."""
     _configure_threads(arithmetic)
     strides = tuple(int(s) for s in strides)
     dilations = tuple(int(d) for d in dilations)
@@ -256,29 +307,34 @@ def swapped_conv2d(x, w, arithmetic: Kernel, strides=(1, 1), padding="valid", di
         dw.set_shape(filters.shape)
         return dx, dw
 
+    def product_gradients(inputs, filters, dy):
+        if backward == "lut_grad" and quant is not None:
+            return lut_grad(inputs, filters, dy)
+        if backward in ("native", "lut_grad"):
+            # what TensorFlow registers for Conv2D (nn_grad._Conv2DGrad)
+            return _native_conv_gradients(inputs, filters, dy, strides, dilations, groups, padding)
+        dx, dw = tf.numpy_function(backward_np, [inputs, filters, dy], [tf.float32, tf.float32],
+                                   stateful=False, name="graphswap_conv2d_grad")
+        dx.set_shape(inputs.shape)
+        dw.set_shape(filters.shape)
+        return dx, dw
+
     @tf.custom_gradient
-    def conv(inputs, filters):
-        forward_inputs = [inputs, filters] + ([activation_range] if activation_range is not None
-                                              else [])
-        y = tf.numpy_function(kernel_call(forward_np, quant, activation_range is not None),
-                              forward_inputs, tf.float32, stateful=False, name="graphswap_conv2d")
+    def conv(inputs, filters, *epilogue):
+        g, s = _split_epilogue(epilogue, gain, shift)
+        with_range = activation_range is not None
+        forward_inputs = ([inputs, filters] + ([activation_range] if with_range else [])
+                          + epilogue_inputs(g, s))
+        call = kernel_call(forward_np, quant, with_range, (g is not None, s is not None, relu))
+        y = tf.numpy_function(call, forward_inputs, tf.float32, stateful=False,
+                              name="graphswap_conv2d")
         y.set_shape(static_out)
 
         def grad(dy):
-            if backward == "lut_grad" and quant is not None:
-                return lut_grad(inputs, filters, dy)
-            if backward in ("native", "lut_grad"):
-                # what TensorFlow registers for Conv2D (nn_grad._Conv2DGrad)
-                return _native_conv_gradients(inputs, filters, dy, strides, dilations, groups,
-                                              padding)
-            dx, dw = tf.numpy_function(backward_np, [inputs, filters, dy],
-                                       [tf.float32, tf.float32], stateful=False,
-                                       name="graphswap_conv2d_grad")
-            dx.set_shape(inputs.shape)
-            dw.set_shape(filters.shape)
-            return dx, dw
+            dy, extra = epilogue_gradients(dy, y, g, s, relu)
+            return (*product_gradients(inputs, filters, dy), *extra)
 
         return y, grad
 
-    y = conv(x32, w32)
+    y = conv(x32, w32, *epilogue_inputs(gain, shift))
     return tf.cast(y, dtype) if dtype != tf.float32 else y

@@ -77,7 +77,7 @@ class QuantizedLayerMixin:
     """Quantization state of a swapped layer (module docstring).  The layer calls
     `_init_quantization` after its arithmetic is resolved, `_build_quantization(channels)` at the
     end of build, `_quant_inputs(x, training)` for the op's arguments and `_correct_outputs(y)` on
-    the product.
+    the product (or `_output_epilogue(bias)`, for ops that apply correction and bias themselves).
 
     `static_activations_supported`: Dense and Conv2D run calibrated static ranges (one input, one
     product); the other swapped types (several products, or products of intermediate tensors)
@@ -198,6 +198,18 @@ class QuantizedLayerMixin:
             current.assign(updated)
             return scheme, tf.identity(updated)
         return scheme, tf.identity(current)
+
+    def _output_epilogue(self, bias=None):
+        """(gain, shift) float32 tensors (or None) for an op that applies its product's epilogue
+        itself: y * gain + (offset + bias) - the output correction and the bias in one pass."""
+        gain = shift = None
+        if self._gs_state is not None and getattr(self.arithmetic, "quantizes", False):
+            gain = tf.cast(self._gs_state["gain"], tf.float32)
+            shift = tf.cast(self._gs_state["offset"], tf.float32)
+        if bias is not None:
+            bias = tf.cast(bias, tf.float32)
+            shift = bias if shift is None else shift + bias
+        return gain, shift
 
     def _correct_outputs(self, y):
         """y * gain + offset over the last (channel) axis."""

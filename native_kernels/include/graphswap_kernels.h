@@ -250,6 +250,17 @@ GRAPHSWAP_EXPORT int32_t graphswap_lut_matmul_grad(const uint8_t *a, const uint8
  * Returns GRAPHSWAP_OK, or GRAPHSWAP_ERR_INVALID_ARGUMENT for an unknown name / NULL pointer. */
 GRAPHSWAP_EXPORT int32_t graphswap_builtin_multiplier_table(const char *name, int32_t *table);
 
+/* ---- extra exports of graphswap's own library: the swapped layers' output epilogue ----
+ *
+ * In place over y (rows x channels, row-major): y[r, c] = y[r, c] * gain[c] + shift[c], with gain
+ * NULL meaning 1 and shift NULL meaning 0, then y = (y < 0 ? 0 : y) if apply_relu -- a layer's
+ * output correction, bias and ReLU in one pass over the output (TensorFlow's BiasAdd over a few
+ * channels costs as much as the product itself).  Returns GRAPHSWAP_OK, or
+ * GRAPHSWAP_ERR_INVALID_ARGUMENT for negative sizes or a NULL y. */
+GRAPHSWAP_EXPORT int32_t graphswap_channel_affine_f32(float *y, int64_t rows, int64_t channels,
+                                                      const float *gain, const float *shift,
+                                                      int32_t apply_relu);
+
 #ifdef __cplusplus
 }
 #endif

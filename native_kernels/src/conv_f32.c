@@ -17,7 +17,9 @@
  *         loop, vectorised across the channels of a pixel -- as a GEMM each group would be a
  *         single-column product (measured 7x the float MobileNetV2 through sgemm).  Taps in the
  *         padding are left out (they would add 0 * w).
- * GRAPHSWAP_CONV_F32=blas|own forces one of the GEMM ways (benchmarks).
+ *   SINGLE CHANNEL  one input channel, groups == 1, stride_width == 1 (a grayscale image's first
+ *         layer): a direct loop vectorised across 16 output pixels (conv_single_channel.c).
+ * GRAPHSWAP_CONV_F32=blas|own forces one of the GEMM ways (benchmarks, tests).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -217,6 +219,7 @@ GRAPHSWAP_EXPORT int32_t graphswap_conv2d_f32(const float *input, const float *f
     }
     const char *force = getenv("GRAPHSWAP_CONV_F32");
     if (G.cin_g == 1 && P.groups > 1 && !force) return conv_depthwise(input, filter, output, &P, &G);
+    if (!force && gs_conv_single_channel_fits(&P)) return gs_conv_single_channel(input, filter, output, &P);
     int own = gs_isa() >= GS_ISA_AVX2 && G.cout_g <= GS_OWN_MAX_COUT;
     if (force && strcmp(force, "blas") == 0) own = 0;
     if (force && strcmp(force, "own") == 0 && gs_isa() >= GS_ISA_AVX2) own = 1;

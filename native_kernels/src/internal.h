@@ -129,6 +129,12 @@ typedef struct gs_conv_geo {
 
 int32_t gs_conv_validate(const char *fn, const graphswap_conv2d_params *params, gs_conv_geo *geo);
 
+/* Direct convolution of a single-channel input (conv_single_channel.c): whether it applies
+ * (groups == 1, in_channels == 1, stride_width == 1), and the convolution itself. */
+int gs_conv_single_channel_fits(const graphswap_conv2d_params *params);
+int32_t gs_conv_single_channel(const float *input, const float *filter, float *output,
+                               const graphswap_conv2d_params *params);
+
 /* ---- float32 GEMM internals (gemm_f32.c, AVX2 + FMA only), used by conv_f32.c ----
  *
  * gs_gemm_f32 computes C[i*rs_c + j*cs_c] = sum_k A(i,k) * B(j,k) for i < M, j < N, where an
