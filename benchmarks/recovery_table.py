@@ -20,6 +20,8 @@ Sections:
   recipes   fine-tuning recipes (optimizer, learning rate, schedule, fixed or moving-average
             static ranges) from the zero-step start, over seeds: the measurements the default
             recipe was chosen from
+  start     the zero-step start's training loss per multiplier, and the learning rate the
+            default ("auto") picks from it
 
     python benchmarks/recovery_table.py --quick                  # a few minutes: 4 multipliers
     python benchmarks/recovery_table.py                          # everything (about an hour on
@@ -67,6 +69,7 @@ RECIPES = {   # name: (learning rate, schedule, observer of the static ranges)
     "adam 3e-4 cosine": (3e-4, "cosine", "fixed"),
     "adam 1e-3 cosine": (1e-3, "cosine", "fixed"),
     "adam 1e-3 cosine, moving-average ranges": (1e-3, "cosine", "moving_average"),
+    "adam auto cosine (the default)": ("auto", "cosine", "fixed"),
 }
 CALIBRATION_SAMPLES = 512
 
@@ -133,7 +136,9 @@ def start_signature() -> str:
 
 def recipe_signature() -> str:
     """The default fine-tuning recipe (part of the table's cache keys)."""
-    return f"adam-{graphswap.research.DEFAULT_LEARNING_RATE:g}-{graphswap.research.DEFAULT_SCHEDULE}"
+    rate = graphswap.research.DEFAULT_LEARNING_RATE
+    rate = rate if isinstance(rate, str) else f"{rate:g}"
+    return f"adam-{rate}-{graphswap.research.DEFAULT_SCHEDULE}"
 
 
 def finetuned(ctx, model, spec, epochs, backward="native", learning_rate=None, schedule=None,
@@ -315,6 +320,34 @@ def section_recipes(ctx, multipliers, seeds) -> list[str]:
     return out
 
 
+def section_start(ctx, multipliers) -> list[str]:
+    """The zero-step start's training loss (what learning_rate="auto" reads) and the rate it
+    picks, per multiplier and model."""
+    from graphswap.research import recovery
+
+    rows = []
+    for spec in multipliers:
+        row = [label(spec), f"{kernels.metrics(spec)['MAE%']:.2f}"]
+        for name in MODELS:
+            model = ctx.model(name)
+
+            def loss():
+                start = recovered(ctx, model, spec)
+                data = graphswap.research.load_data((ctx.data["x_train"], ctx.data["y_train"]),
+                                                    start)
+                return round(recovery.start_training_loss(
+                    start, data, "sparse_categorical_crossentropy")[0], 6)
+
+            value = ctx.cached(f"start/{name}/{label(spec)}/{start_signature()}", loss)
+            row += [value, f"{recovery.FITTED_LEARNING_RATE:g}" if value <= recovery.FITTED_LOSS
+                    else f"{recovery.UNFITTED_LEARNING_RATE:g}"]
+        rows.append(row)
+    headers = ["multiplier", "MAE%"] + [h for name in MODELS
+                                        for h in (f"{name} loss", f"{name} auto rate")]
+    return (["### the zero-step start's training loss (1,437 training images) and the rate "
+             "learning_rate=\"auto\" picks\n"] + format_markdown(headers, rows) + [""])
+
+
 # ------------------------------------------------------------------------------------------------
 
 def update_docs(blocks: dict) -> None:
@@ -332,7 +365,7 @@ def update_docs(blocks: dict) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help=f"only {', '.join(map(label, QUICK))}")
-    parser.add_argument("--sections", default="table,batch,ablation,recipes")
+    parser.add_argument("--sections", default="table,batch,ablation,recipes,start")
     parser.add_argument("--seeds", default="0,1", help="seeds of the recipes section")
     parser.add_argument("--json", type=Path, default=REPO / "benchmarks" / "recovery_results.json")
     parser.add_argument("--fresh", action="store_true", help="ignore cached results")
@@ -355,6 +388,8 @@ def main() -> None:
     if "recipes" in sections:
         blocks["RECIPES"] = section_recipes(ctx, list(QUICK[2:]) if args.quick
                                             else list(RECIPE_MULTIPLIERS), seeds)
+    if "start" in sections:
+        blocks["START"] = section_start(ctx, list(QUICK) if args.quick else all_multipliers())
     for lines in blocks.values():
         print("\n".join(lines))
     print(f"({time.time() - started:.0f} s; results in {args.json})")

@@ -139,6 +139,21 @@ def _layer_types(ctx, param, values):
         raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
 
 
+class _LearningRate(click.ParamType):
+    """--lr: a number >= 0, or "auto"."""
+
+    name = "RATE|auto"
+
+    def convert(self, value, param, ctx):
+        try:
+            return research.check_learning_rate(value)
+        except GraphswapError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+LEARNING_RATE = _LearningRate()
+
+
 def layer_types_option(what):
     return click.option(
         "--layer-types", "--type", "layer_types", multiple=True, callback=_layer_types,
@@ -544,7 +559,9 @@ def _echo_notes(notes, err=False):
               help="Total number of epochs (0: only --recalibrate-bn).")
 @click.option("--batch-size", default=128, show_default=True)
 @click.option("--lr", "learning_rate", default=research.DEFAULT_LEARNING_RATE, show_default=True,
-              help="Adam learning rate (the start of the schedule).")
+              type=LEARNING_RATE,
+              help="Adam learning rate (the start of the schedule), or 'auto': 1e-4 when the "
+                   "model's training loss at the start shows it still fits its data, else 1e-3.")
 @click.option("--schedule", type=click.Choice(list(research.SCHEDULES)),
               default=research.DEFAULT_SCHEDULE, show_default=True,
               help="Learning rate over the run: decayed to 0 by a cosine, or constant (the "
@@ -623,7 +640,9 @@ def finetune(model_path, data_path, val_data, val_split, epochs, batch_size, lea
 @click.option("--epochs", default=1, show_default=True, help="Fine-tuning epochs.")
 @click.option("--batch-size", default=128, show_default=True)
 @click.option("--lr", "learning_rate", default=research.DEFAULT_LEARNING_RATE, show_default=True,
-              help="Fine-tuning learning rate (the default recipe's: Adam, cosine decay).")
+              type=LEARNING_RATE,
+              help="Fine-tuning learning rate, or 'auto' (the default recipe's: Adam, cosine "
+                   "decay; as for finetune).")
 @click.option("--seed", default=0, show_default=True)
 @click.option("--include", multiple=True, metavar="REGEX", help="As for convert.")
 @click.option("--exclude", multiple=True, metavar="REGEX", help="As for convert.")

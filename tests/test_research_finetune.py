@@ -399,7 +399,7 @@ def test_cli_resume_of_another_run_is_one_clear_error(tmp_path):
     assert result.exit_code == 1
     error = [line for line in result.output.splitlines() if line.startswith("Error: ")]
     assert len(error) == 1 and "belongs to another run" in error[0]
-    assert "kernels differ" in error[0] and "learning rate: checkpointed 0.001, now 0.5" in error[0]
+    assert "kernels differ" in error[0] and "learning rate: checkpointed auto, now 0.5" in error[0]
     assert not (tmp_path / "b.ft.keras").exists()
 
 
@@ -509,3 +509,59 @@ def test_resumed_dropout_state_does_not_depend_on_what_else_the_process_made(tmp
     assert resumed.history == straight.history
     for a, b in zip(resumed.model.get_weights(), straight.model.get_weights()):
         np.testing.assert_array_equal(a, b)
+
+
+def _adam_rate(result):
+    """The learning rate the run's optimizer started from (its compile note, also checked
+    against the optimizer's schedule)."""
+    note = next(n for n in result.notes if n.startswith("optimizer Adam, learning rate "))
+    rate = float(note.split("learning rate ")[1].split(",")[0])
+    schedule = result.model.optimizer.get_config()["learning_rate"]
+    if isinstance(schedule, dict):   # the cosine decay's config
+        assert schedule["config"]["initial_learning_rate"] == pytest.approx(rate)
+    return rate
+
+
+def test_auto_learning_rate_reads_the_starts_training_loss():
+    """learning_rate="auto" (the default): the shipped LeNet-5 fits its training data (loss about
+    2e-4), so it gets the small rate; an untrained model (loss about ln 3) the large one; the
+    measured loss is the mean over the training examples, computed independently here."""
+    from graphswap.research import recovery
+
+    fitted = gsio.load_model(SAMPLE_MODEL)
+    train = load_data(SAMPLE_DATA, fitted, split="train")
+    loss, count = recovery.start_training_loss(fitted, train, "sparse_categorical_crossentropy")
+    with np.load(SAMPLE_DATA) as data:
+        x, y = data["x_train"].astype(np.float32), data["y_train"]
+    probabilities = np.asarray(fitted(x, training=False), dtype=np.float64)
+    want = float(np.mean(-np.log(probabilities[np.arange(len(y)), y])))
+    assert count == len(y)
+    assert abs(loss - want) <= 1e-3 * want + 1e-7
+    assert loss <= recovery.FITTED_LOSS
+    result = finetune(fitted, SAMPLE_DATA, epochs=1, seed=0, verbose=0)
+    assert _adam_rate(result) == pytest.approx(recovery.FITTED_LEARNING_RATE)
+    assert any(n.startswith("learning rate auto: 0.0001 (training loss") and
+               "the model still fits its training data" in n for n in result.notes)
+
+    x_small, y_small = small_data()
+    untrained = small_model(seed=3)
+    result = finetune(untrained, (x_small, y_small), epochs=1, batch_size=8, seed=0, verbose=0)
+    assert _adam_rate(result) == pytest.approx(recovery.UNFITTED_LEARNING_RATE)
+    assert any("> 0.03: the products cost the model its fit" in n for n in result.notes)
+
+
+def test_auto_learning_rate_outside_cross_entropy_and_fixed_rates():
+    from graphswap.research import recovery
+
+    x, y = small_data()
+    model = small_model(compiled=False)
+    model.compile(loss="mean_squared_error")   # a loss whose scale the threshold is not for
+    result = finetune(model, (x, np.eye(3)[y]), epochs=1, batch_size=8, seed=0, verbose=0)
+    assert _adam_rate(result) == pytest.approx(recovery.UNFITTED_LEARNING_RATE)
+    assert any("is not a cross-entropy" in n for n in result.notes)
+    fixed = finetune(small_model(), (x, y), epochs=1, batch_size=8, learning_rate="0.02",
+                     seed=0, verbose=0)
+    assert _adam_rate(fixed) == pytest.approx(0.02)
+    assert not any(n.startswith("learning rate auto") for n in fixed.notes)
+    with pytest.raises(GraphswapError, match="learning rate must be a number or 'auto', got 'fast'"):
+        finetune(small_model(), (x, y), learning_rate="fast")

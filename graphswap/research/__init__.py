@@ -14,22 +14,25 @@ from graphswap.research.data import Data, ModelExpectation, model_expectation
 from graphswap.research.evaluation import EvaluationResult, evaluate
 from graphswap.research.exploration import explore
 from graphswap.research.explore_result import ExploreResult
-from graphswap.research.finetuning import (CompileSettings, FinetuneResult, compile_settings,
-                                         finetune, format_history, swapped_layers)
+from graphswap.research.finetuning import (CompileSettings, FinetuneResult, check_learning_rate,
+                                         compile_settings, finetune, format_history,
+                                         swapped_layers)
 from graphswap.research.loading import load_data
-from graphswap.research.recovery import (DEFAULT_BIAS_CORRECTION, DEFAULT_LEARNING_RATE,
-                                         DEFAULT_SCHEDULE, SCHEDULES, calibration_arrays,
-                                         compensate_bias, make_optimizer, recalibrate_batchnorm)
+from graphswap.research.recovery import (AUTO_LEARNING_RATE, DEFAULT_BIAS_CORRECTION,
+                                         DEFAULT_LEARNING_RATE, DEFAULT_SCHEDULE, SCHEDULES,
+                                         auto_learning_rate, calibration_arrays, compensate_bias,
+                                         make_optimizer, recalibrate_batchnorm)
 from graphswap.research.saliency import (SaliencyResult, input_gradients, load_sample,
                                          saliency_map, write_saliency_png)
 from graphswap.research.strategies import STRATEGIES, is_chief, resolve_strategy
 from graphswap.research.sweeping import SweepResult, parse_power_options, sweep
 
 __all__ = ["Circuit", "CircuitLibrary", "ExploreResult", "explore", "load_library",
-           "DEFAULT_BIAS_CORRECTION", "DEFAULT_LEARNING_RATE", "DEFAULT_SCHEDULE", "SCHEDULES",
-           "calibration_arrays", "compensate_bias", "make_optimizer", "recalibrate_batchnorm",
-           "CompileSettings", "Data", "EvaluationResult", "FinetuneResult", "ModelExpectation",
-           "STRATEGIES", "SaliencyResult", "SweepResult", "compile_settings", "evaluate",
+           "AUTO_LEARNING_RATE", "DEFAULT_BIAS_CORRECTION", "DEFAULT_LEARNING_RATE",
+           "DEFAULT_SCHEDULE", "SCHEDULES", "auto_learning_rate", "calibration_arrays",
+           "compensate_bias", "make_optimizer", "recalibrate_batchnorm", "CompileSettings",
+           "Data", "EvaluationResult", "FinetuneResult", "ModelExpectation", "STRATEGIES",
+           "SaliencyResult", "SweepResult", "check_learning_rate", "compile_settings", "evaluate",
            "finetune", "format_history", "input_gradients", "is_chief", "load_data",
            "load_sample", "model_expectation", "parse_power_options", "resolve_strategy",
            "saliency_map", "swapped_layers", "sweep", "write_saliency_png"]

@@ -20,7 +20,8 @@ import numpy as np
 
 from graphswap.errors import DataError, GraphswapError
 from graphswap.io import atomic_output, load_model
-from graphswap.research.finetuning import compile_settings, finetune, swapped_layers
+from graphswap.research.finetuning import (check_learning_rate, compile_settings, finetune,
+                                           swapped_layers)
 from graphswap.research.loading import load_data
 from graphswap.research.recovery import DEFAULT_LEARNING_RATE, prepared_rewrite_options
 from graphswap.research.scoring import classification_metrics, predict, takes_logits
@@ -144,7 +145,7 @@ class EvaluationResult:
 
 
 def evaluate(model, data, kernels=None, *, finetune_data=None, epochs: int = 1,
-             batch_size: int = 128, learning_rate: float = DEFAULT_LEARNING_RATE,
+             batch_size: int = 128, learning_rate: float | str = DEFAULT_LEARNING_RATE,
              seed: int | None = 0,
              include=None, exclude=None, backward: str = "native", split: str | None = "test",
              finetune_split: str | None = "train", resize: bool = False, pad: bool = False,
@@ -173,9 +174,7 @@ def evaluate(model, data, kernels=None, *, finetune_data=None, epochs: int = 1,
         # the fine-tuning settings are checked before any evaluation work, not after it
         if epochs < 1:
             raise GraphswapError(f"epochs must be at least 1, got {epochs}")
-        if learning_rate is not None and not learning_rate >= 0:
-            raise GraphswapError(f"learning rate must be positive (or 0 to freeze the weights), "
-                                 f"got {learning_rate}")
+        learning_rate = check_learning_rate(learning_rate)
     if isinstance(model, (str, os.PathLike)):
         model = load_model(model, custom_objects=custom_objects, safe_mode=safe_mode)
     test = load_data(data, model, split=split, resize=resize, pad=pad, scale=scale,

@@ -28,7 +28,8 @@ from graphswap.errors import DataError, GraphswapError, OutputPathError
 from graphswap.io import check_model_output_path, load_model, save_model
 from graphswap.research.data import translate_errors
 from graphswap.research.loading import load_data
-from graphswap.research.recovery import (DEFAULT_LEARNING_RATE, DEFAULT_SCHEDULE, has_batchnorm,
+from graphswap.research.recovery import (AUTO_LEARNING_RATE, DEFAULT_LEARNING_RATE,
+                                         DEFAULT_SCHEDULE, auto_learning_rate, has_batchnorm,
                                          make_optimizer, recalibrate_batchnorm)
 from graphswap.research.checkpoints import (CHECKPOINT_BEST, CHECKPOINT_LAST, CheckpointTracker,
                                             read_checkpoint_state)
@@ -167,8 +168,24 @@ class _Notes(list):
             self.append(note)
 
 
+def check_learning_rate(value):
+    """A learning rate argument: "auto", None (the optimizer's own), or a number >= 0 (0 freezes
+    the weights); numbers given as text (the CLI's) become floats."""
+    if value is None or value == AUTO_LEARNING_RATE:
+        return value
+    try:
+        rate = float(value)
+    except (TypeError, ValueError):
+        raise GraphswapError(f"learning rate must be a number or {AUTO_LEARNING_RATE!r}, got "
+                             f"{value!r}") from None
+    if not rate >= 0:   # also refuses NaN
+        raise GraphswapError(f"learning rate must be positive (or 0 to freeze the weights), got "
+                             f"{value}")
+    return rate
+
+
 def finetune(model, data, *, val_data=None, val_split: float | None = None, epochs: int = 1,
-             batch_size: int = 128, learning_rate: float | None = DEFAULT_LEARNING_RATE,
+             batch_size: int = 128, learning_rate: float | str | None = DEFAULT_LEARNING_RATE,
              optimizer="adam", schedule: str = DEFAULT_SCHEDULE, recalibrate_bn=None,
              strategy=None, checkpoint_dir=None, resume: bool = False,
              patience: int | None = None, monitor: str | None = None,
@@ -187,8 +204,10 @@ def finetune(model, data, *, val_data=None, val_split: float | None = None, epoc
       val_split: hold out this fraction of `data` (seeded) for validation instead of val_data.
       epochs: total epoch count (a resumed run continues up to it).
       learning_rate / optimizer / schedule: a fresh optimizer for an un-resumed run - the default
-        recipe is Adam, 1e-3, decayed by a cosine to 0 over the run (schedule "cosine"; or
-        "constant"); see graphswap.research.recovery and docs/RECOVERY.md.
+        recipe is Adam decayed by a cosine to 0 over the run (schedule "cosine"; or "constant"),
+        learning rate "auto": 1e-4 when the start's training loss shows it still fits its
+        training data, else 1e-3 (graphswap.research.auto_learning_rate; a number fixes it);
+        see graphswap.research.recovery and docs/RECOVERY.md.
       recalibrate_bn: re-estimate the BatchNormalization statistics with the approximate forward
         (no gradient steps) before and after training; None (default): after training, for
         models that have BatchNormalization.  With epochs=0 only the re-estimation runs.
@@ -213,9 +232,7 @@ def finetune(model, data, *, val_data=None, val_split: float | None = None, epoc
                              f"recalibrate_bn=True / --recalibrate-bn), got {epochs}")
     if batch_size < 1:
         raise GraphswapError(f"batch size must be at least 1, got {batch_size}")
-    if learning_rate is not None and not learning_rate >= 0:  # also refuses NaN; 0 freezes
-        raise GraphswapError(f"learning rate must be positive (or 0 to freeze the weights), got "
-                             f"{learning_rate}")
+    learning_rate = check_learning_rate(learning_rate)
     if val_data is not None and val_split is not None:
         raise GraphswapError("pass either validation data or a validation split, not both")
     if patience is not None and patience < 1:
@@ -282,14 +299,18 @@ def finetune(model, data, *, val_data=None, val_split: float | None = None, epoc
             settings = compile_settings(source_model, train.label_format)
             notes.append(settings.note)
             trained = copy_model(source_model)
+            rate = learning_rate   # the run's fingerprint keeps what was asked ("auto")
+            if rate == AUTO_LEARNING_RATE:
+                rate, note = auto_learning_rate(trained, train, settings.loss, batch_size)
+                notes.append(note)
             steps = -(-len(train) // batch_size) * epochs if len(train) else None
-            trained.compile(optimizer=make_optimizer(optimizer, learning_rate, schedule, steps),
+            trained.compile(optimizer=make_optimizer(optimizer, rate, schedule, steps),
                             loss=settings.loss, metrics=settings.metrics)
-            if learning_rate is not None:
+            if rate is not None:
                 decay = (f", cosine decay to 0 over {steps} steps"
                          if schedule == "cosine" and steps else "")
                 notes.append(f"optimizer {type(trained.optimizer).__name__}, learning rate "
-                             f"{learning_rate:g}{decay}")
+                             f"{rate:g}{decay}")
     swapped = swapped_layers(trained)
     if swapped:
         kernels = sorted(set(swapped.values()))

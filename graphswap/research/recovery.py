@@ -11,15 +11,16 @@ The mechanisms are graphswap.swap.calibration / graphswap.swap.compensation; the
 loading (the model's own input fitting and scaling, graphswap.research.loading) on top.
 
 Fine-tuning recipe (graphswap finetune's defaults; chosen from the measurements in
-docs/RECOVERY.md, reproduced by benchmarks/recovery_table.py --sections recipes): Adam, learning
-rate DEFAULT_LEARNING_RATE (1e-3) decayed by a cosine to 0 over the run (`schedule="cosine"`),
-batch 128, and for models with BatchNormalization the statistics re-estimated with the
-approximate forward after training (the moving averages Keras keeps during 1-3 short epochs lag
-behind the weights).  Of the recipes measured (Adam 1e-4 constant - the former default -, and
-1e-4, 3e-4, 1e-3 with cosine decay), it has the highest mean accuracy after 1 and after 3 epochs
-over the multipliers and models measured, and it is the only one that brings the severe signed
-multiplier on the BN model within 3 points in 3 epochs; medium multipliers do slightly better after
-1 epoch with 1e-4 (see the recipes table).
+docs/RECOVERY.md, reproduced by benchmarks/recovery_table.py --sections recipes): Adam, decayed by
+a cosine to 0 over the run (`schedule="cosine"`), batch 128, learning rate "auto"
+(auto_learning_rate: 1e-4 when the start's training loss shows it still fits its training data,
+1e-3 when the products cost it the fit), and for models with BatchNormalization the statistics
+re-estimated with the approximate forward after training (the moving averages Keras keeps during
+1-3 short epochs lag behind the weights).  Of the recipes measured (Adam 1e-4 constant - the first
+default -, 1e-4, 3e-4, 1e-3 with cosine decay - the second -, and auto), a fixed 1e-3 is the only
+one that brings the severe signed multiplier within 3 points in 3 epochs, but it moves a model
+that already fits by 2-3 test images in one epoch; auto takes 1e-3 for exactly the starts that
+need it (see the recipes table).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from __future__ import annotations
 import keras
 import numpy as np
 
-from graphswap.errors import GraphswapError
+from graphswap.errors import DataError, GraphswapError
 from graphswap.research.data import translate_errors
 from graphswap.research.loading import load_data
 from graphswap.swap import (DEFAULT_CALIBRATION_SAMPLES, DEFAULT_COMPENSATION,
@@ -37,7 +38,17 @@ from graphswap.swap import (DEFAULT_CALIBRATION_SAMPLES, DEFAULT_COMPENSATION,
 DEFAULT_BIAS_CORRECTION = DEFAULT_COMPENSATION
 SCHEDULES = ("constant", "cosine")
 DEFAULT_SCHEDULE = "cosine"
-DEFAULT_LEARNING_RATE = 1e-3
+AUTO_LEARNING_RATE = "auto"
+DEFAULT_LEARNING_RATE = AUTO_LEARNING_RATE
+# "auto": the start's mean training loss (cross-entropy) decides.  At or below FITTED_LOSS the model
+# still fits its training data and Adam's steps - about the learning rate per weight, whatever the
+# gradient's size - would mostly add noise; above it the products cost the fit and large steps pay.
+# Measured (docs/RECOVERY.md, recipes): starts of the shipped models after calibration and
+# compensation lie at 0.0002-0.019 or at 0.046-0.65, nothing between.
+FITTED_LOSS = 0.03
+FITTED_LEARNING_RATE = 1e-4
+UNFITTED_LEARNING_RATE = 1e-3
+AUTO_LOSS_SAMPLES = 2048
 
 
 def calibration_arrays(source, model, samples: int = DEFAULT_CALIBRATION_SAMPLES,
@@ -81,6 +92,43 @@ def compensate_bias(model, data, samples: int = DEFAULT_CALIBRATION_SAMPLES,
     training); `data` as for calibration_arrays, methods as graphswap.swap.compensate_bias."""
     x = calibration_arrays(data, model, samples, name="bias compensation data", **loading)
     return compensate_layers(model, x, samples=samples, method=method)
+
+
+def start_training_loss(model, data, loss, batch_size: int = 128) -> tuple[float, int]:
+    """(mean `loss`, examples) of `model` (inference mode) over the first AUTO_LOSS_SAMPLES
+    examples of `data` (graphswap.research.data.Data)."""
+    loss_fn = keras.losses.get(loss) if isinstance(loss, str) else loss
+    total, count = 0.0, 0
+    with translate_errors(data):
+        for x, y in data.as_dataset(batch_size):
+            value = np.asarray(loss_fn(y, model(x, training=False)), dtype=np.float64)
+            n = int(np.shape(x)[0])
+            total += float(value.mean()) * n
+            count += n
+            if count >= AUTO_LOSS_SAMPLES:
+                break
+    if count == 0:
+        raise DataError("the training data produced no batches")
+    return total / count, count
+
+
+def auto_learning_rate(model, data, loss, batch_size: int = 128) -> tuple[float, str]:
+    """(learning rate, note) for learning_rate="auto": FITTED_LEARNING_RATE when `model`'s
+    start_training_loss is at most FITTED_LOSS, else UNFITTED_LEARNING_RATE; losses other than
+    cross-entropies (whose scale the threshold does not fit) get UNFITTED_LEARNING_RATE."""
+    name = (loss if isinstance(loss, str) else
+            getattr(loss, "name", None) or getattr(loss, "__name__", type(loss).__name__))
+    if "crossentropy" not in str(name).lower().replace("_", ""):
+        return UNFITTED_LEARNING_RATE, (
+            f"learning rate auto: {UNFITTED_LEARNING_RATE:g} (the loss {name} is not a "
+            f"cross-entropy, whose scale the automatic choice is measured for)")
+    mean, count = start_training_loss(model, data, loss, batch_size)
+    fitted = mean <= FITTED_LOSS
+    rate = FITTED_LEARNING_RATE if fitted else UNFITTED_LEARNING_RATE
+    reason = ("the model still fits its training data" if fitted else
+              "the products cost the model its fit")
+    return rate, (f"learning rate auto: {rate:g} (training loss {mean:.4f} at the start on "
+                  f"{count} examples, {'<=' if fitted else '>'} {FITTED_LOSS:g}: {reason})")
 
 
 def make_optimizer(optimizer, learning_rate, schedule: str = "constant", steps: int | None = None):
