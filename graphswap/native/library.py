@@ -289,10 +289,6 @@ class KernelLibrary:
                     self._conv(_ptr(x, _f32p), _ptr(w, _f32p), _ptr(out, _f32p), ctypes.byref(params)))
         return out
 
-    @property
-    def has_channel_affine(self) -> bool:
-        return self._channel_affine is not None
-
     def channel_affine_(self, y: np.ndarray, gain=None, shift=None, relu=False) -> np.ndarray:
         """y * gain + shift over the last axis (None: 1 / 0), then max(y, 0) with `relu`, in one
         pass: in place when y is a writable C-contiguous float32 array, else on a copy; returns

@@ -199,13 +199,18 @@ class QuantizedLayerMixin:
             return scheme, tf.identity(updated)
         return scheme, tf.identity(current)
 
+    def _correction(self, dtype):
+        """(gain, offset) of the output correction as `dtype` tensors, or (None, None) when the
+        layer has none (a float kernel, or not built yet)."""
+        if self._gs_state is None or not getattr(self.arithmetic, "quantizes", False):
+            return None, None
+        return (tf.cast(self._gs_state["gain"], dtype),
+                tf.cast(self._gs_state["offset"], dtype))
+
     def _output_epilogue(self, bias=None):
         """(gain, shift) float32 tensors (or None) for an op that applies its product's epilogue
         itself: y * gain + (offset + bias) - the output correction and the bias in one pass."""
-        gain = shift = None
-        if self._gs_state is not None and getattr(self.arithmetic, "quantizes", False):
-            gain = tf.cast(self._gs_state["gain"], tf.float32)
-            shift = tf.cast(self._gs_state["offset"], tf.float32)
+        gain, shift = self._correction(tf.float32)
         if bias is not None:
             bias = tf.cast(bias, tf.float32)
             shift = bias if shift is None else shift + bias
@@ -213,8 +218,5 @@ class QuantizedLayerMixin:
 
     def _correct_outputs(self, y):
         """y * gain + offset over the last (channel) axis."""
-        if self._gs_state is None or not getattr(self.arithmetic, "quantizes", False):
-            return y
-        gain = tf.cast(self._gs_state["gain"], y.dtype)
-        offset = tf.cast(self._gs_state["offset"], y.dtype)
-        return y * gain + offset
+        gain, offset = self._correction(y.dtype)
+        return y if gain is None else y * gain + offset

@@ -89,9 +89,14 @@ DEFINE_ROWS(rows_avx512, 16, __attribute__((target("avx512f,avx512bw,avx512vl,av
 DEFINE_ROWS(rows_avx2, 8, __attribute__((target("avx2"))))
 DEFINE_ROWS(rows_scalar, 4, )
 
-static int64_t vector_length(void)
+typedef void (*rows_fn_t)(ROWS_ARGS);
+
+/* The path's row function and its vector length (the padded rows depend on it), chosen together. */
+static rows_fn_t rows_for_isa(int64_t *vector_length)
 {
-    return gs_isa() >= GS_ISA_AVX512 ? 16 : gs_isa() >= GS_ISA_AVX2 ? 8 : 4;
+    const gs_isa_level isa = gs_isa();
+    *vector_length = isa >= GS_ISA_AVX512 ? 16 : isa >= GS_ISA_AVX2 ? 8 : 4;
+    return isa >= GS_ISA_AVX512 ? rows_avx512 : isa >= GS_ISA_AVX2 ? rows_avx2 : rows_scalar;
 }
 
 int32_t gs_conv_single_channel(const float *input, const float *filter, float *output,
@@ -99,7 +104,9 @@ int32_t gs_conv_single_channel(const float *input, const float *filter, float *o
 {
     const int64_t FH = P->filter_height, FW = P->filter_width, cout = P->out_channels;
     const int64_t blocks = (cout + OCB - 1) / OCB, rows = P->batch * P->out_height;
-    const int64_t vl = vector_length(), chunks = (P->out_width + vl - 1) / vl;
+    int64_t vl;
+    const rows_fn_t rows_fn = rows_for_isa(&vl);
+    const int64_t chunks = (P->out_width + vl - 1) / vl;
     /* a padded row covers every vector load: chunks * vl pixels plus the filter's reach */
     const int64_t lw = chunks * vl + (FW - 1) * P->dilation_width;
     float *wpad = (float *)gs_alloc(FH * FW * blocks * OCB * (int64_t)sizeof(float));
@@ -109,8 +116,6 @@ int32_t gs_conv_single_channel(const float *input, const float *filter, float *o
         for (int64_t oc = 0; oc < cout; ++oc)
             wpad[(tap * blocks + oc / OCB) * OCB + oc % OCB] = filter[tap * cout + oc];
 
-    void (*rows_fn)(ROWS_ARGS) = gs_isa() >= GS_ISA_AVX512 ? rows_avx512
-                                 : gs_isa() >= GS_ISA_AVX2 ? rows_avx2 : rows_scalar;
     const double flops = 2.0 * (double)rows * (double)P->out_width * (double)(FH * FW) * (double)cout;
     int nt = gs_threads_for(flops, GS_SINGLE_MIN_FLOPS_PER_THREAD);
     if (nt > rows) nt = (int)(rows > 0 ? rows : 1);
