@@ -106,23 +106,31 @@ CONV_CASES = [
     ((2, 20, 20, 8), (3, 3, 8, 12), (3, 2), (2, 2), "same", 1),
     ((1, 12, 12, 64), (3, 3, 64, 128), (1, 1), (1, 1), "same", 1),   # big filter: blocked expansion
     ((0, 5, 5, 2), (3, 3, 2, 4), (1, 1), (1, 1), "same", 1),
+    # one channel (the tap-by-tap gather): padding and height dilation; strides; output rows
+    # wider than a 64-pixel group
+    ((2, 11, 13, 1), (3, 5, 1, 7), (1, 1), (2, 1), "same", 1),
+    ((2, 10, 9, 1), (3, 3, 1, 5), (2, 2), (1, 1), "same", 1),
+    ((1, 4, 72, 1), (3, 3, 1, 4), (1, 1), (1, 1), "valid", 1),
 ]
 
 
 @pytest.mark.parametrize("case", CONV_CASES, ids=lambda c: f"{c[0]}x{c[1]}s{c[2]}d{c[3]}{c[4]}g{c[5]}")
 @pytest.mark.parametrize("magnitude", [2 ** 16, 2 ** 31 - 1])
-def test_lut_conv2d_bit_exact(lib, case, magnitude):
-    """2^31-1 entries leave no room for int32 runs: the direct path with per-term flushes."""
+def test_lut_conv2d_bit_exact(each_isa, case, magnitude):
+    """2^31-1 entries leave no room for int32 runs: the direct path with per-term flushes.  Every
+    instruction-set path this CPU runs gives the reference's sums."""
     xs, ws, strides, dilations, padding, groups = case
     g = conv_geometry(xs, ws, strides, dilations, padding, groups)
     x = RNG.integers(0, 256, xs, dtype=np.uint8)
     w = RNG.integers(0, 256, ws, dtype=np.uint8)
     table = random_table(magnitude)
     pad_code = int(RNG.integers(0, 256))
-    acc, sums = lib.lut_conv2d(x, w, table, pad_code, g, window_sums=True)
     ref_acc, ref_sums = numpy_lut_conv(x, w, table, pad_code, g)
-    np.testing.assert_array_equal(acc, ref_acc)
-    np.testing.assert_array_equal(sums, ref_sums)
+    for isa in each_isa.supported_isas:
+        each_isa.set_isa(isa)
+        acc, sums = each_isa.lut_conv2d(x, w, table, pad_code, g, window_sums=True)
+        np.testing.assert_array_equal(acc, ref_acc, err_msg=isa)
+        np.testing.assert_array_equal(sums, ref_sums, err_msg=isa)
 
 
 # ---------------------------------------------------------------------------- LutKernel vs reference

@@ -30,25 +30,26 @@
 
 #define RUN 256
 
-/* Flushes accumulators (W, O) of plane sums for 64 rows into dst[lane] (uint32 row sums, added). */
+/* Flushes accumulators (W, O) of plane sums for 64 rows into dst[lane] (uint32 row sums, added).
+ * W's word w holds lane 2w's sum + 256 x lane 2w+1's (mod 2^16), O's word w lane 2w+1's sum: the
+ * even sums are W - 256 O; one word permute per 32 rows puts both back in lane order. */
 static inline void flush_plane(__m512i W, __m512i O, int shift, uint32_t *dst)
 {
-    const __m512i even = _mm512_sub_epi16(W, _mm512_slli_epi16(O, 8)); /* word w: sum of lane 2w */
-    /* interleave back to lane order: lane 2w <- even[w], lane 2w+1 <- O[w]; as 32-bit values */
-    const __m512i ev_lo = _mm512_cvtepu16_epi32(_mm512_castsi512_si256(even));
-    const __m512i ev_hi = _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(even, 1));
-    const __m512i od_lo = _mm512_cvtepu16_epi32(_mm512_castsi512_si256(O));
-    const __m512i od_hi = _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(O, 1));
-    /* ev_lo holds rows 0,2,..,30; od_lo rows 1,3,..,31: unpack by 32-bit lanes across 128-bit
-     * lanes is awkward, so go through memory (once per 256 terms, cheap) */
-    uint32_t e[32], o[32];
-    _mm512_storeu_si512((__m512i *)e, _mm512_slli_epi32(ev_lo, shift));
-    _mm512_storeu_si512((__m512i *)(e + 16), _mm512_slli_epi32(ev_hi, shift));
-    _mm512_storeu_si512((__m512i *)o, _mm512_slli_epi32(od_lo, shift));
-    _mm512_storeu_si512((__m512i *)(o + 16), _mm512_slli_epi32(od_hi, shift));
-    for (int w = 0; w < 32; ++w) {
-        dst[2 * w] += e[w];
-        dst[2 * w + 1] += o[w];
+    const __m512i even = _mm512_sub_epi16(W, _mm512_slli_epi16(O, 8));
+    /* word i of `first`: lane i (i < 32) = even[i/2] or O[i/2]; `second` likewise for lanes 32-63 */
+    const __m512i interleave_lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8,
+                                                   39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+    const __m512i interleave_hi = _mm512_add_epi16(interleave_lo, _mm512_set1_epi16(16));
+    const __m512i first = _mm512_permutex2var_epi16(even, interleave_lo, O);
+    const __m512i second = _mm512_permutex2var_epi16(even, interleave_hi, O);
+    const __m512i parts[4] = {_mm512_cvtepu16_epi32(_mm512_castsi512_si256(first)),
+                              _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(first, 1)),
+                              _mm512_cvtepu16_epi32(_mm512_castsi512_si256(second)),
+                              _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(second, 1))};
+    for (int i = 0; i < 4; ++i) {
+        const __m512i old = _mm512_loadu_si512((const void *)(dst + 16 * i));
+        _mm512_storeu_si512((void *)(dst + 16 * i),
+                            _mm512_add_epi32(old, _mm512_sll_epi32(parts[i], _mm_cvtsi32_si128(shift))));
     }
 }
 
@@ -165,7 +166,8 @@ static inline __attribute__((always_inline)) void column(const uint8_t *a, int64
                                                          const int P, uint32_t *sums32, int64_t *sums64)
 {
     const int RMAX = P == 3 ? 2 : 4;
-    for (int64_t i = 0; i < groups * 64; ++i) sums64[i] = 0;
+    if (terms == 0)
+        for (int64_t i = 0; i < groups * 64; ++i) sums64[i] = 0;
     for (int64_t k0 = 0; k0 < terms; k0 += RUN) {
         const int64_t k1 = terms - k0 < RUN ? terms : k0 + RUN;
         memset(sums32, 0, (size_t)(groups * 64) * sizeof(uint32_t));
@@ -190,11 +192,46 @@ static inline __attribute__((always_inline)) void column(const uint8_t *a, int64
             default: column_run(ag, K * 64, codes + k0, ko + k0, k1 - k0, planes, P, 1, s); break;
             }
         }
-        for (int64_t i = 0; i < groups * 64; ++i) sums64[i] += sums32[i];
+        if (k0 == 0) /* the first run sets the sums */
+            for (int64_t i = 0; i < groups * 64; ++i) sums64[i] = sums32[i];
+        else
+            for (int64_t i = 0; i < groups * 64; ++i) sums64[i] += sums32[i];
     }
 }
 
 #define COLS 8 /* columns whose sums are written out together (one cache line per row) */
+
+/* out[r * ld + c] = sums[c * GS_LUT_ROWS + r] + offset for c < w <= 8, r < rows: 8 x 8 transposes
+ * of int64 (unpack within 128-bit lanes, then two rounds of 128-bit lane shuffles). */
+static void write_columns(const int64_t *sums, int64_t w, int64_t rows, int64_t offset, int64_t *out, int64_t ld)
+{
+    const __mmask8 m = (__mmask8)((1u << w) - 1);
+    const __m512i off = _mm512_set1_epi64(offset);
+    int64_t r0 = 0;
+    for (; r0 + 8 <= rows; r0 += 8) {
+        __m512i v[8], t[8], u[8];
+        for (int c = 0; c < 8; ++c)
+            v[c] = c < w ? _mm512_loadu_si512((const void *)(sums + c * GS_LUT_ROWS + r0)) : _mm512_setzero_si512();
+        for (int c = 0; c < 8; c += 2) {
+            t[c] = _mm512_unpacklo_epi64(v[c], v[c + 1]);     /* rows 0,2,4,6 of columns c, c+1 */
+            t[c + 1] = _mm512_unpackhi_epi64(v[c], v[c + 1]); /* rows 1,3,5,7 */
+        }
+        for (int h = 0; h < 8; h += 4) {
+            u[h] = _mm512_shuffle_i64x2(t[h], t[h + 2], 0x88);     /* rows 0, 4 of 4 columns */
+            u[h + 1] = _mm512_shuffle_i64x2(t[h + 1], t[h + 3], 0x88); /* rows 1, 5 */
+            u[h + 2] = _mm512_shuffle_i64x2(t[h], t[h + 2], 0xDD);     /* rows 2, 6 */
+            u[h + 3] = _mm512_shuffle_i64x2(t[h + 1], t[h + 3], 0xDD); /* rows 3, 7 */
+        }
+        for (int i = 0; i < 4; ++i) {
+            const __m512i lo = _mm512_shuffle_i64x2(u[i], u[i + 4], 0x88); /* row i */
+            const __m512i hi = _mm512_shuffle_i64x2(u[i], u[i + 4], 0xDD); /* row i + 4 */
+            _mm512_mask_storeu_epi64(out + (r0 + i) * ld, m, _mm512_add_epi64(lo, off));
+            _mm512_mask_storeu_epi64(out + (r0 + i + 4) * ld, m, _mm512_add_epi64(hi, off));
+        }
+    }
+    for (; r0 < rows; ++r0)
+        for (int64_t c = 0; c < w; ++c) out[r0 * ld + c] = sums[c * GS_LUT_ROWS + r0] + offset;
+}
 
 void gs_lut_kernel_avx512(const gs_lut_args *p)
 {
@@ -223,10 +260,7 @@ void gs_lut_kernel_avx512(const gs_lut_args *p)
             default: column(p->a, K, groups, codes, ko, terms, p->t->plane_data, 3, sums32, s64); break;
             }
         }
-        for (int64_t r = 0; r < p->rows; ++r) {
-            int64_t *out = p->acc + r * p->ldacc + j0;
-            for (int64_t c = 0; c < w; ++c) out[c] = sums64[c * GS_LUT_ROWS + r] + offset;
-        }
+        write_columns(sums64, w, p->rows, offset, p->acc + j0, p->ldacc);
     }
 }
 
@@ -345,32 +379,47 @@ int gs_quantize_span_avx512(const float *src, int64_t n, const double *scale, co
  * nearest like the C conversions)
  * ------------------------------------------------------------------------------------------------ */
 
-void gs_epilogue_row_avx512(const gs_epilogue *e, const int64_t *acc, int64_t n, int64_t rsum, float *out)
+/* One chunk of at most 8 columns (mask m) of one row. */
+static inline __m256 epilogue8(const gs_epilogue *e, __m512i v, int64_t j, __mmask8 m, __m512i vr, __m512i vza,
+                               __m512i vkza)
 {
-    const __m512i vr = _mm512_set1_epi64(rsum), vza = _mm512_set1_epi64(e->za);
-    const __m512i vkza = _mm512_set1_epi64(e->K * e->za);
-    const __m256 nan8 = _mm256_set1_ps(__builtin_nanf(""));
-    int64_t j = 0;
-    for (; j + 8 <= n; j += 8) {
-        __m512i v = _mm512_loadu_si512((const void *)(acc + j));
-        if (e->is_unsigned) {
-            const __m512i z = _mm512_cvtepi32_epi64(_mm256_loadu_si256((const __m256i *)(e->zero + j)));
-            const __m512i cs = _mm512_loadu_si512((const void *)(e->colsum + j));
-            v = _mm512_sub_epi64(v, _mm512_mullo_epi64(z, vr));
-            v = _mm512_sub_epi64(v, _mm512_mullo_epi64(vza, cs));
-            v = _mm512_add_epi64(v, _mm512_mullo_epi64(vkza, z));
-        }
-        __m256 y = _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_loadu_pd(e->sasb + j), _mm512_cvtepi64_pd(v)));
-        if (e->bias) y = _mm256_add_ps(y, _mm256_loadu_ps(e->bias + j));
-        const __m128i b8 = _mm_loadl_epi64((const __m128i *)(e->bad + j));
-        const __mmask8 m = (__mmask8)_mm_cmpneq_epi8_mask(b8, _mm_setzero_si128());
-        y = _mm256_mask_blend_ps(m, y, nan8);
-        _mm256_storeu_ps(out + j, y);
+    if (e->is_unsigned) {
+        const __m512i z = _mm512_cvtepi32_epi64(_mm256_maskz_loadu_epi32(m, e->zero + j));
+        const __m512i cs = _mm512_maskz_loadu_epi64(m, e->colsum + j);
+        v = _mm512_sub_epi64(v, _mm512_mullo_epi64(z, vr));
+        v = _mm512_sub_epi64(v, _mm512_mullo_epi64(vza, cs));
+        v = _mm512_add_epi64(v, _mm512_mullo_epi64(vkza, z));
     }
-    if (j < n) {
-        gs_epilogue tail = *e;
-        tail.zero += j, tail.colsum += j, tail.sasb += j, tail.bad += j;
-        if (tail.bias) tail.bias += j;
-        gs_epilogue_row_scalar(&tail, acc + j, n - j, rsum, out + j);
+    __m256 y = _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_maskz_loadu_pd(m, e->sasb + j), _mm512_cvtepi64_pd(v)));
+    if (e->bias) y = _mm256_add_ps(y, _mm256_maskz_loadu_ps(m, e->bias + j));
+    const __m128i b8 = _mm_maskz_loadu_epi8((__mmask16)m, e->bad + j);
+    const __mmask8 bad = (__mmask8)_mm_cmpneq_epi8_mask(b8, _mm_setzero_si128());
+    return _mm256_mask_blend_ps(bad, y, _mm256_set1_ps(__builtin_nanf("")));
+}
+
+void gs_epilogue_rows_avx512(const gs_epilogue *e, const int64_t *acc, int pairs, int64_t rows, int64_t n,
+                             const int64_t *rsums, float *out, int64_t ldout)
+{
+    const __m512i vza = _mm512_set1_epi64(e->za), vkza = _mm512_set1_epi64(e->K * e->za);
+    const __m512i even = _mm512_set_epi64(14, 12, 10, 8, 6, 4, 2, 0);
+    const __m512i odd = _mm512_add_epi64(even, _mm512_set1_epi64(1));
+    const int64_t lda = pairs ? 2 * n : n;
+    for (int64_t r = 0; r < rows; ++r) {
+        const __m512i vr = _mm512_set1_epi64(rsums ? rsums[r] : 0);
+        const int64_t *a = acc + r * lda;
+        for (int64_t j = 0; j < n; j += 8) {
+            const __mmask8 m = n - j >= 8 ? 0xFF : (__mmask8)((1u << (n - j)) - 1);
+            __m512i v;
+            if (pairs) { /* the sign-magnitude column pair (2j, 2j + 1): positive minus negative sums */
+                const __mmask8 m_lo = n - j >= 4 ? 0xFF : (__mmask8)((1u << (2 * (n - j))) - 1);
+                const __mmask8 m_hi = n - j >= 8 ? 0xFF : (n - j > 4 ? (__mmask8)((1u << (2 * (n - j - 4))) - 1) : 0);
+                const __m512i lo = _mm512_maskz_loadu_epi64(m_lo, a + 2 * j);
+                const __m512i hi = _mm512_maskz_loadu_epi64(m_hi, a + 2 * j + 8);
+                v = _mm512_sub_epi64(_mm512_permutex2var_epi64(lo, even, hi), _mm512_permutex2var_epi64(lo, odd, hi));
+            } else {
+                v = _mm512_maskz_loadu_epi64(m, a + j);
+            }
+            _mm256_mask_storeu_ps(out + r * ldout + j, m, epilogue8(e, v, j, m, vr, vza, vkza));
+        }
     }
 }

@@ -41,6 +41,7 @@ typedef struct gs_lut_table {
     int zero_code_free;       /* T[a][0] == tmin for every a: terms with weight code 0 add nothing to
                                * the sums of T - tmin, so the avx512 kernel skips them (half the
                                * terms of sign-magnitude weights' two columns; pruned weights) */
+    int zero_column;          /* some T[a][0] != 0: sign-magnitude sums need gs_sm_combine's terms */
     int refs;                 /* users + 1 while cached */
 } gs_lut_table;
 
@@ -216,27 +217,40 @@ typedef struct gs_epilogue {
     int is_unsigned;
 } gs_epilogue;
 
-static inline void gs_epilogue_row_scalar(const gs_epilogue *e, const int64_t *restrict acc, int64_t n,
-                                          int64_t rsum, float *restrict out)
+static inline float gs_epilogue_value(const gs_epilogue *e, int64_t j, int64_t v, int64_t rsum)
 {
-    for (int64_t j = 0; j < n; ++j) {
-        int64_t v = acc[j];
-        if (e->is_unsigned) v = v - e->zero[j] * rsum - e->za * e->colsum[j] + e->K * e->za * e->zero[j];
-        float y = (float)(e->sasb[j] * (double)v);
-        if (e->bias) y += e->bias[j];
-        out[j] = e->bad[j] ? __builtin_nanf("") : y;
+    if (e->is_unsigned) v = v - e->zero[j] * rsum - e->za * e->colsum[j] + e->K * e->za * e->zero[j];
+    float y = (float)(e->sasb[j] * (double)v);
+    if (e->bias) y += e->bias[j];
+    return e->bad[j] ? __builtin_nanf("") : y;
+}
+
+/* The epilogue of a block: out[r * ldout + j] (r < rows, j < n) from row r of acc, with the row's
+ * code sum rsums[r] (0 when rsums is NULL).  pairs: acc rows hold each column's two sign-magnitude
+ * sums (2n per row, gs_wquant_make_sm) and the column's value is acc[2j] - acc[2j + 1]; else n. */
+static inline void gs_epilogue_rows_scalar(const gs_epilogue *e, const int64_t *restrict acc, int pairs,
+                                           int64_t rows, int64_t n, const int64_t *rsums,
+                                           float *restrict out, int64_t ldout)
+{
+    for (int64_t r = 0; r < rows; ++r) {
+        const int64_t rsum = rsums ? rsums[r] : 0;
+        for (int64_t j = 0; j < n; ++j) {
+            const int64_t v = pairs ? acc[r * 2 * n + 2 * j] - acc[r * 2 * n + 2 * j + 1] : acc[r * n + j];
+            out[r * ldout + j] = gs_epilogue_value(e, j, v, rsum);
+        }
     }
 }
 
-void gs_epilogue_row_avx512(const gs_epilogue *e, const int64_t *acc, int64_t n, int64_t rsum, float *out);
+void gs_epilogue_rows_avx512(const gs_epilogue *e, const int64_t *acc, int pairs, int64_t rows, int64_t n,
+                             const int64_t *rsums, float *out, int64_t ldout);
 
-static inline void gs_epilogue_row(gs_isa_level isa, const gs_epilogue *e, const int64_t *acc, int64_t n,
-                                   int64_t rsum, float *out)
+static inline void gs_epilogue_rows(gs_isa_level isa, const gs_epilogue *e, const int64_t *acc, int pairs,
+                                    int64_t rows, int64_t n, const int64_t *rsums, float *out, int64_t ldout)
 {
     if (isa == GS_ISA_AVX512)
-        gs_epilogue_row_avx512(e, acc, n, rsum, out);
+        gs_epilogue_rows_avx512(e, acc, pairs, rows, n, rsums, out, ldout);
     else
-        gs_epilogue_row_scalar(e, acc, n, rsum, out);
+        gs_epilogue_rows_scalar(e, acc, pairs, rows, n, rsums, out, ldout);
 }
 
 /* Quantized weights: w is K x N row-major (matmul b, or an HWIO filter as taps x out_channels). */
@@ -272,6 +286,9 @@ int32_t gs_wquant_make_sm(const char *fn, const float *w, int64_t K, int64_t N, 
 void gs_sm_combine(const gs_lut_table *t, const gs_wquant *w, int64_t N, const uint8_t *packed,
                    int64_t rows, int64_t k, int64_t j0, int64_t ncols, const int64_t *acc2,
                    int64_t *acc);
+/* Whether T[a][0] != 0 for some a (then the sign-magnitude pairs need gs_sm_combine; otherwise
+ * the epilogue subtracts them itself, gs_epilogue_rows' pairs). */
+int gs_sm_zero_terms(const gs_lut_table *t);
 
 /* Codes of an integer-entry caller (graphswap_lut_matmul / _conv2d): the transposed copy and column
  * sums only. */

@@ -127,19 +127,16 @@ static int32_t run_jobs(const char *fn, const mm_job *J)
         a.acc = acc;
         a.ldacc = width * ncols;
         gs_lut_run(J->isa, &a);
-        if (J->sm) gs_sm_combine(J->t, J->w, J->n, a.a, rows, J->k, j0, ncols, acc, acc);
+        /* sign-magnitude pairs: combined in the epilogue unless code 0 has products to add */
+        const int pairs = J->sm && !gs_sm_zero_terms(J->t);
+        if (J->sm && !pairs) gs_sm_combine(J->t, J->w, J->n, a.a, rows, J->k, j0, ncols, acc, acc);
         /* epilogue: corrections, dequantization, bias, NaN */
         gs_epilogue e = {J->w->zero + j0, J->w->colsum + j0, J->sasb + j0, J->bias ? J->bias + j0 : NULL,
                          J->w->bad + j0, J->za, J->k, J->is_unsigned};
-        for (int64_t r = 0; r < rows; ++r) {
-            const int64_t i = r0 + r;
-            float *crow = J->c + i * J->n + j0;
-            if (J->badrow[i]) {
-                for (int64_t j = 0; j < ncols; ++j) crow[j] = NAN;
-                continue;
-            }
-            gs_epilogue_row(J->isa, &e, acc + r * ncols, ncols, J->rowsum[i], crow);
-        }
+        gs_epilogue_rows(J->isa, &e, acc, pairs, rows, ncols, J->rowsum + r0, J->c + r0 * J->n + j0, J->n);
+        for (int64_t r = 0; r < rows; ++r)
+            if (J->badrow[r0 + r])
+                for (int64_t j = 0; j < ncols; ++j) J->c[(r0 + r) * J->n + j0 + j] = NAN;
     }
     gs_free(scratch);
     return GRAPHSWAP_OK;

@@ -309,12 +309,16 @@ int32_t gs_wquant_make_sm(const char *fn, const float *wf, int64_t K, int64_t N,
     return GRAPHSWAP_OK;
 }
 
+int gs_sm_zero_terms(const gs_lut_table *t)
+{
+    return t->zero_column;
+}
+
 void gs_sm_combine(const gs_lut_table *t, const gs_wquant *w, int64_t N, const uint8_t *packed,
                    int64_t rows, int64_t k, int64_t j0, int64_t ncols, const int64_t *acc2,
                    int64_t *acc)
 {
-    int zero_column = 0;
-    for (int a = 0; a < 256 && !zero_column; ++a) zero_column = t->table[a << 8] != 0;
+    const int zero_column = t->zero_column;
     for (int64_t r = 0; r < rows; ++r) {
         const int64_t *src = acc2 + r * 2 * ncols;
         int64_t *dst = acc + r * ncols;

@@ -39,6 +39,8 @@ static gs_lut_table *table_build(const int32_t *table)
     t->tmax = hi;
     t->zero_code_free = 1;
     for (int a = 0; a < 256; ++a) t->zero_code_free &= table[a << 8] == lo;
+    t->zero_column = 0;
+    for (int a = 0; a < 256; ++a) t->zero_column |= table[a << 8] != 0;
     const int64_t maxabs = -(int64_t)lo > (int64_t)hi ? -(int64_t)lo : (int64_t)hi;
     t->kblock = maxabs == 0 ? INT64_MAX : ((int64_t)INT32_MAX / maxabs > 0 ? (int64_t)INT32_MAX / maxabs : 1);
     for (int a = 0; a < 256; ++a)
