@@ -226,6 +226,33 @@ def test_sign_magnitude_with_a_table_whose_zero_column_is_not_zero():
     np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("kind", ["one byte plane", "two byte planes", "full two planes"])
+def test_sign_magnitude_pairs_over_long_reductions_on_every_isa(each_isa, kind):
+    """The avx512 kernel subtracts each weight column's negative half itself (16-bit wrapping sums
+    read back with an offset): reductions of several 256-term runs mixing both signs, full and
+    partial row groups, 1- and 2-byte tables with T[a, 0] = 0; every path equals the reference."""
+    a_codes, b_codes = np.meshgrid(np.arange(256), np.arange(256), indexing="ij")
+    if kind == "one byte plane":
+        table = (a_codes * b_codes) >> 8
+    elif kind == "two byte planes":
+        table = a_codes * b_codes
+    else:  # bytes up to 255 in both planes: the widest per-term values the sums can see
+        table = RNG.integers(0, 65536, (256, 256))
+        table[:, 0] = 0
+    table = table.reshape(-1)
+    mult = table_multiplier(table, signed=False)
+    a = np.abs(activations((300, 700)))
+    b = RNG.normal(0, 0.2, (700, 11)).astype(np.float32)
+    b[:, 3] = np.abs(b[:, 3])   # a column with positive weights only
+    b[:, 4] = -np.abs(b[:, 4])  # and one with negative weights only
+    mode = {"weights": "sign_magnitude", "granularity": "per_channel", "activation_range": None}
+    want = reference.quantized_matmul(a, b, table, False, mode)
+    for isa in each_isa.supported_isas:
+        each_isa.set_isa(isa)
+        np.testing.assert_array_equal(LutKernel(mult).matmul(a, b, quant=scheme_of(mode)), want,
+                                      err_msg=isa)
+
+
 def test_encodings_that_cannot_run_on_the_multiplier_are_refused():
     a = activations((3, 4))
     b = RNG.normal(0, 0.2, (4, 2)).astype(np.float32)

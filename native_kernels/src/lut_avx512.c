@@ -30,26 +30,32 @@
 
 #define RUN 256
 
-/* Flushes accumulators (W, O) of plane sums for 64 rows into dst[lane] (uint32 row sums, added).
+/* Flushes accumulators (W, O) of plane sums for 64 rows into dst[lane] (32-bit row sums, added).
  * W's word w holds lane 2w's sum + 256 x lane 2w+1's (mod 2^16), O's word w lane 2w+1's sum: the
- * even sums are W - 256 O; one word permute per 32 rows puts both back in lane order. */
-static inline void flush_plane(__m512i W, __m512i O, int shift, uint32_t *dst)
+ * even sums are W - 256 O; one word permute per 32 rows puts both back in lane order.  A run with
+ * subtracted terms (sign-magnitude pairs) has sums in [-bias, 65535 - bias], bias = 255 x the
+ * subtracted terms: read as (word + bias mod 2^16) - bias. */
+static inline void flush_plane(__m512i W, __m512i O, int shift, int32_t bias, uint32_t *dst)
 {
-    const __m512i even = _mm512_sub_epi16(W, _mm512_slli_epi16(O, 8));
-    /* word i of `first`: lane i (i < 32) = even[i/2] or O[i/2]; `second` likewise for lanes 32-63 */
+    const __m512i b16 = _mm512_set1_epi16((int16_t)bias);
+    const __m512i even = _mm512_add_epi16(_mm512_sub_epi16(W, _mm512_slli_epi16(O, 8)), b16);
+    const __m512i odd = _mm512_add_epi16(O, b16);
+    /* word i of `first`: lane i (i < 32) = even[i/2] or odd[i/2]; `second` likewise for lanes 32-63 */
     const __m512i interleave_lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8,
                                                    39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
     const __m512i interleave_hi = _mm512_add_epi16(interleave_lo, _mm512_set1_epi16(16));
-    const __m512i first = _mm512_permutex2var_epi16(even, interleave_lo, O);
-    const __m512i second = _mm512_permutex2var_epi16(even, interleave_hi, O);
+    const __m512i first = _mm512_permutex2var_epi16(even, interleave_lo, odd);
+    const __m512i second = _mm512_permutex2var_epi16(even, interleave_hi, odd);
     const __m512i parts[4] = {_mm512_cvtepu16_epi32(_mm512_castsi512_si256(first)),
                               _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(first, 1)),
                               _mm512_cvtepu16_epi32(_mm512_castsi512_si256(second)),
                               _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(second, 1))};
+    const __m512i b32 = _mm512_set1_epi32(bias);
     for (int i = 0; i < 4; ++i) {
+        const __m512i value = _mm512_sub_epi32(parts[i], b32);
         const __m512i old = _mm512_loadu_si512((const void *)(dst + 16 * i));
         _mm512_storeu_si512((void *)(dst + 16 * i),
-                            _mm512_add_epi32(old, _mm512_sll_epi32(parts[i], _mm_cvtsi32_si128(shift))));
+                            _mm512_add_epi32(old, _mm512_sll_epi32(value, _mm_cvtsi32_si128(shift))));
     }
 }
 
@@ -59,13 +65,13 @@ static inline void flush_plane(__m512i W, __m512i O, int shift, uint32_t *dst)
 static inline __attribute__((always_inline)) void column_run(const uint8_t *restrict a, int64_t gstride,
                                                              const uint8_t *restrict codes,
                                                              const int64_t *restrict ko, int64_t count,
-                                                             const uint8_t *restrict planes,
+                                                             int64_t npos, const uint8_t *restrict planes,
                                                              const int P, const int R, uint32_t *sums)
 {
     __m512i W[4][3], O[4][3];
     for (int g = 0; g < R; ++g)
         for (int q = 0; q < P; ++q) W[g][q] = O[g][q] = _mm512_setzero_si512();
-    for (int64_t i = 0; i < count; ++i) {
+    for (int64_t i = 0; i < npos; ++i) {
         const uint8_t *col = planes + (int64_t)codes[i] * P * 256;
         __m512i T[3][4];
         for (int q = 0; q < P; ++q)
@@ -82,15 +88,33 @@ static inline __attribute__((always_inline)) void column_run(const uint8_t *rest
             }
         }
     }
+    for (int64_t i = npos; i < count; ++i) { /* the same, subtracted */
+        const uint8_t *col = planes + (int64_t)codes[i] * P * 256;
+        __m512i T[3][4];
+        for (int q = 0; q < P; ++q)
+            for (int s = 0; s < 4; ++s) T[q][s] = _mm512_loadu_si512((const void *)(col + q * 256 + s * 64));
+        for (int g = 0; g < R; ++g) {
+            const __m512i idx = _mm512_loadu_si512((const void *)(a + g * gstride + ko[i]));
+            const __mmask64 hi = _mm512_movepi8_mask(idx);
+            const __mmask64 lo = _knot_mask64(hi);
+            for (int q = 0; q < P; ++q) {
+                __m512i x = _mm512_mask2_permutex2var_epi8(T[q][2], idx, hi, T[q][3]);
+                x = _mm512_mask2_permutex2var_epi8(T[q][0], x, lo, T[q][1]);
+                W[g][q] = _mm512_sub_epi16(W[g][q], x);
+                O[g][q] = _mm512_sub_epi16(O[g][q], _mm512_srli_epi16(x, 8));
+            }
+        }
+    }
+    const int32_t bias = (int32_t)(255 * (count - npos));
     for (int g = 0; g < R; ++g)
-        for (int q = 0; q < P; ++q) flush_plane(W[g][q], O[g][q], 8 * q, sums + g * 64);
+        for (int q = 0; q < P; ++q) flush_plane(W[g][q], O[g][q], 8 * q, bias, sums + g * 64);
 }
 
 /* The hot case, P = 2 planes x R = 4 groups, in assembly: GCC keeps the 16 accumulators + 8 table
  * registers only with spills (measured 5.3 vs 8.5 products per cycle on Zen 4).  zmm0-7 the column
  * (plane 0: 0-3, plane 1: 4-7), zmm8-15 W[g][q], zmm16-23 O[g][q], zmm24-25 temporaries.
  * out receives, per group g, W0, W1, O0, O1 (4 x 64 bytes). */
-#define GS_GROUP(AOFF, W0, W1, O0, O1)                                                              \
+#define GS_GROUP(OP, AOFF, W0, W1, O0, O1)                                                          \
     "vmovdqu8 " AOFF ", %%zmm24\n\t"                                                                \
     "vpmovb2m %%zmm24, %%k1\n\t"                                                                    \
     "knotq %%k1, %%k2\n\t"                                                                          \
@@ -99,18 +123,39 @@ static inline __attribute__((always_inline)) void column_run(const uint8_t *rest
     "vpermi2b %%zmm7, %%zmm6, %%zmm24%{%%k1%}\n\t"                                                  \
     "vpermi2b %%zmm1, %%zmm0, %%zmm25%{%%k2%}\n\t"                                                  \
     "vpermi2b %%zmm5, %%zmm4, %%zmm24%{%%k2%}\n\t"                                                  \
-    "vpaddw %%zmm25, " W0 ", " W0 "\n\t"                                                            \
-    "vpaddw %%zmm24, " W1 ", " W1 "\n\t"                                                            \
+    OP " %%zmm25, " W0 ", " W0 "\n\t"                                                               \
+    OP " %%zmm24, " W1 ", " W1 "\n\t"                                                               \
     "vpsrlw $8, %%zmm25, %%zmm25\n\t"                                                               \
     "vpsrlw $8, %%zmm24, %%zmm24\n\t"                                                               \
-    "vpaddw %%zmm25, " O0 ", " O0 "\n\t"                                                            \
-    "vpaddw %%zmm24, " O1 ", " O1 "\n\t"
+    OP " %%zmm25, " O0 ", " O0 "\n\t"                                                               \
+    OP " %%zmm24, " O1 ", " O1 "\n\t"
+
+/* One term: the column of code *btj into zmm0-7, then the 4 groups (OP = vpaddw or vpsubw). */
+#define GS_TERM(OP)                                                                                 \
+    "mov (%[ko]), %[a]\n\t"                                                                         \
+    "add %[base], %[a]\n\t"                                                                         \
+    "lea (%[a],%[gs],2), %[a3]\n\t"                                                                 \
+    "add %[gs], %[a3]\n\t"                                                                          \
+    "movzbl (%[btj]), %k[tmp]\n\t"                                                                  \
+    "shl $9, %[tmp]\n\t"                                                                            \
+    "add %[pl], %[tmp]\n\t"                                                                         \
+    "vmovdqu64 (%[tmp]), %%zmm0\n\t" "vmovdqu64 64(%[tmp]), %%zmm1\n\t"                             \
+    "vmovdqu64 128(%[tmp]), %%zmm2\n\t" "vmovdqu64 192(%[tmp]), %%zmm3\n\t"                         \
+    "vmovdqu64 256(%[tmp]), %%zmm4\n\t" "vmovdqu64 320(%[tmp]), %%zmm5\n\t"                         \
+    "vmovdqu64 384(%[tmp]), %%zmm6\n\t" "vmovdqu64 448(%[tmp]), %%zmm7\n\t"                         \
+    GS_GROUP(OP, "(%[a])", "%%zmm8", "%%zmm9", "%%zmm16", "%%zmm17")                                 \
+    GS_GROUP(OP, "(%[a],%[gs],1)", "%%zmm10", "%%zmm11", "%%zmm18", "%%zmm19")                       \
+    GS_GROUP(OP, "(%[a],%[gs],2)", "%%zmm12", "%%zmm13", "%%zmm20", "%%zmm21")                       \
+    GS_GROUP(OP, "(%[a3])", "%%zmm14", "%%zmm15", "%%zmm22", "%%zmm23")                              \
+    "add $8, %[ko]\n\t"                                                                             \
+    "inc %[btj]\n\t"
 
 static void column_run_p2r4_asm(const uint8_t *base, int64_t gs, const uint8_t *btj,
-                                const int64_t *ko, int64_t count, const uint8_t *planes, uint8_t *out)
+                                const int64_t *ko, int64_t count, int64_t npos, const uint8_t *planes,
+                                uint8_t *out)
 {
     const uint8_t *a, *a3;
-    const uint8_t *end = btj + count;
+    const uint8_t *mid = btj + npos, *end = btj + count; /* terms [npos, count) are subtracted */
     int64_t tmp;
     __asm__ volatile(
         "vpxorq %%zmm8, %%zmm8, %%zmm8\n\t"
@@ -119,29 +164,20 @@ static void column_run_p2r4_asm(const uint8_t *base, int64_t gs, const uint8_t *
         "vmovdqa64 %%zmm8, %%zmm15\n\t" "vmovdqa64 %%zmm8, %%zmm16\n\t" "vmovdqa64 %%zmm8, %%zmm17\n\t"
         "vmovdqa64 %%zmm8, %%zmm18\n\t" "vmovdqa64 %%zmm8, %%zmm19\n\t" "vmovdqa64 %%zmm8, %%zmm20\n\t"
         "vmovdqa64 %%zmm8, %%zmm21\n\t" "vmovdqa64 %%zmm8, %%zmm22\n\t" "vmovdqa64 %%zmm8, %%zmm23\n\t"
-        "cmp %[btj], %[end]\n\t"
+        "cmp %[btj], %[mid]\n\t"
         "je 2f\n\t"
         "1:\n\t"
-        "mov (%[ko]), %[a]\n\t"
-        "add %[base], %[a]\n\t"
-        "lea (%[a],%[gs],2), %[a3]\n\t"
-        "add %[gs], %[a3]\n\t"
-        "movzbl (%[btj]), %k[tmp]\n\t"
-        "shl $9, %[tmp]\n\t"
-        "add %[pl], %[tmp]\n\t"
-        "vmovdqu64 (%[tmp]), %%zmm0\n\t" "vmovdqu64 64(%[tmp]), %%zmm1\n\t"
-        "vmovdqu64 128(%[tmp]), %%zmm2\n\t" "vmovdqu64 192(%[tmp]), %%zmm3\n\t"
-        "vmovdqu64 256(%[tmp]), %%zmm4\n\t" "vmovdqu64 320(%[tmp]), %%zmm5\n\t"
-        "vmovdqu64 384(%[tmp]), %%zmm6\n\t" "vmovdqu64 448(%[tmp]), %%zmm7\n\t"
-        GS_GROUP("(%[a])", "%%zmm8", "%%zmm9", "%%zmm16", "%%zmm17")
-        GS_GROUP("(%[a],%[gs],1)", "%%zmm10", "%%zmm11", "%%zmm18", "%%zmm19")
-        GS_GROUP("(%[a],%[gs],2)", "%%zmm12", "%%zmm13", "%%zmm20", "%%zmm21")
-        GS_GROUP("(%[a3])", "%%zmm14", "%%zmm15", "%%zmm22", "%%zmm23")
-        "add $8, %[ko]\n\t"
-        "inc %[btj]\n\t"
-        "cmp %[btj], %[end]\n\t"
+        GS_TERM("vpaddw")
+        "cmp %[btj], %[mid]\n\t"
         "jne 1b\n\t"
         "2:\n\t"
+        "cmp %[btj], %[end]\n\t"
+        "je 4f\n\t"
+        "3:\n\t"
+        GS_TERM("vpsubw")
+        "cmp %[btj], %[end]\n\t"
+        "jne 3b\n\t"
+        "4:\n\t"
         "vmovdqu64 %%zmm8, 0(%[out])\n\t" "vmovdqu64 %%zmm9, 64(%[out])\n\t"
         "vmovdqu64 %%zmm16, 128(%[out])\n\t" "vmovdqu64 %%zmm17, 192(%[out])\n\t"
         "vmovdqu64 %%zmm10, 256(%[out])\n\t" "vmovdqu64 %%zmm11, 320(%[out])\n\t"
@@ -151,25 +187,29 @@ static void column_run_p2r4_asm(const uint8_t *base, int64_t gs, const uint8_t *
         "vmovdqu64 %%zmm14, 768(%[out])\n\t" "vmovdqu64 %%zmm15, 832(%[out])\n\t"
         "vmovdqu64 %%zmm22, 896(%[out])\n\t" "vmovdqu64 %%zmm23, 960(%[out])\n\t"
         : [a] "=&r"(a), [a3] "=&r"(a3), [btj] "+r"(btj), [ko] "+r"(ko), [tmp] "=&r"(tmp)
-        : [base] "r"(base), [gs] "r"(gs), [end] "r"(end), [pl] "r"(planes), [out] "r"(out)
+        : [base] "r"(base), [gs] "r"(gs), [mid] "r"(mid), [end] "r"(end), [pl] "r"(planes), [out] "r"(out)
         : "memory", "cc", "k1", "k2", "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7",
           "xmm8", "xmm9", "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "xmm16", "xmm17",
           "xmm18", "xmm19", "xmm20", "xmm21", "xmm22", "xmm23", "xmm24", "xmm25");
 }
+#undef GS_TERM
 #undef GS_GROUP
 
 /* One column of `terms` terms (codes[i], activation offset ko[i]) over a packed block of K per
- * group. */
+ * group; terms [npos, terms) are subtracted (a sign-magnitude pair's negative column; then each
+ * run's 32-bit sums are signed). */
 static inline __attribute__((always_inline)) void column(const uint8_t *a, int64_t K, int64_t groups,
                                                          const uint8_t *codes, const int64_t *ko,
-                                                         int64_t terms, const uint8_t *planes,
+                                                         int64_t terms, int64_t npos, const uint8_t *planes,
                                                          const int P, uint32_t *sums32, int64_t *sums64)
 {
     const int RMAX = P == 3 ? 2 : 4;
+    const int signed_sums = npos < terms;
     if (terms == 0)
         for (int64_t i = 0; i < groups * 64; ++i) sums64[i] = 0;
     for (int64_t k0 = 0; k0 < terms; k0 += RUN) {
         const int64_t k1 = terms - k0 < RUN ? terms : k0 + RUN;
+        const int64_t run_pos = npos <= k0 ? 0 : (npos >= k1 ? k1 - k0 : npos - k0);
         memset(sums32, 0, (size_t)(groups * 64) * sizeof(uint32_t));
         for (int64_t g0 = 0; g0 < groups; g0 += RMAX) {
             const int64_t R = groups - g0 < RMAX ? groups - g0 : RMAX;
@@ -177,25 +217,26 @@ static inline __attribute__((always_inline)) void column(const uint8_t *a, int64
             uint32_t *s = sums32 + g0 * 64;
             if (P == 2 && R == 4) {
                 uint8_t acc[16 * 64] __attribute__((aligned(64)));
-                column_run_p2r4_asm(ag, K * 64, codes + k0, ko + k0, k1 - k0, planes, acc);
+                column_run_p2r4_asm(ag, K * 64, codes + k0, ko + k0, k1 - k0, run_pos, planes, acc);
+                const int32_t bias = (int32_t)(255 * (k1 - k0 - run_pos));
                 for (int g = 0; g < 4; ++g)
                     for (int q = 0; q < 2; ++q)
                         flush_plane(_mm512_load_si512((const void *)(acc + (g * 4 + q) * 64)),
                                     _mm512_load_si512((const void *)(acc + (g * 4 + 2 + q) * 64)), 8 * q,
-                                    s + g * 64);
+                                    bias, s + g * 64);
                 continue;
             }
             switch (R) {
-            case 4: column_run(ag, K * 64, codes + k0, ko + k0, k1 - k0, planes, P, 4, s); break;
-            case 3: column_run(ag, K * 64, codes + k0, ko + k0, k1 - k0, planes, P, 3, s); break;
-            case 2: column_run(ag, K * 64, codes + k0, ko + k0, k1 - k0, planes, P, 2, s); break;
-            default: column_run(ag, K * 64, codes + k0, ko + k0, k1 - k0, planes, P, 1, s); break;
+            case 4: column_run(ag, K * 64, codes + k0, ko + k0, k1 - k0, run_pos, planes, P, 4, s); break;
+            case 3: column_run(ag, K * 64, codes + k0, ko + k0, k1 - k0, run_pos, planes, P, 3, s); break;
+            case 2: column_run(ag, K * 64, codes + k0, ko + k0, k1 - k0, run_pos, planes, P, 2, s); break;
+            default: column_run(ag, K * 64, codes + k0, ko + k0, k1 - k0, run_pos, planes, P, 1, s); break;
             }
         }
-        if (k0 == 0) /* the first run sets the sums */
-            for (int64_t i = 0; i < groups * 64; ++i) sums64[i] = sums32[i];
-        else
-            for (int64_t i = 0; i < groups * 64; ++i) sums64[i] += sums32[i];
+        for (int64_t i = 0; i < groups * 64; ++i) {
+            const int64_t v = signed_sums ? (int64_t)(int32_t)sums32[i] : (int64_t)sums32[i];
+            sums64[i] = k0 == 0 ? v : sums64[i] + v; /* the first run sets the sums */
+        }
     }
 }
 
@@ -239,25 +280,32 @@ void gs_lut_kernel_avx512(const gs_lut_args *p)
     const int P = p->t->planes;
     uint32_t *sums32 = (uint32_t *)p->scratch;                           /* GS_LUT_ROWS */
     int64_t *sums64 = (int64_t *)((char *)p->scratch + GS_LUT_ROWS * 4); /* COLS x GS_LUT_ROWS */
-    int64_t *ko = sums64 + COLS * GS_LUT_ROWS;                            /* K term offsets */
-    uint8_t *codes = (uint8_t *)(ko + (K > 0 ? K : 1));                   /* K term codes */
-    const int64_t offset = K * (int64_t)p->t->tmin; /* sum of the subtracted minimum */
+    int64_t *ko = sums64 + COLS * GS_LUT_ROWS;                            /* 2K term offsets */
+    uint8_t *codes = (uint8_t *)(ko + 2 * (K > 0 ? K : 1));               /* 2K term codes */
     const int skip_zero = p->t->zero_code_free;
+    /* the subtracted minimum comes back as K min(T) per column; a pair's two cancel */
+    const int64_t offset = p->pairs ? 0 : K * (int64_t)p->t->tmin;
     for (int64_t j0 = 0; j0 < p->ncols; j0 += COLS) {
         const int64_t w = p->ncols - j0 < COLS ? p->ncols - j0 : COLS;
         for (int64_t c = 0; c < w; ++c) {
-            const uint8_t *btj = p->bt + (j0 + c) * p->ldbt;
-            int64_t terms = 0;
-            for (int64_t kk = 0; kk < K; ++kk) {
-                codes[terms] = btj[kk];
-                ko[terms] = kk * 64;
-                terms += !skip_zero || btj[kk] != 0;
+            /* the column's terms: every k, or only the nonzero codes; a pair's negative column
+             * follows its positive one (pairs: skip_zero holds, gs_lut_pairs_fused) */
+            int64_t terms = 0, npos;
+            const int64_t columns = p->pairs ? 2 : 1;
+            for (int64_t half = 0; half < columns; ++half) {
+                const uint8_t *btj = p->bt + (columns * (j0 + c) + half) * p->ldbt;
+                for (int64_t kk = 0; kk < K; ++kk) {
+                    codes[terms] = btj[kk];
+                    ko[terms] = kk * 64;
+                    terms += !skip_zero || btj[kk] != 0;
+                }
+                if (half == 0) npos = terms;
             }
             int64_t *s64 = sums64 + c * GS_LUT_ROWS;
             switch (P) {
-            case 1: column(p->a, K, groups, codes, ko, terms, p->t->plane_data, 1, sums32, s64); break;
-            case 2: column(p->a, K, groups, codes, ko, terms, p->t->plane_data, 2, sums32, s64); break;
-            default: column(p->a, K, groups, codes, ko, terms, p->t->plane_data, 3, sums32, s64); break;
+            case 1: column(p->a, K, groups, codes, ko, terms, npos, p->t->plane_data, 1, sums32, s64); break;
+            case 2: column(p->a, K, groups, codes, ko, terms, npos, p->t->plane_data, 2, sums32, s64); break;
+            default: column(p->a, K, groups, codes, ko, terms, npos, p->t->plane_data, 3, sums32, s64); break;
             }
         }
         write_columns(sums64, w, p->rows, offset, p->acc + j0, p->ldacc);

@@ -62,6 +62,8 @@ typedef struct gs_lut_args {
     int64_t *acc;          /* acc[r * ldacc + j] = sum, overwritten */
     int64_t ldacc;
     void *scratch;         /* gs_lut_scratch_bytes bytes, 64-byte aligned */
+    int pairs;             /* sign-magnitude pairs (only where gs_lut_pairs_fused): bt holds 2 ncols
+                            * columns, acc[r, j] = sum of column 2j - sum of column 2j + 1 */
 } gs_lut_args;
 
 /* Rows and columns per job for the path in use (rows a multiple of 64): the avx2 kernel amortises
@@ -73,6 +75,11 @@ gs_lut_shape gs_lut_job_shape(gs_isa_level isa, const gs_lut_table *t);
 
 /* Scratch one kernel call of at most `rows` rows needs for the path in use. */
 int64_t gs_lut_scratch_bytes(gs_isa_level isa, const gs_lut_table *t, int64_t k, int64_t rows);
+
+/* Whether the kernel of `isa` subtracts sign-magnitude column pairs itself (gs_lut_args.pairs): the
+ * avx512 kernel, for tables of <= 2 byte planes whose code-0 column is all 0 (so skipped terms add
+ * nothing and gs_sm_combine has no terms to add). */
+int gs_lut_pairs_fused(gs_isa_level isa, const gs_lut_table *t);
 
 /* Runs the kernel of `isa` (falling back to a narrower one when the table does not suit it). */
 void gs_lut_run(gs_isa_level isa, const gs_lut_args *args);

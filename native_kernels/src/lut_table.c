@@ -134,10 +134,15 @@ gs_lut_shape gs_lut_job_shape(gs_isa_level isa, const gs_lut_table *t)
 int64_t gs_lut_scratch_bytes(gs_isa_level isa, const gs_lut_table *t, int64_t k, int64_t rows)
 {
     switch (effective(isa, t)) {
-    case GS_ISA_AVX512: return (int64_t)GS_LUT_ROWS * (4 + 8 * 8) + 64 + (k > 0 ? k : 1) * 9 + 64;
+    case GS_ISA_AVX512: return (int64_t)GS_LUT_ROWS * (4 + 8 * 8) + 64 + (k > 0 ? k : 1) * 18 + 64;
     case GS_ISA_AVX2: return gs_lut_scratch_avx2(t, k, rows);
     default: return (int64_t)GS_LUT_COLS * (4 + 8) + 64;
     }
+}
+
+int gs_lut_pairs_fused(gs_isa_level isa, const gs_lut_table *t)
+{
+    return effective(isa, t) == GS_ISA_AVX512 && t->planes <= 2 && t->zero_code_free && !t->zero_column;
 }
 
 void gs_lut_run(gs_isa_level isa, const gs_lut_args *args)
