@@ -61,7 +61,8 @@ static inline void flush_plane(__m512i W, __m512i O, int shift, int32_t bias, ui
 
 /* One run of a column: terms i in [0, count) (count <= RUN) with weight codes codes[i] and
  * activation offsets ko[i] (bytes), R groups starting at packed group pointer a (stride gstride
- * bytes between groups); adds the run's sums of U to sums[g*64 + lane]. */
+ * bytes between groups); adds the run's sums of U (terms from npos on subtracted) to
+ * sums[g*64 + lane]. */
 static inline __attribute__((always_inline)) void column_run(const uint8_t *restrict a, int64_t gstride,
                                                              const uint8_t *restrict codes,
                                                              const int64_t *restrict ko, int64_t count,
@@ -71,7 +72,9 @@ static inline __attribute__((always_inline)) void column_run(const uint8_t *rest
     __m512i W[4][3], O[4][3];
     for (int g = 0; g < R; ++g)
         for (int q = 0; q < P; ++q) W[g][q] = O[g][q] = _mm512_setzero_si512();
-    for (int64_t i = 0; i < npos; ++i) {
+    for (int64_t i = 0; i < count; ++i) {
+        /* terms past npos are subtracted: v -> (v ^ m) - m with m = -1 negates */
+        const __m512i m = _mm512_set1_epi16(i < npos ? 0 : -1);
         const uint8_t *col = planes + (int64_t)codes[i] * P * 256;
         __m512i T[3][4];
         for (int q = 0; q < P; ++q)
@@ -83,25 +86,9 @@ static inline __attribute__((always_inline)) void column_run(const uint8_t *rest
             for (int q = 0; q < P; ++q) {
                 __m512i x = _mm512_mask2_permutex2var_epi8(T[q][2], idx, hi, T[q][3]);
                 x = _mm512_mask2_permutex2var_epi8(T[q][0], x, lo, T[q][1]);
-                W[g][q] = _mm512_add_epi16(W[g][q], x);
-                O[g][q] = _mm512_add_epi16(O[g][q], _mm512_srli_epi16(x, 8));
-            }
-        }
-    }
-    for (int64_t i = npos; i < count; ++i) { /* the same, subtracted */
-        const uint8_t *col = planes + (int64_t)codes[i] * P * 256;
-        __m512i T[3][4];
-        for (int q = 0; q < P; ++q)
-            for (int s = 0; s < 4; ++s) T[q][s] = _mm512_loadu_si512((const void *)(col + q * 256 + s * 64));
-        for (int g = 0; g < R; ++g) {
-            const __m512i idx = _mm512_loadu_si512((const void *)(a + g * gstride + ko[i]));
-            const __mmask64 hi = _mm512_movepi8_mask(idx);
-            const __mmask64 lo = _knot_mask64(hi);
-            for (int q = 0; q < P; ++q) {
-                __m512i x = _mm512_mask2_permutex2var_epi8(T[q][2], idx, hi, T[q][3]);
-                x = _mm512_mask2_permutex2var_epi8(T[q][0], x, lo, T[q][1]);
-                W[g][q] = _mm512_sub_epi16(W[g][q], x);
-                O[g][q] = _mm512_sub_epi16(O[g][q], _mm512_srli_epi16(x, 8));
+                const __m512i odd = _mm512_srli_epi16(x, 8);
+                W[g][q] = _mm512_add_epi16(W[g][q], _mm512_sub_epi16(_mm512_xor_si512(x, m), m));
+                O[g][q] = _mm512_add_epi16(O[g][q], _mm512_sub_epi16(_mm512_xor_si512(odd, m), m));
             }
         }
     }
