@@ -414,47 +414,50 @@ int gs_quantize_span_avx512(const float *src, int64_t n, const double *scale, co
  * nearest like the C conversions)
  * ------------------------------------------------------------------------------------------------ */
 
-/* One chunk of at most 8 columns (mask m) of one row. */
-static inline __m256 epilogue8(const gs_epilogue *e, __m512i v, int64_t j, __mmask8 m, __m512i vr, __m512i vza,
-                               __m512i vkza)
-{
-    if (e->is_unsigned) {
-        const __m512i z = _mm512_cvtepi32_epi64(_mm256_maskz_loadu_epi32(m, e->zero + j));
-        const __m512i cs = _mm512_maskz_loadu_epi64(m, e->colsum + j);
-        v = _mm512_sub_epi64(v, _mm512_mullo_epi64(z, vr));
-        v = _mm512_sub_epi64(v, _mm512_mullo_epi64(vza, cs));
-        v = _mm512_add_epi64(v, _mm512_mullo_epi64(vkza, z));
-    }
-    __m256 y = _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_maskz_loadu_pd(m, e->sasb + j), _mm512_cvtepi64_pd(v)));
-    if (e->bias) y = _mm256_add_ps(y, _mm256_maskz_loadu_ps(m, e->bias + j));
-    const __m128i b8 = _mm_maskz_loadu_epi8((__mmask16)m, e->bad + j);
-    const __mmask8 bad = (__mmask8)_mm_cmpneq_epi8_mask(b8, _mm_setzero_si128());
-    return _mm256_mask_blend_ps(bad, y, _mm256_set1_ps(__builtin_nanf("")));
-}
-
+/* Column by column chunk of 8 (the last masked), rows inner: a chunk's per-column terms -- the
+ * row-independent part of the zero-point correction, K za zero - za colsum, scales, bias, NaN
+ * mask -- are loaded once; the row's own term zero * rsum only when some zero point is not 0. */
 void gs_epilogue_rows_avx512(const gs_epilogue *e, const int64_t *acc, int pairs, int64_t rows, int64_t n,
                              const int64_t *rsums, float *out, int64_t ldout)
 {
-    const __m512i vza = _mm512_set1_epi64(e->za), vkza = _mm512_set1_epi64(e->K * e->za);
     const __m512i even = _mm512_set_epi64(14, 12, 10, 8, 6, 4, 2, 0);
     const __m512i odd = _mm512_add_epi64(even, _mm512_set1_epi64(1));
+    const __m256 nan8 = _mm256_set1_ps(__builtin_nanf(""));
     const int64_t lda = pairs ? 2 * n : n;
-    for (int64_t r = 0; r < rows; ++r) {
-        const __m512i vr = _mm512_set1_epi64(rsums ? rsums[r] : 0);
-        const int64_t *a = acc + r * lda;
-        for (int64_t j = 0; j < n; j += 8) {
-            const __mmask8 m = n - j >= 8 ? 0xFF : (__mmask8)((1u << (n - j)) - 1);
+    for (int64_t j = 0; j < n; j += 8) {
+        const int64_t left = n - j;
+        const __mmask8 m = left >= 8 ? 0xFF : (__mmask8)((1u << left) - 1);
+        /* a pair chunk reads 2 x 8 sums: the first 8 hold columns j..j+3, the next j+4..j+7 */
+        const __mmask8 m_lo = left >= 4 ? 0xFF : (__mmask8)((1u << (2 * left)) - 1);
+        const __mmask8 m_hi = left >= 8 ? 0xFF : (left > 4 ? (__mmask8)((1u << (2 * (left - 4))) - 1) : 0);
+        __m512i zero = _mm512_setzero_si512(), fixed = _mm512_setzero_si512();
+        int row_term = 0;
+        if (e->is_unsigned) {
+            zero = _mm512_cvtepi32_epi64(_mm256_maskz_loadu_epi32(m, e->zero + j));
+            const __m512i cs = _mm512_maskz_loadu_epi64(m, e->colsum + j);
+            fixed = _mm512_sub_epi64(_mm512_mullo_epi64(_mm512_set1_epi64(e->K * e->za), zero),
+                                     _mm512_mullo_epi64(_mm512_set1_epi64(e->za), cs));
+            row_term = rsums && _mm512_test_epi64_mask(zero, zero) != 0;
+        }
+        const __m512d scale = _mm512_maskz_loadu_pd(m, e->sasb + j);
+        const __m256 bias = e->bias ? _mm256_maskz_loadu_ps(m, e->bias + j) : _mm256_setzero_ps();
+        const __mmask8 bad = (__mmask8)_mm_cmpneq_epi8_mask(_mm_maskz_loadu_epi8((__mmask16)m, e->bad + j),
+                                                           _mm_setzero_si128());
+        for (int64_t r = 0; r < rows; ++r) {
+            const int64_t *a = acc + r * lda;
             __m512i v;
             if (pairs) { /* the sign-magnitude column pair (2j, 2j + 1): positive minus negative sums */
-                const __mmask8 m_lo = n - j >= 4 ? 0xFF : (__mmask8)((1u << (2 * (n - j))) - 1);
-                const __mmask8 m_hi = n - j >= 8 ? 0xFF : (n - j > 4 ? (__mmask8)((1u << (2 * (n - j - 4))) - 1) : 0);
                 const __m512i lo = _mm512_maskz_loadu_epi64(m_lo, a + 2 * j);
                 const __m512i hi = _mm512_maskz_loadu_epi64(m_hi, a + 2 * j + 8);
                 v = _mm512_sub_epi64(_mm512_permutex2var_epi64(lo, even, hi), _mm512_permutex2var_epi64(lo, odd, hi));
             } else {
                 v = _mm512_maskz_loadu_epi64(m, a + j);
             }
-            _mm256_mask_storeu_ps(out + r * ldout + j, m, epilogue8(e, v, j, m, vr, vza, vkza));
+            v = _mm512_add_epi64(v, fixed);
+            if (row_term) v = _mm512_sub_epi64(v, _mm512_mullo_epi64(zero, _mm512_set1_epi64(rsums[r])));
+            __m256 y = _mm512_cvtpd_ps(_mm512_mul_pd(scale, _mm512_cvtepi64_pd(v)));
+            if (e->bias) y = _mm256_add_ps(y, bias);
+            _mm256_mask_storeu_ps(out + r * ldout + j, m, _mm256_mask_blend_ps(bad, y, nan8));
         }
     }
 }
