@@ -1,7 +1,7 @@
 /*
  * multipliers.c -- graphswap's built-in 8-bit multipliers, as C scalar functions, and the exported
  * graphswap_builtin_multiplier_table() that evaluates one of them into the 65536-entry table the
- * table-driven kernels (lut_gemm.c, lut_conv.c) take.
+ * table-driven kernels (lut_matmul.c, lut_conv.c) take.
  *
  * Why in C: the built-ins are the same kind of object a user brings (a scalar C function of two
  * 8-bit operands), so they go through exactly the same path (scalar function -> table -> LUT
