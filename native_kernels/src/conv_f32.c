@@ -63,9 +63,9 @@ static void im2col_f32(const graphswap_conv2d_params *P, const gs_conv_geo *G, c
                 int64_t lo = iw0 < 0 ? -iw0 : 0, hi = W - iw0 < FW ? W - iw0 : FW;
                 if (hi < lo) hi = lo;
                 if (lo > FW) lo = hi = FW;
-                memset(drow, 0, (size_t)(lo * cg) * sizeof(float));
+                if (lo > 0) memset(drow, 0, (size_t)(lo * cg) * sizeof(float));
                 if (hi > lo) memcpy(drow + lo * cg, srow + (iw0 + lo) * C, (size_t)((hi - lo) * cg) * sizeof(float));
-                memset(drow + hi * cg, 0, (size_t)((FW - hi) * cg) * sizeof(float));
+                if (hi < FW) memset(drow + hi * cg, 0, (size_t)((FW - hi) * cg) * sizeof(float));
             } else {
                 for (int64_t fw = 0; fw < FW; ++fw) {
                     const int64_t iw = iw0 + fw * P->dilation_width;
