@@ -55,6 +55,14 @@ CONV_CASES = [
     (7, 32, 32, 1, 5, 5, 6, (1, 1), (1, 1), "valid", 1),
     (3, 14, 14, 6, 5, 5, 16, (1, 1), (1, 1), "valid", 1),
     (1, 4, 4, 2, 5, 5, 3, (1, 1), (1, 1), "same", 1),  # filter larger than input
+    # the direct AVX-512 path (unit stride, >= 16 input and a multiple of 16 output channels):
+    # border pixels and a partial 6-pixel tile; 3 channel vectors; a 64 + 16 channel split; rows
+    # of border pixels only; a filter larger than the input
+    (2, 13, 11, 16, 3, 3, 32, (1, 1), (1, 1), "same", 1),
+    (1, 9, 20, 24, 3, 5, 48, (1, 1), (1, 1), "same", 1),
+    (2, 6, 8, 16, 3, 3, 80, (1, 1), (1, 1), "valid", 1),
+    (1, 1, 2, 16, 3, 3, 32, (1, 1), (1, 1), "same", 1),
+    (1, 3, 4, 16, 5, 5, 32, (1, 1), (1, 1), "same", 1),
 ]
 
 
@@ -132,6 +140,25 @@ def test_shipped_kernel_reports_invalid_geometry():
     bad = type(g)(**{**g.__dict__, "out_height": g.out_height + 5})
     with pytest.raises(KernelExecutionError, match="invalid argument"):
         lib.conv2d_f32(x, f, bad)
+
+
+def test_conv_paths_agree_on_every_isa(each_isa, monkeypatch):
+    """The default dispatch (on AVX-512 CPUs the direct convolution for this unit-stride,
+    16 x k-channel shape) against the forced im2col + sgemm path, on every ISA path this CPU
+    runs: the same sums up to round-off, including the padded border pixels."""
+    rng = np.random.default_rng(11)
+    x = rng.normal(size=(3, 15, 13, 32)).astype(np.float32)
+    k = rng.normal(size=(3, 3, 32, 48)).astype(np.float32)
+    geometry = conv_geometry(x.shape, k.shape, (1, 1), (1, 1), "same", 1)
+    for isa in each_isa.supported_isas:
+        each_isa.set_isa(isa)
+        monkeypatch.delenv("GRAPHSWAP_CONV_F32", raising=False)
+        default = each_isa.conv2d_f32(x, k, geometry)
+        monkeypatch.setenv("GRAPHSWAP_CONV_F32", "blas")
+        gemm = each_isa.conv2d_f32(x, k, geometry)
+        magnitude = np.abs(default).max()
+        assert magnitude > 1.0
+        assert_close_to_roundoff(default, gemm, terms=9 * 32)
 
 
 def test_matmul_only_library_serves_conv_through_lowering(tmp_path):

@@ -19,6 +19,10 @@
  *         padding are left out (they would add 0 * w).
  *   SINGLE CHANNEL  one input channel, groups == 1, stride_width == 1 (a grayscale image's first
  *         layer): a direct loop vectorised across 16 output pixels (conv_single_channel.c).
+ *   DIRECT (avx512 path)  unit stride, no dilation or groups, >= 16 input and a multiple of 16
+ *         output channels, more than one tap, a filter slice that stays in L2: the input read in
+ *         place by register tiles of 6 pixels x 64 channels (conv_direct_avx512.c) -- im2col +
+ *         sgemm copies each patch twice before multiplying (8x56x56x64 3x3: 0.76x the time).
  * GRAPHSWAP_CONV_F32=blas|own forces one of the GEMM ways (benchmarks, tests).
  */
 #include <stdlib.h>
@@ -220,6 +224,8 @@ GRAPHSWAP_EXPORT int32_t graphswap_conv2d_f32(const float *input, const float *f
     const char *force = getenv("GRAPHSWAP_CONV_F32");
     if (G.cin_g == 1 && P.groups > 1 && !force) return conv_depthwise(input, filter, output, &P, &G);
     if (!force && gs_conv_single_channel_fits(&P)) return gs_conv_single_channel(input, filter, output, &P);
+    if ((!force || strcmp(force, "direct") == 0) && gs_isa() == GS_ISA_AVX512 && gs_conv_direct_avx512_fits(&P))
+        return gs_conv_direct_avx512(input, filter, output, &P);
     int own = gs_isa() >= GS_ISA_AVX2 && G.cout_g <= GS_OWN_MAX_COUT;
     if (force && strcmp(force, "blas") == 0) own = 0;
     if (force && strcmp(force, "own") == 0 && gs_isa() >= GS_ISA_AVX2) own = 1;

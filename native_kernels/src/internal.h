@@ -131,6 +131,10 @@ int32_t gs_conv_validate(const char *fn, const graphswap_conv2d_params *params, 
 
 /* Direct convolution of a single-channel input (conv_single_channel.c): whether it applies
  * (groups == 1, in_channels == 1, stride_width == 1), and the convolution itself. */
+/* conv_direct_avx512.c: unit-stride ungrouped convolutions with out_channels % 16 == 0 (avx512) */
+int gs_conv_direct_avx512_fits(const graphswap_conv2d_params *params);
+int32_t gs_conv_direct_avx512(const float *input, const float *filter, float *output,
+                              const graphswap_conv2d_params *params);
 int gs_conv_single_channel_fits(const graphswap_conv2d_params *params);
 int32_t gs_conv_single_channel(const float *input, const float *filter, float *output,
                                const graphswap_conv2d_params *params);
