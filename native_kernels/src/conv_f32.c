@@ -23,7 +23,8 @@
  *         output channels, more than one tap, a filter slice that stays in L2: the input read in
  *         place by register tiles of 6 pixels x 64 channels (conv_direct_avx512.c) -- im2col +
  *         sgemm copies each patch twice before multiplying (8x56x56x64 3x3: 0.76x the time).
- * GRAPHSWAP_CONV_F32=blas|own forces one of the GEMM ways (benchmarks, tests).
+ * GRAPHSWAP_CONV_F32=blas|own forces one of the GEMM ways, =direct the direct AVX-512 convolution
+ * where it applies (benchmarks, tests).
  */
 #include <stdlib.h>
 #include <string.h>

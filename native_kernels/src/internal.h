@@ -131,13 +131,16 @@ int32_t gs_conv_validate(const char *fn, const graphswap_conv2d_params *params, 
 
 /* Direct convolution of a single-channel input (conv_single_channel.c): whether it applies
  * (groups == 1, in_channels == 1, stride_width == 1), and the convolution itself. */
-/* conv_direct_avx512.c: unit-stride ungrouped convolutions with out_channels % 16 == 0 (avx512) */
-int gs_conv_direct_avx512_fits(const graphswap_conv2d_params *params);
-int32_t gs_conv_direct_avx512(const float *input, const float *filter, float *output,
-                              const graphswap_conv2d_params *params);
 int gs_conv_single_channel_fits(const graphswap_conv2d_params *params);
 int32_t gs_conv_single_channel(const float *input, const float *filter, float *output,
                                const graphswap_conv2d_params *params);
+
+/* Direct AVX-512 convolution (conv_direct_avx512.c; avx512 path only): whether it applies (unit
+ * stride, no dilation or groups, >= 16 input and a multiple of 16 output channels, more than one
+ * tap, an L2-sized filter slice), and the convolution itself. */
+int gs_conv_direct_avx512_fits(const graphswap_conv2d_params *params);
+int32_t gs_conv_direct_avx512(const float *input, const float *filter, float *output,
+                              const graphswap_conv2d_params *params);
 
 /* ---- float32 GEMM internals (gemm_f32.c, AVX2 + FMA only), used by conv_f32.c ----
  *

@@ -254,15 +254,8 @@ static int32_t run(const char *fn, const conv_job *J)
             gs_lut_run(J->isa, &a);
             continue;
         }
-        /* sign-magnitude pairs: subtracted by the kernel (avx512), else by the epilogue, or by
-         * gs_sm_combine when code 0 has products to add */
-        a.pairs = J->sm && gs_lut_pairs_fused(J->isa, J->t);
-        if (a.pairs) a.ncols = ncols;
         a.acc = acc;
-        a.ldacc = a.ncols;
-        gs_lut_run(J->isa, &a);
-        const int pairs = J->sm && !a.pairs && !gs_sm_zero_terms(J->t);
-        if (J->sm && !a.pairs && !pairs) gs_sm_combine(J->t, J->w, cout, packed, rows, K, col0, ncols, acc, acc);
+        const int pairs = gs_lut_run_for_epilogue(J->isa, &a, J->sm, J->w, cout, col0, ncols);
         gs_epilogue e = {J->w->zero + col0, J->w->colsum + col0, J->sasb + col0,
                          J->bias ? J->bias + col0 : NULL, J->w->bad + col0, J->zx, K, J->is_unsigned};
         gs_epilogue_rows(J->isa, &e, acc, pairs, rows, ncols, need_sums ? sums : NULL, J->out + p0 * cout + col0,

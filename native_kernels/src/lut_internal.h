@@ -288,14 +288,21 @@ int32_t gs_wquant_make_sm(const char *fn, const float *w, int64_t K, int64_t N, 
 /* The split sign-magnitude sums of one job, made whole: for each row r < rows, with the physical
  * sums acc2[r * 2 ncols + 2c] (non-negative weights) and [.. + 2c + 1] (negative weights) of the
  * logical columns j0 + c, writes acc[r * ncols + c] = acc2[2c] - acc2[2c + 1]
- * + sum_k sign(w[k, j0 + c]) T[a_rk, 0] (the last term only when the table has T[a, 0] != 0;
- * a_rk read from the packed block as gs_lut_args.a).  acc may alias acc2. */
+ * + sum_k sign(w[k, j0 + c]) T[a_rk, 0] (a_rk read from the packed block as gs_lut_args.a; the
+ * term is 0 unless the table has T[a, 0] != 0, the only tables gs_lut_run_for_epilogue calls this
+ * for).  acc may alias acc2. */
 void gs_sm_combine(const gs_lut_table *t, const gs_wquant *w, int64_t N, const uint8_t *packed,
                    int64_t rows, int64_t k, int64_t j0, int64_t ncols, const int64_t *acc2,
                    int64_t *acc);
-/* Whether T[a][0] != 0 for some a (then the sign-magnitude pairs need gs_sm_combine; otherwise
- * the epilogue subtracts them itself, gs_epilogue_rows' pairs). */
-int gs_sm_zero_terms(const gs_lut_table *t);
+
+/* Runs the kernel for a job whose sums go on to the epilogue: a's operands, rows, k and acc (a
+ * tile of ncols logical columns, or 2 ncols with sign-magnitude weights) set by the caller; sets
+ * ncols, ldacc and pairs.  With sign-magnitude weights (sm) the pairs are subtracted by the kernel
+ * where it can (gs_lut_pairs_fused), by gs_sm_combine when code 0 has products to add (the table's
+ * zero_column), else left to the epilogue: returns 1 then (gs_epilogue_rows' pairs), 0 when acc
+ * holds the logical columns' sums. */
+int gs_lut_run_for_epilogue(gs_isa_level isa, gs_lut_args *a, int sm, const gs_wquant *w, int64_t N,
+                            int64_t j0, int64_t ncols);
 
 /* Codes of an integer-entry caller (graphswap_lut_matmul / _conv2d): the transposed copy and column
  * sums only. */

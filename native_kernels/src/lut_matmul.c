@@ -125,15 +125,8 @@ static int32_t run_jobs(const char *fn, const mm_job *J)
             continue;
         }
         int64_t *acc = (int64_t *)(mine + kscratch);
-        /* sign-magnitude pairs: subtracted by the kernel (avx512), else by the epilogue, or by
-         * gs_sm_combine when code 0 has products to add */
-        a.pairs = J->sm && gs_lut_pairs_fused(J->isa, J->t);
-        if (a.pairs) a.ncols = ncols;
         a.acc = acc;
-        a.ldacc = a.ncols;
-        gs_lut_run(J->isa, &a);
-        const int pairs = J->sm && !a.pairs && !gs_sm_zero_terms(J->t);
-        if (J->sm && !a.pairs && !pairs) gs_sm_combine(J->t, J->w, J->n, a.a, rows, J->k, j0, ncols, acc, acc);
+        const int pairs = gs_lut_run_for_epilogue(J->isa, &a, J->sm, J->w, J->n, j0, ncols);
         /* epilogue: corrections, dequantization, bias, NaN */
         gs_epilogue e = {J->w->zero + j0, J->w->colsum + j0, J->sasb + j0, J->bias ? J->bias + j0 : NULL,
                          J->w->bad + j0, J->za, J->k, J->is_unsigned};

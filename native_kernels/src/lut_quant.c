@@ -309,21 +309,14 @@ int32_t gs_wquant_make_sm(const char *fn, const float *wf, int64_t K, int64_t N,
     return GRAPHSWAP_OK;
 }
 
-int gs_sm_zero_terms(const gs_lut_table *t)
-{
-    return t->zero_column;
-}
-
 void gs_sm_combine(const gs_lut_table *t, const gs_wquant *w, int64_t N, const uint8_t *packed,
                    int64_t rows, int64_t k, int64_t j0, int64_t ncols, const int64_t *acc2,
                    int64_t *acc)
 {
-    const int zero_column = t->zero_column;
     for (int64_t r = 0; r < rows; ++r) {
         const int64_t *src = acc2 + r * 2 * ncols;
         int64_t *dst = acc + r * ncols;
         for (int64_t c = 0; c < ncols; ++c) dst[c] = src[2 * c] - src[2 * c + 1];
-        if (!zero_column) continue;
         /* the codes of row r, k-major in its group of 64 rows */
         const uint8_t *group = packed + (r / 64) * 64 * k + r % 64;
         for (int64_t c = 0; c < ncols; ++c) {
@@ -334,4 +327,17 @@ void gs_sm_combine(const gs_lut_table *t, const gs_wquant *w, int64_t N, const u
             dst[c] += term;
         }
     }
+}
+
+int gs_lut_run_for_epilogue(gs_isa_level isa, gs_lut_args *a, int sm, const gs_wquant *w, int64_t N,
+                            int64_t j0, int64_t ncols)
+{
+    a->pairs = sm && gs_lut_pairs_fused(isa, a->t);
+    a->ncols = sm && !a->pairs ? 2 * ncols : ncols;
+    a->ldacc = a->ncols;
+    gs_lut_run(isa, a);
+    if (!sm || a->pairs) return 0;
+    if (!a->t->zero_column) return 1; /* the epilogue subtracts the pairs */
+    gs_sm_combine(a->t, w, N, a->a, a->rows, a->k, j0, ncols, a->acc, a->acc);
+    return 0;
 }
