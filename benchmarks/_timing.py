@@ -65,11 +65,15 @@ def run_context() -> str:
     """The line every benchmark prints first: the CPU model, graphswap's code path (ISA) and the
     BLAS behind its float kernels, and where its kernel library is."""
     from graphswap import native
+    from graphswap.swap import forward_op
 
     library = native.shipped_library()
+    op = forward_op.op_library()
+    bridge = (f"compiled TensorFlow op {op.path.name}" if op is not None
+              else "tf.numpy_function")
     return (f"CPU: {cpu_model()}; graphswap ISA path: {library.isa} (this CPU runs "
             f"{', '.join(library.supported_isas)}); float BLAS: {library.blas_info}; "
-            f"library {library.path}")
+            f"library {library.path}; kernel calls through: {bridge}")
 
 
 def machine_line() -> str:

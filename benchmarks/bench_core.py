@@ -14,7 +14,8 @@ Prints, after the CPU model, graphswap's ISA path and its BLAS:
      and one epoch of model.fit on the 1,437 training digits for the same three;
   3. LeNet-5 inference over 10,000 images (the 360 test digits repeated), batch 256, through a
      tf.function forward loop and through model.predict;        target LUT/float <= 3x
-  4. the fixed cost of one swapped op call on tiny shapes (the numpy_function bridge).
+  4. the fixed cost of one swapped op call on tiny shapes, through graphswap's compiled
+     TensorFlow op (what swapped layers use) and through the tf.numpy_function bridge.
 Each kernel result is also checked against a float64 reference (max error relative to
 sum |a||b|).
 """
@@ -192,18 +193,36 @@ def overhead_section(args) -> None:
     w = tf.constant(np.ones((4, 4), np.float32))
     xc = tf.constant(np.ones((1, 4, 4, 1), np.float32))
     wc = tf.constant(np.ones((3, 3, 1, 1), np.float32))
-    swapped_mm = tf.function(lambda a, b: ops.swapped_matmul(a, b, kernel))
+
+    def traced(bridge):
+        """(swapped matmul, swapped conv) tf.functions traced with GRAPHSWAP_BRIDGE=bridge."""
+        previous = os.environ.get("GRAPHSWAP_BRIDGE")
+        os.environ["GRAPHSWAP_BRIDGE"] = bridge
+        try:
+            mm = tf.function(lambda a, b: ops.swapped_matmul(a, b, kernel))
+            conv = tf.function(lambda a, b: ops.swapped_conv2d(a, b, kernel))
+            mm(x, w), conv(xc, wc)
+        finally:
+            if previous is None:
+                del os.environ["GRAPHSWAP_BRIDGE"]
+            else:
+                os.environ["GRAPHSWAP_BRIDGE"] = previous
+        return mm, conv
+
+    op_mm, op_conv = traced("auto")
+    np_mm, np_conv = traced("numpy")
     native_mm = tf.function(lambda a, b: tf.linalg.matmul(a, b))
-    swapped_conv = tf.function(lambda a, b: ops.swapped_conv2d(a, b, kernel))
     native_conv = tf.function(lambda a, b: tf.nn.conv2d(a, b, 1, "VALID"))
-    times = median_times([lambda: swapped_mm(x, w), lambda: native_mm(x, w),
-                          lambda: swapped_conv(xc, wc), lambda: native_conv(xc, wc)],
-                         reps=400, budget=args.budget, rounds=args.rounds)
-    print("\n4. fixed cost of one op call on tiny shapes (median, microseconds, tf.function)")
-    print(f"  matmul (1,4)x(4,4):    swapped {times[0] * 1e6:7.1f}   TF {times[1] * 1e6:7.1f}"
-          f"   bridge {(times[0] - times[1]) * 1e6:7.1f}")
-    print(f"  conv 4x4x1 * 3x3:      swapped {times[2] * 1e6:7.1f}   TF {times[3] * 1e6:7.1f}"
-          f"   bridge {(times[2] - times[3]) * 1e6:7.1f}")
+    calls = [lambda: op_mm(x, w), lambda: np_mm(x, w), lambda: native_mm(x, w),
+             lambda: op_conv(xc, wc), lambda: np_conv(xc, wc), lambda: native_conv(xc, wc)]
+    times = [t * 1e6 for t in median_times(calls, reps=400, budget=args.budget,
+                                           rounds=args.rounds)]
+    print("\n4. fixed cost of one op call on tiny shapes (median, microseconds, tf.function);")
+    print("   bridge = swapped - TF, through graphswap's compiled op and through tf.numpy_function")
+    for label, (op_t, np_t, tf_t) in (("matmul (1,4)x(4,4):  ", times[0:3]),
+                                      ("conv 4x4x1 * 3x3:    ", times[3:6])):
+        print(f"  {label} TF {tf_t:7.1f}   swapped: op {op_t:7.1f} (bridge {op_t - tf_t:6.1f})"
+              f"   numpy_function {np_t:7.1f} (bridge {np_t - tf_t:6.1f})")
 
 
 def main() -> int:

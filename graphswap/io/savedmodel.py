@@ -24,15 +24,20 @@ from graphswap.io.signatures import feeds, input_specs, serving_function, signat
 from graphswap.swap import run_model, sample_inputs
 
 
+#: ops whose work is not in the graph: Python callbacks, and graphswap's compiled forward op
+#: (it calls kernel addresses registered in the tracing process)
+PROCESS_LOCAL_OPS = (*PYTHON_OPS, "GraphswapForward")
+
+
 def python_ops_in(concrete) -> list[str]:
     found = []
     graph_def = concrete.graph.as_graph_def()
     for node in graph_def.node:
-        if node.op in PYTHON_OPS:
+        if node.op in PROCESS_LOCAL_OPS:
             found.append(node.name)
     for function in graph_def.library.function:
         for node in function.node_def:
-            if node.op in PYTHON_OPS:
+            if node.op in PROCESS_LOCAL_OPS:
                 found.append(f"{function.signature.name}/{node.name}")
     return found
 

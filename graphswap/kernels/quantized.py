@@ -251,6 +251,12 @@ class LutKernel(Kernel):
         return self.multiplier.to_config()
 
     @property
+    def fused_table(self) -> np.ndarray | None:
+        """The int32 table (65536 entries) the fused C kernels read, or None when the library
+        has no fused kernels."""
+        return self._table32 if self._fused else None
+
+    @property
     def hardware_metrics(self) -> dict:
         return {k: v for k, v in self.multiplier.header_metrics.items() if k.startswith("PDK45")}
 

@@ -3,7 +3,7 @@
 Used at install time (setup.py loads this file directly, without importing the package, so it must
 not import TensorFlow or anything graphswap-specific - which is also why CompilerError is not a
 GraphswapError: callers inside the package turn it into one) and at run time, to build the shipped kernels
-from a source checkout and to compile users' multiplier `.c` files.
+from a source checkout, to compile users' multiplier `.c` files and graphswap's TensorFlow op (C++).
 """
 
 from __future__ import annotations
@@ -24,21 +24,31 @@ BASE_FLAGS = ["-O3", "-std=c11", "-fPIC", "-shared", "-fvisibility=hidden", "-Wa
 
 
 class CompilerError(RuntimeError):
-    """The C compiler was missing or rejected the source; the message carries its output."""
+    """The C (or C++) compiler was missing or rejected the source; the message carries its output."""
+
+
+def _find_tool(variable: str, names: list[str], missing: str) -> str:
+    """$variable, else the first of `names` on PATH; CompilerError(`missing`) if none."""
+    candidates = [os.environ.get(variable)] if os.environ.get(variable) else []
+    for name in candidates + names:
+        path = shutil.which(name)
+        if path:
+            return path
+    raise CompilerError(missing)
 
 
 def find_compiler() -> str:
     """Return the C compiler to use: $CC, else cc/gcc/clang on PATH."""
-    candidates = [os.environ.get("CC")] if os.environ.get("CC") else []
-    candidates += ["cc", "gcc", "clang"]
-    for name in candidates:
-        path = shutil.which(name)
-        if path:
-            return path
-    raise CompilerError(
-        "no C compiler found (looked for $CC, cc, gcc, clang); install one, "
-        "e.g. 'apt-get install gcc', or pass a prebuilt .so instead of a .c file"
-    )
+    return _find_tool("CC", ["cc", "gcc", "clang"],
+                      "no C compiler found (looked for $CC, cc, gcc, clang); install one, "
+                      "e.g. 'apt-get install gcc', or pass a prebuilt .so instead of a .c file")
+
+
+def find_cxx_compiler() -> str:
+    """Return the C++ compiler to use: $CXX, else c++/g++/clang++ on PATH."""
+    return _find_tool("CXX", ["c++", "g++", "clang++"],
+                      "no C++ compiler found (looked for $CXX, c++, g++, clang++); install one, "
+                      "e.g. 'apt-get install g++'")
 
 
 def optimisation_flags(portable: bool | None = None) -> list[str]:
@@ -51,25 +61,15 @@ def optimisation_flags(portable: bool | None = None) -> list[str]:
     return flags
 
 
-def compile_shared(sources: list[Path], output: Path, include_dirs: list[Path] = (),
-                   extra_flags: list[str] = (), libraries: list[str] = (),
-                   portable: bool | None = None) -> Path:
-    """Compile `sources` into the shared library `output`, atomically (temp file, then rename).
-
-    Raises CompilerError carrying the compiler's own diagnostics when it fails.
-    """
-    compiler = find_compiler()
+def _compile_atomically(command: list[str], sources: list[Path], output: Path) -> Path:
+    """Run `command` + sources + ["-o", temp] and rename the temp file to `output`."""
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=output.name + ".", suffix=".tmp", dir=output.parent)
     os.close(fd)
-    command = [compiler, *optimisation_flags(portable), *extra_flags]
-    command += [f"-I{d}" for d in include_dirs]
-    command += [str(s) for s in sources]
-    command += ["-o", tmp_name]
-    command += [f"-l{lib}" for lib in libraries]
     try:
-        result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+        result = subprocess.run([*command, "-o", tmp_name], capture_output=True, text=True,
+                                timeout=600)
         if result.returncode != 0:
             raise CompilerError(
                 f"compiling {', '.join(str(s) for s in sources)} failed "
@@ -81,6 +81,27 @@ def compile_shared(sources: list[Path], output: Path, include_dirs: list[Path] =
         if os.path.exists(tmp_name):
             os.unlink(tmp_name)
     return output
+
+
+def compile_shared(sources: list[Path], output: Path, include_dirs: list[Path] = (),
+                   extra_flags: list[str] = (), libraries: list[str] = (),
+                   portable: bool | None = None) -> Path:
+    """Compile `sources` into the shared library `output`, atomically (temp file, then rename).
+
+    Raises CompilerError carrying the compiler's own diagnostics when it fails.
+    """
+    command = [find_compiler(), *optimisation_flags(portable), *extra_flags]
+    command += [f"-I{d}" for d in include_dirs]
+    command += [str(s) for s in sources]
+    command += [f"-l{lib}" for lib in libraries]
+    return _compile_atomically(command, sources, output)
+
+
+def compile_cxx_shared(source: Path, output: Path, flags: list[str]) -> Path:
+    """Compile one C++ source into the shared library `output` (temp file, then rename); `flags`
+    carry the include paths and libraries.  Raises CompilerError with the compiler's output."""
+    command = [find_cxx_compiler(), "-O2", "-shared", "-fPIC", "-w", str(source), *flags]
+    return _compile_atomically(command, [source], output)
 
 
 def native_source_dir(start: Path | None = None) -> Path | None:

@@ -195,6 +195,12 @@ class KernelLibrary:
                                               [_f32p, _i64, _i64, _f32p, _f32p, i32])
 
     # -- capabilities ------------------------------------------------------------------------
+    def function_address(self, name: str) -> int | None:
+        """The address of the exported function `name` in this process, or None if the library
+        does not export it (for callers that call the library from native code)."""
+        function = getattr(self._lib, name, None)
+        return None if function is None else ctypes.cast(function, ctypes.c_void_p).value
+
     @property
     def has_conv2d(self) -> bool:
         return self._conv is not None

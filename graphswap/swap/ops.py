@@ -26,6 +26,7 @@ from graphswap import native
 from graphswap.errors import UnsupportedLayerError
 from graphswap.kernels import Kernel, bind_scheme, lut_conv2d_gradients, lut_matmul_gradients
 from graphswap.native import conv_geometry
+from graphswap.swap import forward_op
 
 BACKWARD_MODES = ("native", "kernel", "lut_grad")
 
@@ -116,8 +117,12 @@ def epilogue_gradients(dy, y, gain, shift, relu):
     return dy, extra
 
 
-def _numpy_matmul(arithmetic: Kernel, a, b, m_static, n_static, quant=None, activation_range=None,
+def _kernel_matmul(arithmetic: Kernel, a, b, m_static, n_static, quant=None, activation_range=None,
                   gain=None, shift=None, relu=False):
+    if forward_op.supports(arithmetic, "matmul"):
+        out = forward_op.matmul(arithmetic, a, b, gain, shift, relu, quant, activation_range)
+        out.set_shape([m_static, n_static])
+        return out
     with_range = activation_range is not None
     inputs = [a, b] + ([activation_range] if with_range else []) + epilogue_inputs(gain, shift)
     call = kernel_call(arithmetic.matmul, quant, with_range,
@@ -155,14 +160,14 @@ def swapped_matmul(x, w, arithmetic: Kernel, backward: str = "native", quant=Non
                     tf.linalg.matmul(a, dy, transpose_a=True))
         # gradients have ranges of their own: dynamic, with the layer's weight encoding
         backward_quant = quant.dynamic() if quant is not None else None
-        da = _numpy_matmul(arithmetic, dy, tf.transpose(b), m_static, k, backward_quant)
-        db = _numpy_matmul(arithmetic, tf.transpose(a), dy, k, n, backward_quant)
+        da = _kernel_matmul(arithmetic, dy, tf.transpose(b), m_static, k, backward_quant)
+        db = _kernel_matmul(arithmetic, tf.transpose(a), dy, k, n, backward_quant)
         return da, db
 
     @tf.custom_gradient
     def matmul(a, b, *epilogue):
         g, s = _split_epilogue(epilogue, gain, shift)
-        y = _numpy_matmul(arithmetic, a, b, m_static, n, quant, activation_range, g, s, relu)
+        y = _kernel_matmul(arithmetic, a, b, m_static, n, quant, activation_range, g, s, relu)
 
         def grad(dy):
             dy, extra = epilogue_gradients(dy, y, g, s, relu)
@@ -322,12 +327,16 @@ def swapped_conv2d(x, w, arithmetic: Kernel, strides=(1, 1), padding="valid", di
     @tf.custom_gradient
     def conv(inputs, filters, *epilogue):
         g, s = _split_epilogue(epilogue, gain, shift)
-        with_range = activation_range is not None
-        forward_inputs = ([inputs, filters] + ([activation_range] if with_range else [])
-                          + epilogue_inputs(g, s))
-        call = kernel_call(forward_np, quant, with_range, (g is not None, s is not None, relu))
-        y = tf.numpy_function(call, forward_inputs, tf.float32, stateful=False,
-                              name="graphswap_conv2d")
+        if forward_op.supports(arithmetic, "conv2d"):
+            y = forward_op.conv2d(arithmetic, inputs, filters, g_static, g, s, relu, quant,
+                                  activation_range)
+        else:
+            with_range = activation_range is not None
+            forward_inputs = ([inputs, filters] + ([activation_range] if with_range else [])
+                              + epilogue_inputs(g, s))
+            call = kernel_call(forward_np, quant, with_range, (g is not None, s is not None, relu))
+            y = tf.numpy_function(call, forward_inputs, tf.float32, stateful=False,
+                                  name="graphswap_conv2d")
         y.set_shape(static_out)
 
         def grad(dy):

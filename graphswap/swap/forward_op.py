@@ -1,0 +1,214 @@
+"""The GraphswapForward TensorFlow op: a swapped layer's forward pass called from TensorFlow's own
+executor thread instead of through tf.numpy_function - for operation-level float32 libraries
+(graphswap's "exact", users' .so) and for the fused table-driven kernels of 8-bit multipliers.
+
+tf.numpy_function costs every call a trip through Python (the GIL, array wrapping, our argument
+handling): about 100-200 us per swapped layer call on the development VM, which on a small network
+is a tenth of the training step.  The op (graphswap/native/tf_op/forward_op.cc) is compiled on first
+use against the installed TensorFlow's headers, into the per-user cache (keyed by its source, the
+TensorFlow version and the compiler), and loaded with tf.load_op_library.  When it cannot be built
+(no C++ compiler, headers missing) the swapped layers keep the numpy_function bridge - same results,
+slower - and say why once.
+
+GRAPHSWAP_BRIDGE=auto (default) | op (the op or an error) | numpy (always numpy_function).
+
+What a node calls is registered here, in the process (function addresses, geometry), and only the
+handle goes into the graph: a graph traced in another process fails with an error naming the cause.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import subprocess
+import threading
+import warnings
+from pathlib import Path
+
+import tensorflow as tf
+
+from graphswap import native
+from graphswap.errors import KernelLoadError
+from graphswap.kernels.float_kernels import LibraryKernel
+from graphswap.kernels.quantized import LutKernel, fused_quant
+from graphswap.native import compiler
+from graphswap.native.library import Conv2DParams, LutQuant
+
+SOURCE = Path(__file__).resolve().parent.parent / "native" / "tf_op" / "forward_op.cc"
+BRIDGE_MODES = ("auto", "op", "numpy")
+MATMUL, CONV2D, LUT_MATMUL, LUT_CONV2D = 0, 1, 2, 3
+
+
+class ForwardCall(ctypes.Structure):
+    """ctypes mirror of forward_op.cc's ForwardCall (field order is the ABI)."""
+
+    _fields_ = [("kind", ctypes.c_int32), ("has_gain", ctypes.c_int32),
+                ("has_shift", ctypes.c_int32), ("relu", ctypes.c_int32),
+                ("matmul", ctypes.c_void_p), ("conv2d", ctypes.c_void_p),
+                ("last_error", ctypes.c_void_p), ("affine", ctypes.c_void_p),
+                ("conv", Conv2DParams), ("library", ctypes.c_char * 256),
+                ("table", ctypes.c_void_p), ("quant", LutQuant), ("has_range", ctypes.c_int32)]
+
+
+class _OpLibrary:
+    def __init__(self, path: Path):
+        self.path = path
+        self.module = tf.load_op_library(str(path))
+        self._lib = ctypes.CDLL(str(path))  # the same loaded object: registry shared with the op
+        self._lib.graphswap_forward_abi.restype = ctypes.c_int32
+        if self._lib.graphswap_forward_abi() != ctypes.sizeof(ForwardCall):
+            raise KernelLoadError(f"{path} was built with another ForwardCall layout; delete it "
+                                  f"so graphswap rebuilds it")
+        self._register = self._lib.graphswap_forward_register
+        self._register.restype = ctypes.c_int64
+        self._register.argtypes = [ctypes.POINTER(ForwardCall)]
+
+    def register(self, call: ForwardCall) -> int:
+        return int(self._register(ctypes.byref(call)))
+
+
+_lock = threading.Lock()
+_loaded: _OpLibrary | None = None
+_unavailable: str | None = None
+
+
+def bridge_mode() -> str:
+    mode = os.environ.get("GRAPHSWAP_BRIDGE", "auto").strip().lower() or "auto"
+    if mode not in BRIDGE_MODES:
+        raise KernelLoadError(f"GRAPHSWAP_BRIDGE={mode!r} is not one of {BRIDGE_MODES}: 'auto' "
+                              f"uses the compiled op where it can, 'op' insists on it, 'numpy' "
+                              f"always uses tf.numpy_function")
+    return mode
+
+
+def _header_dir() -> Path:
+    installed = Path(__file__).resolve().parent.parent / "include"
+    if (installed / "graphswap_kernels.h").is_file():
+        return installed
+    source = compiler.native_source_dir()
+    if source is None:
+        raise compiler.CompilerError("graphswap_kernels.h was not found (neither installed with "
+                                     "the package nor in a source checkout)")
+    return source / "include"
+
+
+def _build_flags() -> list[str]:
+    return [f"-I{_header_dir()}", *tf.sysconfig.get_compile_flags(),
+            *tf.sysconfig.get_link_flags()]
+
+
+def op_library_path() -> Path:
+    """The compiled op for this TensorFlow, built into the cache if it is not there yet."""
+    flags = _build_flags()
+    cxx = compiler.find_cxx_compiler()
+    try:
+        version = subprocess.run([cxx, "--version"], capture_output=True, text=True,
+                                 timeout=30).stdout.splitlines()[:1]
+    except (OSError, subprocess.SubprocessError):
+        version = []
+    digest = hashlib.sha256("|".join([cxx, *version, tf.__version__, *flags]).encode())
+    digest.update(SOURCE.read_bytes())
+    digest.update((_header_dir() / "graphswap_kernels.h").read_bytes())
+    target = native.cache_dir() / "tf_op" / f"{digest.hexdigest()[:16]}-graphswap_forward_op.so"
+    if not target.is_file():
+        native.owner_only_directory(target.parent)
+        compiler.compile_cxx_shared(SOURCE, target, flags)
+    return target
+
+
+def op_library() -> _OpLibrary | None:
+    """The loaded op, or None when the numpy_function bridge is to be used (GRAPHSWAP_BRIDGE=numpy,
+    or the op could not be built - warned once; with GRAPHSWAP_BRIDGE=op that is an error)."""
+    global _loaded, _unavailable
+    mode = bridge_mode()
+    if mode == "numpy":
+        return None
+    with _lock:
+        if _loaded is None and _unavailable is None:
+            try:
+                _loaded = _OpLibrary(op_library_path())
+            except (compiler.CompilerError, KernelLoadError, OSError,
+                    tf.errors.NotFoundError) as exc:
+                _unavailable = str(exc)
+                if mode == "auto":
+                    warnings.warn(f"graphswap could not build its TensorFlow op, so swapped layers "
+                                  f"call their kernels through tf.numpy_function (same results, "
+                                  f"slower): {exc}", RuntimeWarning, stacklevel=3)
+        if _loaded is None and mode == "op":
+            raise KernelLoadError(f"GRAPHSWAP_BRIDGE=op, but graphswap's TensorFlow op is not "
+                                  f"available: {_unavailable}")
+        return _loaded
+
+
+def supports(arithmetic, kind: str) -> bool:
+    """Whether `arithmetic`'s forward `kind` ("matmul" / "conv2d") can run as GraphswapForward:
+    operation-level float32 libraries (conv2d where the library exports one) and multiplier
+    tables with graphswap's fused kernels."""
+    if isinstance(arithmetic, LibraryKernel):
+        if kind == "conv2d" and not arithmetic.library.has_conv2d:
+            return False
+    elif not (isinstance(arithmetic, LutKernel) and arithmetic.fused_table is not None):
+        return False
+    return op_library() is not None
+
+
+#: the tables registered calls point to, one array per distinct content (kept for the process)
+_pinned_tables: dict[bytes, object] = {}
+
+
+def _pinned(table) -> int:
+    key = hashlib.sha256(table.tobytes()).digest()
+    return _pinned_tables.setdefault(key, table).ctypes.data
+
+
+def _call(kind: str, arithmetic, gain, shift, relu: bool, geometry, quant,
+          has_range: bool) -> ForwardCall:
+    epilogue = gain is not None or shift is not None or relu
+    affine = (native.shipped_library().function_address("graphswap_channel_affine_f32")
+              if epilogue else None)
+    call = ForwardCall(has_gain=int(gain is not None), has_shift=int(shift is not None),
+                       relu=int(bool(relu)), affine=affine, has_range=int(has_range))
+    if isinstance(arithmetic, LutKernel):
+        library = native.shipped_library()
+        call.kind = LUT_MATMUL if kind == "matmul" else LUT_CONV2D
+        call.matmul = library.function_address("graphswap_lut_matmul_f32")
+        call.conv2d = library.function_address("graphswap_lut_conv2d_f32")
+        call.table = _pinned(arithmetic.fused_table)
+        # a static range arrives per call (the layer's state): its scale is computed in the op
+        scheme = quant.with_range(0.0, 1.0) if has_range else quant
+        call.quant = fused_quant(arithmetic.resolve_scheme(scheme), arithmetic.signed)
+    else:
+        library = arithmetic.library
+        call.kind = MATMUL if kind == "matmul" else CONV2D
+        call.matmul = library.function_address("graphswap_matmul_f32")
+        call.conv2d = library.function_address("graphswap_conv2d_f32")
+    call.last_error = library.function_address("graphswap_last_error")
+    call.library = os.path.basename(library.path).encode()[:255]
+    if geometry is not None:
+        call.conv = Conv2DParams.from_geometry(geometry)
+    return call
+
+
+def _run(kind: str, arithmetic, x, w, gain, shift, relu, geometry=None, quant=None,
+         activation_range=None):
+    has_range = quant is not None and activation_range is not None
+    loaded = op_library()
+    handle = loaded.register(_call(kind, arithmetic, gain, shift, relu, geometry, quant,
+                                   has_range))
+    extras = [t for t in (activation_range if has_range else None, gain, shift) if t is not None]
+    return loaded.module.graphswap_forward(x, w, [tf.cast(t, tf.float32) for t in extras],
+                                           handle=handle, name="graphswap_forward")
+
+
+def matmul(arithmetic, a, b, gain=None, shift=None, relu=False, quant=None,
+           activation_range=None):
+    """relu?((a @ b) * gain + shift) for (m, k) x (k, n) float32 tensors, one op; `quant` and
+    `activation_range` as for graphswap.swap.ops.swapped_matmul."""
+    return _run("matmul", arithmetic, a, b, gain, shift, relu, None, quant, activation_range)
+
+
+def conv2d(arithmetic, x, w, geometry, gain=None, shift=None, relu=False, quant=None,
+           activation_range=None):
+    """relu?(conv(x, w) * gain + shift), NHWC x HWIO float32, `geometry` traced with any batch."""
+    return _run("conv2d", arithmetic, x, w, gain, shift, relu, geometry, quant, activation_range)
