@@ -14,7 +14,7 @@ from graphswap.io.savedmodel import python_ops_in
 from graphswap.kernels import resolve_kernel
 from graphswap.kernels.scheme import QuantScheme
 from graphswap.native import compiler
-from graphswap.swap import forward_op, ops
+from graphswap.swap import forward_op, ops, ops_layers
 
 MATMUL_ONLY = """
     #include "graphswap_kernels.h"
@@ -214,6 +214,34 @@ def test_static_scale_of_edge_ranges_matches_python(signed, static_range, monkey
     y_np, _, _ = _forward_and_gradients(build, [x, w, shift], "numpy", monkeypatch)
     assert "GraphswapForward" in types
     np.testing.assert_array_equal(y_op, y_np)
+
+
+@pytest.mark.parametrize("kernel_name", ["exact", "mul8u_drum4", "mul8s_drum4"])
+@pytest.mark.parametrize("strides, padding, multiplier", [((1, 1), "same", 1),
+                                                          ((2, 2), "valid", 2)])
+def test_depthwise_through_the_op_equals_the_numpy_bridge(kernel_name, strides, padding,
+                                                          multiplier, monkeypatch):
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(2, 10, 9, 6)).astype(np.float32)
+    w = rng.normal(size=(3, 3, 6, multiplier)).astype(np.float32)
+    kernel = resolve_kernel(kernel_name)
+
+    def build(a, b):
+        return ops_layers.swapped_depthwise_conv2d(a, b, kernel, strides=strides,
+                                                   padding=padding)
+
+    y_op, g_op, types_op = _forward_and_gradients(build, [x, w], "op", monkeypatch)
+    y_np, g_np, types_np = _forward_and_gradients(build, [x, w], "numpy", monkeypatch)
+    assert "GraphswapForward" in types_op and "PyFuncStateless" not in types_op
+    assert "PyFuncStateless" in types_np
+    np.testing.assert_array_equal(y_op, y_np)
+    for a, b in zip(g_op, g_np):
+        np.testing.assert_array_equal(a, b)
+    if kernel_name == "exact":
+        want = tf.nn.depthwise_conv2d(x, w, [1, *strides, 1], padding.upper()).numpy()
+        magnitude = tf.nn.depthwise_conv2d(np.abs(x), np.abs(w), [1, *strides, 1],
+                                           padding.upper()).numpy()
+        assert_close_to_roundoff(y_op, want, 9, magnitude=magnitude)
 
 
 def test_a_swapped_model_runs_the_op_for_every_exact_layer(lenet, monkeypatch):

@@ -3,8 +3,9 @@ backward with TensorFlow's registered gradients of the stock op.
 
 Each op is one `tf.custom_gradient` function of (input, weights), float32:
 
-* forward: one `tf.numpy_function` calling the Kernel - `conv2d` with groups = channels for a
-  depthwise convolution (Keras' (h, w, in, multiplier) kernel is the HWIO filter
+* forward: one `tf.numpy_function` calling the Kernel (for a depthwise convolution on a kernel
+  graphswap's compiled op covers, that op: graphswap.swap.forward_op) - `conv2d` with groups =
+  channels for a depthwise convolution (Keras' (h, w, in, multiplier) kernel is the HWIO filter
   (h, w, 1, in * multiplier)), `conv2d` of the zero-inserted input with the flipped filter for a
   transposed convolution (graphswap.native.transpose), one `matmul` between the transposes and
   reshapes an einsum equation resolves to (graphswap.native.einsum);
@@ -30,6 +31,7 @@ from graphswap import native
 from graphswap.errors import UnsupportedLayerError
 from graphswap.kernels import Kernel
 from graphswap.native import conv_geometry, einsum_plan, transposed_conv
+from graphswap.swap import forward_op
 from graphswap.swap.ops import configure_threads
 
 
@@ -42,13 +44,19 @@ def _static(shape, what: str) -> list:
 
 
 @tf.autograph.experimental.do_not_convert
-def _kernel_op(name, forward_np, stock, kernel_grads_np, out_static, backward, x, w):
-    """The custom-gradient op shared by the layers of this module (module docstring)."""
+def _kernel_op(name, forward_np, stock, kernel_grads_np, out_static, backward, x, w,
+               forward_tf=None):
+    """The custom-gradient op shared by the layers of this module (module docstring);
+    `forward_tf(inputs, weights)`, when given, builds the forward as graphswap's compiled op
+    (graphswap.swap.forward_op) instead of calling `forward_np` through numpy_function."""
 
     @tf.custom_gradient
     def op(inputs, weights):
-        y = tf.numpy_function(forward_np, [inputs, weights], tf.float32, stateful=False,
-                              name=f"graphswap_{name}")
+        if forward_tf is not None:
+            y = forward_tf(inputs, weights)
+        else:
+            y = tf.numpy_function(forward_np, [inputs, weights], tf.float32, stateful=False,
+                                  name=f"graphswap_{name}")
         y.set_shape(out_static)
 
         def grad(dy):
@@ -114,8 +122,13 @@ def swapped_depthwise_conv2d(x, kernel, arithmetic: Kernel, strides=(1, 1), padd
         return keras.ops.depthwise_conv(inputs, weights, strides=strides, padding=padding,
                                         data_format="channels_last", dilation_rate=dilations)
 
+    forward_tf = None
+    if forward_op.supports(arithmetic, "conv2d"):
+        def forward_tf(inputs, weights):
+            return forward_op.conv2d(arithmetic, inputs, tf.reshape(weights, hwio), g_static)
+
     return _kernel_op("depthwise_conv2d", forward_np, stock, kernel_grads_np, out_static,
-                      backward, x, kernel)
+                      backward, x, kernel, forward_tf)
 
 
 # --------------------------------------------------------------------------------------------
