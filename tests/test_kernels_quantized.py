@@ -111,6 +111,12 @@ CONV_CASES = [
     ((2, 11, 13, 1), (3, 5, 1, 7), (1, 1), (2, 1), "same", 1),
     ((2, 10, 9, 1), (3, 3, 1, 5), (2, 2), (1, 1), "same", 1),
     ((1, 4, 72, 1), (3, 3, 1, 4), (1, 1), (1, 1), "valid", 1),
+    # depthwise (groups = channels: the gather reads channel planes): SAME borders, a channel
+    # multiplier with strides, a row wider than 64 pixels, strides and dilations across a border
+    ((2, 9, 11, 5), (3, 3, 1, 5), (1, 1), (1, 1), "same", 5),
+    ((2, 10, 9, 6), (3, 3, 1, 12), (2, 2), (1, 1), "same", 6),
+    ((1, 6, 70, 3), (3, 5, 1, 3), (1, 1), (2, 1), "same", 3),
+    ((1, 7, 17, 4), (1, 3, 1, 4), (1, 3), (1, 2), "same", 4),
 ]
 
 

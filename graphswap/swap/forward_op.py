@@ -30,6 +30,7 @@ import tensorflow as tf
 
 from graphswap import native
 from graphswap.errors import KernelLoadError
+from graphswap.kernels.base import SchemeBoundKernel
 from graphswap.kernels.float_kernels import LibraryKernel
 from graphswap.kernels.quantized import LutKernel, fused_quant
 from graphswap.native import compiler
@@ -141,10 +142,18 @@ def op_library() -> _OpLibrary | None:
         return _loaded
 
 
+def _unbound(arithmetic, quant):
+    """(kernel, scheme) of a kernel a layer bound to its scheme (kernels.base.bind_scheme)."""
+    if isinstance(arithmetic, SchemeBoundKernel):
+        return arithmetic.kernel, quant if quant is not None else arithmetic.quant
+    return arithmetic, quant
+
+
 def supports(arithmetic, kind: str) -> bool:
     """Whether `arithmetic`'s forward `kind` ("matmul" / "conv2d") can run as GraphswapForward:
     operation-level float32 libraries (conv2d where the library exports one) and multiplier
-    tables with graphswap's fused kernels."""
+    tables with graphswap's fused kernels (also when bound to a layer's scheme)."""
+    arithmetic, _ = _unbound(arithmetic, None)
     if isinstance(arithmetic, LibraryKernel):
         if kind == "conv2d" and not arithmetic.library.has_conv2d:
             return False
@@ -192,6 +201,7 @@ def _call(kind: str, arithmetic, gain, shift, relu: bool, geometry, quant,
 
 def _run(kind: str, arithmetic, x, w, gain, shift, relu, geometry=None, quant=None,
          activation_range=None):
+    arithmetic, quant = _unbound(arithmetic, quant)
     has_range = quant is not None and activation_range is not None
     loaded = op_library()
     handle = loaded.register(_call(kind, arithmetic, gain, shift, relu, geometry, quant,

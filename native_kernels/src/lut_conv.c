@@ -100,15 +100,21 @@ static void gather(const graphswap_conv2d_params *P, const gs_conv_geo *G, const
     }
 }
 
-/* Direct variant for windows with few channels per tap (cin_g < 4, e.g. a first layer), tap by tap:
+/* Direct variant for windows with few channels per tap (cin_g < 4, e.g. a first layer, or a
+ * depthwise convolution, whose codes run() first transposes to one plane per channel), tap by tap:
  * the lanes of a packed group are consecutive output pixels, so within one output row a tap reads
  * input positions `stride_width` apart -- one contiguous copy for a single channel at unit stride.
  * The window code sums (unless sums is NULL) are added lane-wise afterwards.  (Pixel by pixel, 25 scalar loads and
  * 64-byte-strided stores per pixel took 70% of LeNet-5's first table-driven conv.) */
-static void gather_direct(const graphswap_conv2d_params *P, const gs_conv_geo *G, const uint8_t *codes,
+typedef struct code_layout {
+    const uint8_t *codes;
+    int64_t image, group, pixel; /* element strides of an image, a group's first channel, a pixel */
+} code_layout;
+
+static void gather_direct(const graphswap_conv2d_params *P, const gs_conv_geo *G, const code_layout *L,
                           uint8_t pad, int64_t g, int64_t p0, int64_t rows, uint8_t *dst, int64_t *sums)
 {
-    const int64_t K = G->taps, cg = G->cin_g, FW = P->filter_width, C = P->in_channels;
+    const int64_t K = G->taps, cg = G->cin_g, FW = P->filter_width, C = L->pixel;
     const int64_t H = P->in_height, W = P->in_width, OW = P->out_width, OH = P->out_height;
     const int64_t sw = P->stride_width;
     const int64_t groups = (rows + 63) / 64;
@@ -119,28 +125,28 @@ static void gather_direct(const graphswap_conv2d_params *P, const gs_conv_geo *G
         for (int64_t lane = 0, pix = p0 + gi * 64; lane < lanes;) {
             const int64_t ow = pix % OW, oh = (pix / OW) % OH, n = pix / (OW * OH);
             const int64_t len = min64(lanes - lane, OW - ow); /* lanes left in this output row */
-            const uint8_t *img = codes + n * H * W * C + g * cg;
+            const uint8_t *img = L->codes + n * L->image + g * L->group;
             for (int64_t fh = 0; fh < P->filter_height; ++fh) {
                 const int64_t ih = oh * P->stride_height - P->pad_top + fh * P->dilation_height;
                 for (int64_t fw = 0; fw < FW; ++fw) {
                     const int64_t iw0 = ow * sw - P->pad_left + fw * P->dilation_width;
-                    const int inside = ih >= 0 && ih < H && iw0 >= 0 && iw0 + (len - 1) * sw < W;
+                    /* lanes [lo, hi) read inside the row; the others are padding */
+                    const int64_t lo = iw0 >= 0 ? 0 : min64(len, (-iw0 + sw - 1) / sw);
+                    const int64_t hi = iw0 + (len - 1) * sw < W ? len
+                                       : (W - iw0 <= 0 ? lo : (W - iw0 + sw - 1) / sw);
                     for (int64_t ic = 0; ic < cg; ++ic) {
                         uint8_t *d = block + ((fh * FW + fw) * cg + ic) * 64 + lane;
-                        if (ih < 0 || ih >= H) {
+                        if (ih < 0 || ih >= H || hi <= lo) {
                             memset(d, pad, (size_t)len);
                             continue;
                         }
                         const uint8_t *s = img + ih * W * C + ic;
-                        if (inside && C == 1 && sw == 1)
-                            memcpy(d, s + iw0, (size_t)len);
-                        else if (inside)
-                            for (int64_t l = 0; l < len; ++l) d[l] = s[(iw0 + l * sw) * C];
+                        if (lo > 0) memset(d, pad, (size_t)lo);
+                        if (hi < len) memset(d + hi, pad, (size_t)(len - hi));
+                        if (C == 1 && sw == 1)
+                            memcpy(d + lo, s + iw0 + lo, (size_t)(hi - lo));
                         else
-                            for (int64_t l = 0; l < len; ++l) {
-                                const int64_t iw = iw0 + l * sw;
-                                d[l] = iw >= 0 && iw < W ? s[iw * C] : pad;
-                            }
+                            for (int64_t l = lo; l < hi; ++l) d[l] = s[(iw0 + l * sw) * C];
                     }
                 }
             }
@@ -206,6 +212,29 @@ static int32_t run(const char *fn, const conv_job *J)
     }
     R.pos = R.off + (R.count > 0 ? R.count : 1);
     const int direct = G->cin_g < 4;
+    /* a depthwise convolution reads one channel of every pixel: from channel planes (NCHW), a tap
+     * of an output row is one contiguous copy instead of bytes in_channels apart */
+    const int64_t C = P->in_channels, HW = P->in_height * P->in_width;
+    const int planar = direct && G->cin_g == 1 && P->groups == C && C > 1 && P->batch * HW > 0;
+    code_layout L = {J->codes, HW * C, G->cin_g, C};
+    uint8_t *planes = NULL;
+    if (planar) {
+        planes = gs_alloc(P->batch * C * HW);
+        if (!planes) {
+            gs_free(scratch), gs_free(R.off);
+            return gs_fail(GRAPHSWAP_ERR_OUT_OF_MEMORY, "%s: cannot allocate %lld bytes of channel planes",
+                           fn, (long long)(P->batch * C * HW));
+        }
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+        for (int64_t row = 0; row < P->batch * P->in_height; ++row) {
+            const int64_t n = row / P->in_height, h = row % P->in_height;
+            const uint8_t *src = J->codes + row * P->in_width * C;
+            uint8_t *dst = planes + n * C * HW + h * P->in_width;
+            for (int64_t c = 0; c < C; ++c) /* the row (W x C bytes) stays in cache */
+                for (int64_t w = 0; w < P->in_width; ++w) dst[c * HW + w] = src[w * C + c];
+        }
+        L = (code_layout){planes, C * HW, HW, 1};
+    }
     /* window code sums: asked for, or the zero-point correction of asymmetric weights needs them */
     const int need_sums = J->window_sums || (J->out && J->is_unsigned && !J->sm);
     for (int64_t fh = 0, i = 0; fh < P->filter_height; ++fh)
@@ -229,7 +258,7 @@ static int32_t run(const char *fn, const conv_job *J)
         const int64_t p0 = blk * shape.rows, rows = min64(shape.rows, G->pixels - p0);
         const int64_t j0 = cc * cols, ncols = cog > 0 ? min64(cols, cog - j0) : 0;
         if (direct)
-            gather_direct(P, G, J->codes, J->pad, g, p0, rows, packed, need_sums ? sums : NULL);
+            gather_direct(P, G, &L, J->pad, g, p0, rows, packed, need_sums ? sums : NULL);
         else
             gather(P, G, J->codes, J->pad, g, p0, rows, &R, packed, need_sums ? sums : NULL, tmp);
         if (J->window_sums && cc == 0)
@@ -261,7 +290,7 @@ static int32_t run(const char *fn, const conv_job *J)
         gs_epilogue_rows(J->isa, &e, acc, pairs, rows, ncols, need_sums ? sums : NULL, J->out + p0 * cout + col0,
                          cout);
     }
-    gs_free(scratch), gs_free(R.off);
+    gs_free(scratch), gs_free(R.off), gs_free(planes);
     return GRAPHSWAP_OK;
 }
 
