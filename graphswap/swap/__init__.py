@@ -1,14 +1,15 @@
-"""Swapping: the TensorFlow ops (forward through a Kernel in numpy_function, backward with
-TensorFlow's own gradient ops), the swapped Keras layers, the clone-and-replace machinery,
-rewrite_model with its report, and the output comparison used to check a rewrite.
+"""Swapping: the TensorFlow ops (forward through a Kernel - graphswap's compiled op or
+numpy_function - backward with TensorFlow's own gradient ops), the swapped Keras layers, the
+clone-and-replace machinery, rewrite_model with its report, and the output comparison used to check
+a rewrite.
 
-Modules: ops (matmul, conv2d) and ops_layers (depthwise, transposed, einsum), layers (Dense,
-Conv2D), layers_conv (DepthwiseConv2D, SeparableConv2D, Conv1D, Conv2DTranspose) and
-layers_attention (EinsumDense, MultiHeadAttention), quantstate (a swapped layer's quantization
-state), catalog (stock -> swapped), tracking (replacing held sublayers in place), clone
-(transform_model, iter_layers), subclassed (subclassed models), rewrite (rewrite_model, plan, kernel
-maps), report, compare, calibration (static activation ranges), folding (BatchNormalization
-folding), compensation (bias compensation, BN re-estimation).
+Modules: ops (matmul, conv2d) and ops_layers (depthwise, transposed, einsum), forward_op (the
+compiled op their forwards use), layers (Dense, Conv2D), layers_conv (DepthwiseConv2D,
+SeparableConv2D, Conv1D, Conv2DTranspose) and layers_attention (EinsumDense, MultiHeadAttention),
+quantstate (a swapped layer's quantization state), catalog (stock -> swapped), tracking (replacing
+held sublayers in place), clone (transform_model, iter_layers), subclassed (subclassed models),
+rewrite (rewrite_model, plan, kernel maps), report, compare, calibration (static activation
+ranges), folding (BatchNormalization folding), compensation (bias compensation, BN re-estimation).
 """
 
 from graphswap.swap.calibration import (CALIBRATION_METHODS, CALIBRATION_SOURCES,

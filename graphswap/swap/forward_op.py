@@ -12,8 +12,9 @@ slower - and say why once.
 
 GRAPHSWAP_BRIDGE=auto (default) | op (the op or an error) | numpy (always numpy_function).
 
-What a node calls is registered here, in the process (function addresses, geometry), and only the
-handle goes into the graph: a graph traced in another process fails with an error naming the cause.
+What a node calls is registered here, in the process (function addresses, geometry, the table and
+the resolved quantization scheme), and only the handle goes into the graph: a graph traced in
+another process fails with an error naming the cause.
 """
 
 from __future__ import annotations
@@ -53,6 +54,8 @@ class ForwardCall(ctypes.Structure):
 
 
 class _OpLibrary:
+    """The loaded op: its TensorFlow module (the op wrapper) and its registry (through ctypes)."""
+
     def __init__(self, path: Path):
         self.path = path
         self.module = tf.load_op_library(str(path))

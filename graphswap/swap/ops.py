@@ -1,7 +1,8 @@
 """TensorFlow ops whose forward pass runs a graphswap Kernel and whose backward pass is TensorFlow's.
 
-Forward: `tf.numpy_function` into the kernel (one C call for the whole batch), with the static
-output shape set.  Backward (`backward="native"`): the same computations TensorFlow registers as the
+Forward: one C call for the whole batch, with the static output shape set - through graphswap's
+compiled TensorFlow op where it covers the kernel (graphswap.swap.forward_op: float libraries and
+the fused table kernels), else through `tf.numpy_function`.  Backward (`backward="native"`): the same computations TensorFlow registers as the
 gradients of MatMul and Conv2D (MatMul: dy @ w^T and x^T @ dy; Conv2D: Conv2DBackpropInput and
 Conv2DBackpropFilter with the forward's VALID/SAME padding), against the float weights - the
 straight-through estimator for approximate forwards, and bit-for-bit TensorFlow's own gradient code

@@ -7,8 +7,8 @@
 // no Python, no GIL, no array conversions on every call.
 //
 // What to call is not an attribute of the graph: Python registers a ForwardCall (function
-// addresses taken from the libraries it loaded, the convolution geometry) and puts only the
-// returned handle in the node.  A handle carries a random per-process token, so a graph traced in
+// addresses taken from the libraries it loaded, the convolution geometry, a multiplier table and
+// its resolved quantization scheme) and puts only the returned handle in the node.  A handle carries a random per-process token, so a graph traced in
 // another process (a serialized GraphDef) fails with a clear error instead of calling addresses
 // that mean nothing here.
 
