@@ -132,22 +132,28 @@ def openblas_location() -> tuple[Path, Path, str]:
 SHIPPED_FLAGS = ["-fopenmp", "-ffp-contract=off", "-fno-strict-aliasing"]
 
 
-def build_fingerprint() -> str:
-    """What else than the sources decides the shipped library's binary: the compiler (path and
-    version), the flags and the OpenBLAS it links (path and version)."""
-    compiler = find_compiler()
+def compiler_identity(compiler: str) -> list[str]:
+    """[path, first line of `compiler --version`] (the version left out if it cannot be run):
+    what of a toolchain goes into a cached build's name."""
     try:
         version = subprocess.run([compiler, "--version"], capture_output=True, text=True,
                                  timeout=30).stdout.splitlines()[:1]
     except (OSError, subprocess.SubprocessError):
         version = []
+    return [compiler, *version]
+
+
+def build_fingerprint() -> str:
+    """What else than the sources decides the shipped library's binary: the compiler (path and
+    version), the flags and the OpenBLAS it links (path and version)."""
     try:
         import scipy_openblas32
 
         openblas = f"{scipy_openblas32.get_lib_dir()} {getattr(scipy_openblas32, '__version__', '')}"
     except ImportError:
         openblas = "missing"
-    return "|".join([compiler, *version, " ".join(BASE_FLAGS + SHIPPED_FLAGS), openblas])
+    return "|".join([*compiler_identity(find_compiler()), " ".join(BASE_FLAGS + SHIPPED_FLAGS),
+                     openblas])
 
 
 def build_shipped_library(native_dir: Path, output: Path, portable: bool | None = None) -> Path:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
-import subprocess
 import threading
 import warnings
 from pathlib import Path
@@ -97,23 +96,15 @@ def _header_dir() -> Path:
     return source / "include"
 
 
-def _build_flags() -> list[str]:
-    return [f"-I{_header_dir()}", *tf.sysconfig.get_compile_flags(),
-            *tf.sysconfig.get_link_flags()]
-
-
 def op_library_path() -> Path:
     """The compiled op for this TensorFlow, built into the cache if it is not there yet."""
-    flags = _build_flags()
-    cxx = compiler.find_cxx_compiler()
-    try:
-        version = subprocess.run([cxx, "--version"], capture_output=True, text=True,
-                                 timeout=30).stdout.splitlines()[:1]
-    except (OSError, subprocess.SubprocessError):
-        version = []
-    digest = hashlib.sha256("|".join([cxx, *version, tf.__version__, *flags]).encode())
+    header_dir = _header_dir()
+    flags = [f"-I{header_dir}", *tf.sysconfig.get_compile_flags(),
+             *tf.sysconfig.get_link_flags()]
+    toolchain = compiler.compiler_identity(compiler.find_cxx_compiler())
+    digest = hashlib.sha256("|".join([*toolchain, tf.__version__, *flags]).encode())
     digest.update(SOURCE.read_bytes())
-    digest.update((_header_dir() / "graphswap_kernels.h").read_bytes())
+    digest.update((header_dir / "graphswap_kernels.h").read_bytes())
     target = native.cache_dir() / "tf_op" / f"{digest.hexdigest()[:16]}-graphswap_forward_op.so"
     if not target.is_file():
         native.owner_only_directory(target.parent)
