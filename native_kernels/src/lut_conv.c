@@ -100,17 +100,18 @@ static void gather(const graphswap_conv2d_params *P, const gs_conv_geo *G, const
     }
 }
 
+/* Where gather_direct reads the input codes: NHWC as given, or run()'s channel planes. */
+typedef struct code_layout {
+    const uint8_t *codes;
+    int64_t image, group, pixel; /* element strides of an image, a group's first channel, a pixel */
+} code_layout;
+
 /* Direct variant for windows with few channels per tap (cin_g < 4, e.g. a first layer, or a
  * depthwise convolution, whose codes run() first transposes to one plane per channel), tap by tap:
  * the lanes of a packed group are consecutive output pixels, so within one output row a tap reads
  * input positions `stride_width` apart -- one contiguous copy for a single channel at unit stride.
  * The window code sums (unless sums is NULL) are added lane-wise afterwards.  (Pixel by pixel, 25 scalar loads and
  * 64-byte-strided stores per pixel took 70% of LeNet-5's first table-driven conv.) */
-typedef struct code_layout {
-    const uint8_t *codes;
-    int64_t image, group, pixel; /* element strides of an image, a group's first channel, a pixel */
-} code_layout;
-
 static void gather_direct(const graphswap_conv2d_params *P, const gs_conv_geo *G, const code_layout *L,
                           uint8_t pad, int64_t g, int64_t p0, int64_t rows, uint8_t *dst, int64_t *sums)
 {

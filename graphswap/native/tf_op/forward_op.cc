@@ -39,7 +39,7 @@ using LutConvFn = int32_t (*)(const float*, const float*, const float*, float*, 
 
 enum ForwardKind : int32_t { kMatmul = 0, kConv2D = 1, kLutMatmul = 2, kLutConv2D = 3 };
 
-// Field order is the ABI shared with graphswap/native/tf_bridge.py (ctypes mirror).
+// Field order is the ABI shared with graphswap/swap/forward_op.py (its ctypes mirror).
 struct ForwardCall {
   int32_t kind;
   int32_t has_gain, has_shift, relu;
