@@ -22,6 +22,8 @@ Sections:
             recipe was chosen from
   start     the zero-step start's training loss per multiplier, and the learning rate the
             default ("auto") picks from it
+  seeds     the table's 1-epoch STE column over fine-tuning seeds 0, 1, 2 for the medium
+            multipliers with MRE% >= 2.5 (where the 0.3-point target is one or two test images)
 
     python benchmarks/recovery_table.py --quick                  # a few minutes: 4 multipliers
     python benchmarks/recovery_table.py                          # everything (about an hour on
@@ -71,6 +73,13 @@ RECIPES = {   # name: (learning rate, schedule, observer of the static ranges)
     "adam 1e-3 cosine, moving-average ranges": (1e-3, "cosine", "moving_average"),
     "adam auto cosine (the default)": ("auto", "cosine", "fixed"),
 }
+# the medium multipliers (MAE% <= 1) with a mean relative error of 2.5% or more: where the
+# 1-epoch target is decided by one or two test images, so its seed spread is measured
+SEED_MULTIPLIERS = ("mul8s_drum3", "mul8s_drum4", "mul8s_drum5", "mul8u_drum5", "mul8s_mitchell",
+                    "mul8u_mitchell", "sample_models/multipliers/mul8u_gsloa11.c",
+                    "sample_models/multipliers/mul8s_gsloa11.c",
+                    "sample_models/multipliers/mul8s_gsbam6.c")
+SEED_SEEDS = (0, 1, 2)
 CALIBRATION_SAMPLES = 512
 
 
@@ -165,7 +174,8 @@ def table_row(ctx, name, spec, finetune=True) -> dict:
     model = ctx.model(name)
     key = f"table/{name}/{label(spec)}"
     bn = has_bn(model)
-    row = {"MAE%": round(kernels.metrics(spec)["MAE%"], 4)}
+    metrics = kernels.metrics(spec)
+    row = {"MAE%": round(metrics["MAE%"], 4), "MRE%": round(metrics["MRE%"], 2)}
     row["float"] = ctx.cached(f"float/{name}", lambda: ctx.accuracy(model))
     row["TFApprox"] = ctx.cached(f"{key}/tfapprox", lambda: ctx.accuracy(
         zero_step(ctx, model, spec, quantization="tfapprox")))
@@ -230,10 +240,11 @@ def section_table(ctx, multipliers, finetune=True) -> list[str]:
         rows = []
         for spec in multipliers:
             row = table_row(ctx, name, spec, finetune)
-            rows.append([label(spec), f"{row['MAE%']:.2f}"] + [row[c] for c in TABLE_COLUMNS]
-                        + [target_note(row)])
+            rows.append([label(spec), f"{row['MAE%']:.2f}", f"{row['MRE%']:.1f}"]
+                        + [row[c] for c in TABLE_COLUMNS] + [target_note(row)])
         out.append(f"### {name}\n")
-        out.extend(format_markdown(["multiplier", "MAE%"] + TABLE_COLUMNS + ["targets"], rows))
+        out.extend(format_markdown(["multiplier", "MAE%", "MRE%"] + TABLE_COLUMNS + ["targets"],
+                                   rows))
         out.append("")
     return out
 
@@ -320,6 +331,34 @@ def section_recipes(ctx, multipliers, seeds) -> list[str]:
     return out
 
 
+def section_seeds(ctx, multipliers, seeds) -> list[str]:
+    """The 1-epoch STE column of the table over several fine-tuning seeds (seed 0 is the
+    table's own run), with how many of them meet the 0.3-point target."""
+    rows = []
+    for spec in multipliers:
+        row = [label(spec), f"{kernels.metrics(spec)['MAE%']:.2f}",
+               f"{kernels.metrics(spec)['MRE%']:.1f}"]
+        for name in MODELS:
+            model = ctx.model(name)
+            float_acc = ctx.cached(f"float/{name}", lambda: ctx.accuracy(model))
+            values = []
+            for seed in seeds:
+                key = f"table/{name}/{label(spec)}/{start_signature()}/{recipe_signature()}/STE1"
+                if seed:
+                    key += f"/seed{seed}"
+                values.append(ctx.cached(key, lambda: finetuned(ctx, model, spec, 1,
+                                                                seed=seed)))
+            met = sum(v >= float_acc - 0.3 for v in values)
+            row += [" / ".join(f"{v:.2f}" for v in values), f"{np.mean(values):.2f}",
+                    f"{met} of {len(values)}"]
+        rows.append(row)
+    headers = ["multiplier", "MAE%", "MRE%"] + [h for name in MODELS for h in (
+        f"{name} STE 1 (seeds {', '.join(map(str, seeds))})", f"{name} mean",
+        f"{name} within 0.3")]
+    return (["### 1 epoch (STE) over fine-tuning seeds, for the medium multipliers with MRE% >= "
+             "2.5\n"] + format_markdown(headers, rows) + [""])
+
+
 def section_start(ctx, multipliers) -> list[str]:
     """The zero-step start's training loss (what learning_rate="auto" reads) and the rate it
     picks, per multiplier and model."""
@@ -365,7 +404,7 @@ def update_docs(blocks: dict) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help=f"only {', '.join(map(label, QUICK))}")
-    parser.add_argument("--sections", default="table,batch,ablation,recipes,start")
+    parser.add_argument("--sections", default="table,batch,ablation,recipes,start,seeds")
     parser.add_argument("--seeds", default="0,1", help="seeds of the recipes section")
     parser.add_argument("--json", type=Path, default=REPO / "benchmarks" / "recovery_results.json")
     parser.add_argument("--fresh", action="store_true", help="ignore cached results")
@@ -390,6 +429,9 @@ def main() -> None:
                                             else list(RECIPE_MULTIPLIERS), seeds)
     if "start" in sections:
         blocks["START"] = section_start(ctx, list(QUICK) if args.quick else all_multipliers())
+    if "seeds" in sections:
+        blocks["SEEDS"] = section_seeds(ctx, list(QUICK[:1]) if args.quick
+                                        else list(SEED_MULTIPLIERS), list(SEED_SEEDS))
     for lines in blocks.values():
         print("\n".join(lines))
     print(f"({time.time() - started:.0f} s; results in {args.json})")

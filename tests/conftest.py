@@ -228,6 +228,25 @@ def compile_library(tmp_path: Path, name: str, source: str) -> Path:
     return out
 
 
+FAILING_MATMUL = """
+    #include "graphswap_kernels.h"
+    GRAPHSWAP_EXPORT int32_t graphswap_abi_version(void) { return GRAPHSWAP_ABI_VERSION; }
+    GRAPHSWAP_EXPORT const char *graphswap_last_error(void) { return "MESSAGE"; }
+    GRAPHSWAP_EXPORT int32_t graphswap_matmul_f32(const float *a, const float *b, float *c,
+                                                  int64_t m, int64_t k, int64_t n) {
+        (void)a; (void)b; (void)c; (void)m; (void)k; (void)n;
+        return CODE;
+    }
+"""
+
+
+def failing_matmul_library(tmp_path: Path, name: str, code: str, message: str) -> Path:
+    """An operation-level library whose graphswap_matmul_f32 fails with `code` (a GRAPHSWAP_ERR_*
+    name) and whose graphswap_last_error says `message`."""
+    return compile_library(tmp_path, name,
+                           FAILING_MATMUL.replace("CODE", code).replace("MESSAGE", message))
+
+
 def run_python(code: str, timeout: int = 600, env=None) -> subprocess.CompletedProcess:
     """Run Python code in a fresh interpreter (for device setup that must precede TF init)."""
     full_env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})}

@@ -467,3 +467,34 @@ def test_trust_api_session_and_persist(tmp_path, monkeypatch):
     assert kernel_trust.trusted_by(digest, str(source)) is None
     with pytest.raises(KernelTrustError, match="no such file"):
         graphswap.trust(tmp_path / "missing.c")
+
+
+@pytest.mark.parametrize("stock", [
+    lambda: keras.layers.DepthwiseConv2D(3, name="fc"),
+    lambda: keras.layers.Conv1D(2, 3, padding="causal", name="fc"),
+    lambda: keras.layers.Conv2DTranspose(2, 3, strides=2, name="fc")])
+def test_tampered_static_one_product_layer_is_refused(attack, stock):
+    """The layer types that carry a calibrated range and an output correction in their config
+    pass the same gate: an attacker's library in their kernel record never loads, however
+    complete the rest of the config is."""
+    shape = (8, 4) if "Conv1D" in type(stock()).__name__ else (6, 6, 2)
+    model = keras.Sequential([keras.Input(shape), stock()])
+    graphswap.trust(attack.honest)
+    calibration = np.random.default_rng(0).uniform(size=(16, *shape)).astype(np.float32)
+    swapped = graphswap.rewrite_model(model, kernel=str(attack.honest),
+                                      calibration_data=calibration)
+    layer = swapped.get_layer("fc")
+    channels = int(layer.output.shape[-1])
+    layer.set_output_correction(np.full(channels, 0.5), np.full(channels, 0.25))
+    config = layer.get_config()
+    assert config["quantization"]["activations"] == "static" and config["output_correction"]
+    path = attack.tmp / "user" / "static.keras"
+    swapped.save(path)
+    kernel_trust.clear_session_trust()
+    graphswap.trust(attack.honest)
+    bad = tamper(path, attack.tmp / "static-tampered.keras",
+                 _variants(attack)["complete record, untrusted"])
+    with pytest.raises(KernelTrustError, match="layer 'fc'"):
+        graphswap.load_model(bad)
+    with pytest.raises(KernelTrustError, match="layer 'fc'"):
+        keras.models.load_model(bad)

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import MATMUL_ONLY_LIBRARY, assert_close_to_roundoff, compile_library, run_python
+from conftest import (MATMUL_ONLY_LIBRARY, assert_close_to_roundoff, compile_library,
+                      failing_matmul_library, run_python)
 from graphswap import native
 from graphswap.errors import KernelExecutionError, KernelLoadError, KernelSpecError
 from graphswap.native import conv_geometry
@@ -117,16 +118,8 @@ def test_not_a_shared_library(tmp_path):
 
 
 def test_error_code_and_message_are_translated(tmp_path):
-    lib = compile_library(tmp_path, "failing", """
-        #include "graphswap_kernels.h"
-        GRAPHSWAP_EXPORT int32_t graphswap_abi_version(void) { return GRAPHSWAP_ABI_VERSION; }
-        GRAPHSWAP_EXPORT const char *graphswap_last_error(void) { return "accelerator on fire"; }
-        GRAPHSWAP_EXPORT int32_t graphswap_matmul_f32(const float *a, const float *b, float *c,
-                                     int64_t m, int64_t k, int64_t n) {
-            (void)a; (void)b; (void)c; (void)m; (void)k; (void)n;
-            return GRAPHSWAP_ERR_UNSUPPORTED;
-        }
-    """)
+    lib = failing_matmul_library(tmp_path, "failing", "GRAPHSWAP_ERR_UNSUPPORTED",
+                                 "accelerator on fire")
     library = native.load_library(lib)
     with pytest.raises(KernelExecutionError, match=r"code -4 \(unsupported\): accelerator on fire"):
         library.matmul_f32(np.ones((2, 2), np.float32), np.ones((2, 2), np.float32))

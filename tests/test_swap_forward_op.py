@@ -8,7 +8,8 @@ import pytest
 import tensorflow as tf
 
 import graphswap
-from conftest import assert_close_to_roundoff, compile_library
+from conftest import (MATMUL_ONLY_LIBRARY, assert_close_to_roundoff, compile_library,
+                      failing_matmul_library)
 from graphswap.errors import KernelLoadError
 from graphswap.io.savedmodel import python_ops_in
 from graphswap.kernels import resolve_kernel
@@ -16,32 +17,6 @@ from graphswap.kernels.base import bind_scheme
 from graphswap.kernels.scheme import QuantScheme
 from graphswap.native import compiler
 from graphswap.swap import forward_op, ops, ops_layers
-
-MATMUL_ONLY = """
-    #include "graphswap_kernels.h"
-    GRAPHSWAP_EXPORT int32_t graphswap_abi_version(void) { return GRAPHSWAP_ABI_VERSION; }
-    GRAPHSWAP_EXPORT int32_t graphswap_matmul_f32(const float *a, const float *b, float *c,
-                                                  int64_t m, int64_t k, int64_t n) {
-        for (int64_t i = 0; i < m; ++i)
-            for (int64_t j = 0; j < n; ++j) {
-                double s = 0;
-                for (int64_t p = 0; p < k; ++p) s += (double)a[i * k + p] * b[p * n + j];
-                c[i * n + j] = (float)s;
-            }
-        return GRAPHSWAP_OK;
-    }
-"""
-
-FAILING = """
-    #include "graphswap_kernels.h"
-    GRAPHSWAP_EXPORT int32_t graphswap_abi_version(void) { return GRAPHSWAP_ABI_VERSION; }
-    GRAPHSWAP_EXPORT const char *graphswap_last_error(void) { return "array overheated"; }
-    GRAPHSWAP_EXPORT int32_t graphswap_matmul_f32(const float *a, const float *b, float *c,
-                                                  int64_t m, int64_t k, int64_t n) {
-        (void)a; (void)b; (void)c; (void)m; (void)k; (void)n;
-        return GRAPHSWAP_ERR_OVERFLOW;
-    }
-"""
 
 CONV_CASES = [  # input shape, filter shape, strides, padding, dilations, groups
     ((3, 9, 8, 2), (3, 3, 2, 5), (1, 1), "valid", (1, 1), 1),
@@ -248,6 +223,47 @@ def test_depthwise_through_the_op_equals_the_numpy_bridge(kernel_name, strides, 
         assert_close_to_roundoff(y_op, want, 9, magnitude=magnitude)
 
 
+@pytest.mark.parametrize("kernel_name", ["exact", "mul8u_drum4", "mul8s_drum4"])
+def test_depthwise_with_static_range_and_epilogue_equals_the_numpy_bridge(kernel_name,
+                                                                          monkeypatch):
+    """What a calibrated, compensated SwappedDepthwiseConv2D passes: its scheme, its static
+    range as a tensor and gain/shift (correction + bias), ReLU; gradients of input, weights and
+    shift bit for bit on both bridges."""
+    rng = np.random.default_rng(6)
+    x = rng.normal(size=(2, 9, 9, 4)).astype(np.float32)
+    w = rng.normal(size=(3, 3, 4, 2)).astype(np.float32)
+    static_range = np.array([-1.5, 2.0], np.float32)
+    gain = rng.uniform(0.8, 1.2, size=8).astype(np.float32)
+    shift = rng.normal(size=8).astype(np.float32)
+    kernel = resolve_kernel(kernel_name)
+    quant = None if kernel_name == "exact" else QuantScheme(activations="static",
+                                                            activation_range=(0.0, 1.0))
+
+    def build(a, b, r, s):
+        return ops_layers.swapped_depthwise_conv2d(
+            a, b, kernel, padding="same", quant=quant,
+            activation_range=None if quant is None else r, gain=tf.constant(gain), shift=s,
+            relu=True)
+
+    args = [x, w, static_range, shift]
+    y_op, g_op, types_op = _forward_and_gradients(build, args, "op", monkeypatch)
+    y_np, g_np, types_np = _forward_and_gradients(build, args, "numpy", monkeypatch)
+    assert "GraphswapForward" in types_op and "PyFuncStateless" not in types_op
+    assert "PyFuncStateless" in types_np
+    np.testing.assert_array_equal(y_op, y_np)
+    for a, b in zip(g_op, g_np):
+        np.testing.assert_array_equal(a, b)
+    if quant is not None:   # the range is the tensor's (another range, other outputs)
+        y_other, _, _ = _forward_and_gradients(
+            build, [x, w, static_range * 2, shift], "op", monkeypatch)
+        assert not np.array_equal(y_other, y_op)
+    else:
+        want = tf.nn.relu(tf.nn.depthwise_conv2d(x, w, [1, 1, 1, 1], "SAME") * gain
+                          + shift).numpy()
+        magnitude = tf.nn.depthwise_conv2d(np.abs(x), np.abs(w), [1, 1, 1, 1], "SAME").numpy()
+        assert_close_to_roundoff(y_op, want, 9, magnitude=magnitude * gain + np.abs(shift))
+
+
 def test_a_swapped_model_runs_the_op_for_every_exact_layer(lenet, monkeypatch):
     monkeypatch.setenv("GRAPHSWAP_BRIDGE", "auto")
     swapped = graphswap.rewrite_model(lenet, kernel="exact")
@@ -265,7 +281,7 @@ def test_a_swapped_model_runs_the_op_for_every_exact_layer(lenet, monkeypatch):
 def test_user_library_matmul_takes_the_op_and_conv_without_conv2d_keeps_numpy(tmp_path,
                                                                               monkeypatch):
     monkeypatch.setenv("GRAPHSWAP_BRIDGE", "auto")
-    kernel = resolve_kernel(str(compile_library(tmp_path, "matmulonly", MATMUL_ONLY)))
+    kernel = resolve_kernel(str(compile_library(tmp_path, "matmulonly", MATMUL_ONLY_LIBRARY)))
     assert forward_op.supports(kernel, "matmul") and not forward_op.supports(kernel, "conv2d")
     assert not forward_op.supports(resolve_kernel("bf16"), "matmul")      # rounds in Python
     assert forward_op.supports(resolve_kernel("mul8u_drum4"), "conv2d")       # fused tables
@@ -286,7 +302,9 @@ def test_user_library_matmul_takes_the_op_and_conv_without_conv2d_keeps_numpy(tm
 
 def test_library_error_reaches_tensorflow_with_its_message(tmp_path, monkeypatch):
     monkeypatch.setenv("GRAPHSWAP_BRIDGE", "op")
-    kernel = resolve_kernel(str(compile_library(tmp_path, "overheats", FAILING)))
+    kernel = resolve_kernel(str(failing_matmul_library(tmp_path, "overheats",
+                                                       "GRAPHSWAP_ERR_OVERFLOW",
+                                                       "array overheated")))
     matmul = tf.function(lambda p, q: ops.swapped_matmul(p, q, kernel))
     with pytest.raises(tf.errors.InternalError,
                        match=r"kernel graphswap_matmul_f32 in .*overheats.* failed with code -3 "

@@ -129,3 +129,27 @@ def test_mobilenet_kept_kernel_onnx_with_a_lut_equals_keras(tmp_path):
     x = RNG.uniform(0, 1, (3, 32, 32, 3)).astype(np.float32)
     (got,) = session.run(None, {session.get_inputs()[0].name: x})
     np.testing.assert_allclose(got, swapped(x, training=False).numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_calibrated_folded_mobilenet_is_static_everywhere_and_batch_independent():
+    """MobileNetV2's Conv2D/DepthwiseConv2D + BatchNormalization pairs all fold, every swapped
+    layer (Conv2D, DepthwiseConv2D, Dense) gets a static range, and its outputs are then bit for
+    bit the same in any batch - the whole network as an int8 accelerator runs it."""
+    keras.utils.set_random_seed(0)
+    model = keras.applications.MobileNetV2(input_shape=(32, 32, 3), alpha=0.35, weights=None,
+                                           classes=10, classifier_activation=None)
+    x = RNG.uniform(0, 1, (24, 32, 32, 3)).astype(np.float32)
+    swapped, report = graphswap.rewrite_model(model, kernel="mul8u_drum4", calibration_data=x[:16],
+                                              fold_batchnorm=True, return_report=True)
+    assert not any(isinstance(layer, keras.layers.BatchNormalization)
+                   for _, layer in iter_layers(swapped))
+    swapped_layers = [layer for _, layer in iter_layers(swapped) if is_swapped(layer)]
+    assert {type(layer).__name__ for layer in swapped_layers} == {
+        "SwappedConv2D", "SwappedDepthwiseConv2D", "SwappedDense"}
+    assert all(layer.current_quantization().activations == "static" for layer in swapped_layers)
+    assert not any("keep per-call ranges" in note for note in report.notes)
+    whole = swapped(x, training=False).numpy()
+    for size in (1, 5):
+        parts = np.concatenate([swapped(x[i:i + size], training=False).numpy()
+                                for i in range(0, len(x), size)])
+        np.testing.assert_array_equal(parts, whole)

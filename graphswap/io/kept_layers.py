@@ -84,10 +84,12 @@ class KeptDepthwiseConv2D(SwappedDepthwiseConv2D):
     def call(self, inputs):
         k_h, k_w, channels, multiplier = (int(d) for d in self.kernel.shape)
         w = tf.reshape(_f32(self.kernel), [k_h, k_w, 1, channels * multiplier])
-        y = kernel_conv(self.scheme_kernel(), _nhwc(self, inputs), w,
+        # the scheme as it is now (a static range: a constant of the export), then the
+        # output correction as standard ops
+        y = kernel_conv(self.current_scheme_kernel(), _nhwc(self, inputs), w,
                         part_name(self.graphswap_marker, 0), self.strides, self.padding,
                         self.dilation_rate, channels)
-        return _finish(self, inputs, y, channels * multiplier)
+        return _finish(self, inputs, self._correct_outputs(y), channels * multiplier)
 
     def onnx_node(self, part):
         return conv_attributes(self.padding, self.strides, self.dilation_rate,
@@ -124,11 +126,11 @@ class KeptConv1D(SwappedConv1D):
         if self.padding == "causal":
             x = tf.pad(x, [[0, 0], [self.dilation_rate[0] * (self.kernel_size[0] - 1), 0],
                            [0, 0]])
-        y = kernel_conv(self.scheme_kernel(), tf.expand_dims(x, 1),
+        y = kernel_conv(self.current_scheme_kernel(), tf.expand_dims(x, 1),
                         tf.expand_dims(_f32(self.kernel), 0), part_name(self.graphswap_marker, 0),
                         (1, self.strides[0]), self._conv_padding(), (1, self.dilation_rate[0]),
                         self.groups)
-        y = tf.squeeze(y, [1])
+        y = tf.squeeze(self._correct_outputs(y), [1])
         if self.data_format == "channels_first":
             y = tf.transpose(y, [0, 2, 1])
         if self.use_bias:
@@ -167,9 +169,9 @@ class KeptConv2DTranspose(SwappedConv2DTranspose):
         plan = transposed_conv((1, *x.shape[1:]), tuple(self.kernel.shape), self.strides,
                                self.padding, self.output_padding, self.dilation_rate)
         w = tf.transpose(tf.reverse(_f32(self.kernel), [0, 1]), [0, 1, 3, 2])
-        y = kernel_conv(self.scheme_kernel(), insert_zeros_tf(x, plan), w,
+        y = kernel_conv(self.current_scheme_kernel(), insert_zeros_tf(x, plan), w,
                         part_name(self.graphswap_marker, 0), dilations=self.dilation_rate)
-        return _finish(self, inputs, y, self.filters)
+        return _finish(self, inputs, self._correct_outputs(y), self.filters)
 
     def onnx_node(self, part):
         return conv_attributes("valid", (1, 1), self.dilation_rate, 1)

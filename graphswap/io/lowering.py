@@ -19,7 +19,6 @@ import tensorflow as tf
 
 from graphswap.io.kept_layers import KEPT_CLASSES, conv_attributes
 from graphswap.io.onnx_ops import MATMUL_OP
-from graphswap.kernels import bind_scheme
 from graphswap.native import conv_geometry
 from graphswap.swap import (SWAPPED_CLASSES, SwappedConv2D, SwappedDense,
                             iter_layers, stock_class, transform_model, type_name)
@@ -148,7 +147,7 @@ class KeptDense(SwappedDense):
         k, n = int(w.shape[0]), int(w.shape[1])
         x2d = tf.reshape(x, [-1, k]) if x.shape.rank != 2 else x
         # the scheme as it is now (static parameters: constants of the export)
-        arithmetic = bind_scheme(self.arithmetic, self.current_quantization())
+        arithmetic = self.current_scheme_kernel()
         y = tf.numpy_function(lambda a, b: arithmetic.matmul(a, b), [x2d, w],
                               tf.float32, stateful=False, name=self.graphswap_marker)
         # ensure_shape, not set_shape: tf2onnx re-infers shapes from the GraphDef, where a
@@ -188,7 +187,7 @@ class KeptConv2D(SwappedConv2D):
         strides, dilations = tuple(self.strides), tuple(self.dilation_rate)
         padding, groups = self.padding, self.groups
         # the scheme as it is now (static parameters: constants of the export)
-        arithmetic = bind_scheme(self.arithmetic, self.current_quantization())
+        arithmetic = self.current_scheme_kernel()
 
         def forward(x_array, w_array):
             geometry = conv_geometry(x_array.shape, filter_shape, strides, dilations, padding,

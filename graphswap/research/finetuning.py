@@ -30,7 +30,7 @@ from graphswap.research.data import translate_errors
 from graphswap.research.loading import load_data
 from graphswap.research.recovery import (AUTO_LEARNING_RATE, DEFAULT_LEARNING_RATE,
                                          DEFAULT_SCHEDULE, auto_learning_rate, has_batchnorm,
-                                         make_optimizer, recalibrate_batchnorm)
+                                         loss_name, make_optimizer, recalibrate_batchnorm)
 from graphswap.research.checkpoints import (CHECKPOINT_BEST, CHECKPOINT_LAST, CheckpointTracker,
                                             read_checkpoint_state)
 from graphswap.research.fingerprints import (check_same_run, restore_rng_state, run_fingerprint,
@@ -64,9 +64,7 @@ class CompileSettings:
 
     @property
     def loss_name(self) -> str:
-        if isinstance(self.loss, str):
-            return self.loss
-        return getattr(self.loss, "name", None) or type(self.loss).__name__
+        return loss_name(self.loss)
 
 
 def compile_settings(model, label_format: str = "sparse") -> CompileSettings:

@@ -112,13 +112,19 @@ def start_training_loss(model, data, loss, batch_size: int = 128) -> tuple[float
     return total / count, count
 
 
+def loss_name(loss) -> str:
+    """A loss's name: the string itself, a Keras loss object's `name`, a function's name."""
+    if isinstance(loss, str):
+        return loss
+    return getattr(loss, "name", None) or getattr(loss, "__name__", None) or type(loss).__name__
+
+
 def auto_learning_rate(model, data, loss, batch_size: int = 128) -> tuple[float, str]:
     """(learning rate, note) for learning_rate="auto": FITTED_LEARNING_RATE when `model`'s
     start_training_loss is at most FITTED_LOSS, else UNFITTED_LEARNING_RATE; losses other than
     cross-entropies (whose scale the threshold does not fit) get UNFITTED_LEARNING_RATE."""
-    name = (loss if isinstance(loss, str) else
-            getattr(loss, "name", None) or getattr(loss, "__name__", type(loss).__name__))
-    if "crossentropy" not in str(name).lower().replace("_", ""):
+    name = loss_name(loss)
+    if "crossentropy" not in name.lower().replace("_", ""):
         return UNFITTED_LEARNING_RATE, (
             f"learning rate auto: {UNFITTED_LEARNING_RATE:g} (the loss {name} is not a "
             f"cross-entropy, whose scale the automatic choice is measured for)")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import keras
 
-from graphswap.swap.layers import SwappedConv2D, SwappedDense, check_conv_options
+from graphswap.swap.layers import SwappedConv2D, SwappedDense, check_conv_options, check_lut_grad
 from graphswap.swap.layers_attention import SwappedEinsumDense, SwappedMultiHeadAttention
 from graphswap.swap.layers_conv import (SwappedConv1D, SwappedConv2DTranspose,
                                         SwappedDepthwiseConv2D, SwappedSeparableConv2D)
@@ -62,6 +62,8 @@ def swapped_from(layer, arithmetic, backward: str, quantization=None):
     name = _BY_STOCK[type(layer)]
     if name == "Conv2D":
         check_conv_options(layer)
+    # before from_config, which Keras would wrap an error of in a TypeError
+    check_lut_grad(CATALOG[name][1], layer.name, backward)
     config = layer.get_config()
     return CATALOG[name][1].from_config({**config, "arithmetic": arithmetic,
                                          "backward": backward, "quantization": quantization})

@@ -1,7 +1,9 @@
-"""BatchNormalization folding: each Dense/Conv2D followed by a BatchNormalization is replaced by one
-layer whose weights and bias absorb the normalization (inference statistics), and the
-BatchNormalization by the identity (FoldedBatchNormalization) - what an int8 accelerator executes, and what quantization must
-see (the folded weights are the ones that get quantized).
+"""BatchNormalization folding: each Dense/Conv2D/Conv1D/DepthwiseConv2D followed by a
+BatchNormalization is replaced by one layer whose weights and bias absorb the normalization
+(inference statistics), and the BatchNormalization by the identity (FoldedBatchNormalization) -
+what an int8 accelerator executes, and what quantization must see (the folded weights are the
+ones that get quantized).  A depthwise kernel (h, w, in, multiplier) has output channel
+c = i * multiplier + m, so W[..., c] is its kernel[..., i, m].
 
 With gamma, beta (1 and 0 when the BN has no scale / center), the moving mean mu and variance
 sigma^2, and epsilon, per output channel c (float64, then float32):
@@ -32,7 +34,8 @@ import numpy as np
 
 from graphswap.swap.clone import is_functional, iter_layers, transform_model
 
-FOLDABLE_TYPES = (keras.layers.Dense, keras.layers.Conv2D)
+FOLDABLE_TYPES = (keras.layers.Dense, keras.layers.Conv2D, keras.layers.Conv1D,
+                  keras.layers.DepthwiseConv2D)
 
 
 @keras.saving.register_keras_serializable(package="graphswap")
@@ -66,8 +69,8 @@ class FoldReport:
             lines.append(f"folded {len(self.folded)} BatchNormalization layer(s) into the layer "
                          f"before: " + ", ".join(f"{bn} -> {layer}" for layer, bn in self.folded))
         else:
-            lines.append("--fold-batchnorm: no foldable Dense/Conv2D + BatchNormalization pair; "
-                         "nothing folded")
+            lines.append("--fold-batchnorm: no foldable Dense/Conv2D/Conv1D/DepthwiseConv2D + "
+                         "BatchNormalization pair; nothing folded")
         lines.extend(f"not folded: {bn} ({reason})" for bn, reason in self.skipped)
         return lines
 
@@ -89,7 +92,7 @@ def _channel_axis_ok(layer, bn) -> bool:
         return False
     rank = len(layer.output.shape)
     axis = axis % rank
-    if isinstance(layer, keras.layers.Conv2D) and layer.data_format == "channels_first":
+    if getattr(layer, "data_format", "channels_last") == "channels_first":
         return axis == 1
     return axis == rank - 1
 
@@ -141,7 +144,7 @@ def find_pairs(model) -> tuple[list, list]:
                 reason = "its input does not come from one layer of the same model"
             elif not isinstance(producer, FOLDABLE_TYPES):
                 reason = f"it follows {type(producer).__name__} {producer.name!r}, not a " \
-                         f"Dense/Conv2D"
+                         f"Dense/Conv2D/Conv1D/DepthwiseConv2D"
             elif getattr(producer.activation, "__name__", "linear") != "linear":
                 reason = f"{producer.name!r} applies an activation before the normalization"
             elif uses is not None and uses.get(id(producer), 0) != 1:
@@ -166,20 +169,32 @@ def fold_factor(bn, channels: int) -> np.ndarray:
     return gamma / np.sqrt(variance + float(bn.epsilon))
 
 
+def output_channels(layer) -> int:
+    """Output channels of a foldable layer: the kernel's last axis, or for a depthwise kernel
+    (h, w, in, multiplier) in * multiplier (output channel c = i * multiplier + m)."""
+    shape = layer.kernel.shape
+    if isinstance(layer, keras.layers.DepthwiseConv2D):
+        return int(shape[-2]) * int(shape[-1])
+    return int(shape[-1])
+
+
 def folded_weights(layer, bn) -> list[np.ndarray]:
     """[W', b'] of `layer` with `bn` folded in (module docstring)."""
     kernel = np.asarray(layer.kernel, dtype=np.float64)
-    channels = kernel.shape[-1]
+    channels = output_channels(layer)
     bias = np.asarray(layer.bias, dtype=np.float64) if layer.use_bias else np.zeros(channels)
     beta = np.asarray(bn.beta, np.float64) if bn.center else np.zeros(channels)
     mean = np.asarray(bn.moving_mean, np.float64)
     factor = fold_factor(bn, channels)
-    return [(kernel * factor).astype(np.float32),
-            ((bias - mean) * factor + beta).astype(np.float32)]
+    if isinstance(layer, keras.layers.DepthwiseConv2D):   # channel c = i * multiplier + m
+        scaled = kernel * factor.reshape(kernel.shape[-2:])
+    else:
+        scaled = kernel * factor
+    return [scaled.astype(np.float32), ((bias - mean) * factor + beta).astype(np.float32)]
 
 
 def fold_batchnorm(model):
-    """(a copy of `model` with every foldable Dense/Conv2D + BatchNormalization pair folded,
+    """(a copy of `model` with every foldable layer + BatchNormalization pair folded,
     FoldReport).  `model` is not modified; with nothing to fold the copy equals it."""
     pairs, skipped = find_pairs(model)
     by_layer = {id(layer): bn for layer, bn, _, _ in pairs}
@@ -197,7 +212,7 @@ def fold_batchnorm(model):
             config["arithmetic"] = arithmetic
         correction = config.get("output_correction")
         if correction and correction.get("offset") is not None:
-            factor = fold_factor(by_layer[id(layer)], int(layer.kernel.shape[-1]))
+            factor = fold_factor(by_layer[id(layer)], output_channels(layer))
             config["output_correction"] = {
                 "gain": correction.get("gain"),
                 "offset": [float(v) for v in np.asarray(correction["offset"]) * factor]}

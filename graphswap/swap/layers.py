@@ -22,12 +22,26 @@ from graphswap.swap import ops
 from graphswap.swap.quantstate import LEGACY, QuantizedLayerMixin, check_quantization
 
 
+def check_lut_grad(swapped_class, layer_name: str, backward: str) -> None:
+    """Refuse backward="lut_grad" (naming the layer) for a class whose op has no lut_grad."""
+    if backward == "lut_grad" and not swapped_class.lut_grad_supported:
+        raise UnsupportedLayerError(
+            f"layer {layer_name!r}: backward='lut_grad' is implemented for Dense and Conv2D; "
+            f"use backward='native' or 'kernel' for {swapped_class.__name__}, or swap only "
+            f"Dense/Conv2D layers with lut_grad")
+
+
 class _SwappedMixin(QuantizedLayerMixin):
     """The arithmetic (a resolved Kernel) and its config, shared by the swapped layers.
+
+    `lut_grad_supported`: whether the layer's op implements backward="lut_grad" (Dense and
+    Conv2D); the others refuse it when made.
 
     Keras calls the weight matrix `kernel`, so the Kernel a swapped layer computes with is its
     `arithmetic`; the config stores the Kernel's record under "arithmetic" (files written before
     used "swap_kernel", which is still read)."""
+
+    lut_grad_supported = False
 
     def _init_swap(self, arithmetic, swap_kernel, backward, quantization=None,
                    output_correction=None):
@@ -40,11 +54,7 @@ class _SwappedMixin(QuantizedLayerMixin):
         # loaded, not in the middle of training.  A spec string here is named by the user's code.
         self.arithmetic = resolve_kernel("exact" if arithmetic is None else arithmetic)
         self.backward = ops.check_backward_mode(backward)
-        if self.backward == "lut_grad" and not self.static_activations_supported:
-            raise UnsupportedLayerError(
-                f"layer {self.name!r}: backward='lut_grad' is implemented for Dense and Conv2D; "
-                f"use backward='native' or 'kernel' for {type(self).__name__}, or swap only "
-                f"Dense/Conv2D layers with lut_grad")
+        check_lut_grad(type(self), self.name, self.backward)
         self._init_quantization(quantization, output_correction)
 
     def _fused_relu(self) -> bool:
@@ -53,9 +63,14 @@ class _SwappedMixin(QuantizedLayerMixin):
         return self.activation is keras.activations.relu
 
     def scheme_kernel(self) -> Kernel:
-        """The arithmetic, called with this layer's scheme on every product (for the ops of
-        graphswap.swap.ops_layers, which pass none of their own)."""
+        """The arithmetic, called with this layer's scheme on every product (for the layers whose
+        ops take no scheme of their own: SeparableConv2D, EinsumDense, MultiHeadAttention)."""
         return bind_scheme(self.arithmetic, self.quantization)
+
+    def current_scheme_kernel(self) -> Kernel:
+        """The arithmetic bound to the scheme as it is now - a static range as its current value
+        (for exports, where it becomes a constant)."""
+        return bind_scheme(self.arithmetic, self.current_quantization())
 
     def _scheme_config(self):
         return None if self.quantization is None else self.quantization.to_config()
@@ -95,6 +110,7 @@ class SwappedDense(_SwappedMixin, keras.layers.Dense):
     """Dense whose matmul runs a graphswap kernel (float32), with TensorFlow's MatMul gradient."""
 
     static_activations_supported = True
+    lut_grad_supported = True
 
     def __init__(self, units, arithmetic=None, backward="native", swap_kernel=None,
                  quantization=None, output_correction=None, **kwargs):
@@ -132,6 +148,7 @@ class SwappedConv2D(_SwappedMixin, keras.layers.Conv2D):
     """Conv2D whose convolution runs a graphswap kernel (NHWC/HWIO, float32), TF's gradients."""
 
     static_activations_supported = True
+    lut_grad_supported = True
 
     def __init__(self, filters, kernel_size, arithmetic=None, backward="native", swap_kernel=None,
                  quantization=None, output_correction=None, **kwargs):

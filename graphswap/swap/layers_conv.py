@@ -23,9 +23,12 @@ must be static (the kernel's geometry is fixed when the op is traced).
 from __future__ import annotations
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from graphswap.errors import UnsupportedLayerError
+from graphswap.kernels import bind_scheme
+from graphswap.native import conv_geometry
 from graphswap.swap import ops, ops_layers
 from graphswap.swap.layers import SwappedMixin
 
@@ -53,7 +56,10 @@ def _bias_and_activation(layer, outputs, channels: int):
 
 @keras.saving.register_keras_serializable(package="graphswap")
 class SwappedDepthwiseConv2D(SwappedMixin, keras.layers.DepthwiseConv2D):
-    """DepthwiseConv2D whose product runs a graphswap kernel (a grouped conv2d, groups = in)."""
+    """DepthwiseConv2D whose product runs a graphswap kernel (a grouped conv2d, groups = in);
+    one input, one product: calibrated static ranges and an output correction, like Conv2D."""
+
+    static_activations_supported = True
 
     def __init__(self, kernel_size, arithmetic=None, backward="native", swap_kernel=None,
                  quantization=None, output_correction=None, **kwargs):
@@ -61,13 +67,28 @@ class SwappedDepthwiseConv2D(SwappedMixin, keras.layers.DepthwiseConv2D):
         check_options(self)
         self._init_swap(arithmetic, swap_kernel, backward, quantization, output_correction)
 
-    def call(self, inputs):
+    def build(self, input_shape):
+        super().build(input_shape)
+        self._build_quantization(int(self.kernel.shape[2]) * self.depth_multiplier)
+
+    def call(self, inputs, training=None):
         channels_first = self.data_format == "channels_first"
+        x = _nhwc(inputs, channels_first)
+        quant, activation_range = self._quant_inputs(x, training)
+        # the output correction and the bias in the op's epilogue (one pass in C)
+        gain, shift = self._output_epilogue(self.bias if self.use_bias else None)
         outputs = ops_layers.swapped_depthwise_conv2d(
-            _nhwc(inputs, channels_first), self.kernel, self.scheme_kernel(), strides=self.strides,
-            padding=self.padding, dilations=self.dilation_rate, backward=self.backward)
-        channels = int(self.kernel.shape[2]) * self.depth_multiplier
-        return _bias_and_activation(self, _back(outputs, channels_first), channels)
+            x, self.kernel, self.arithmetic, strides=self.strides, padding=self.padding,
+            dilations=self.dilation_rate, backward=self.backward, quant=quant,
+            activation_range=activation_range, gain=gain, shift=shift)
+        outputs = _back(outputs, channels_first)
+        return self.activation(outputs) if self.activation is not None else outputs
+
+    def numpy_product(self, x, arithmetic=None, quant=None):
+        """The layer's product (no correction, bias or activation) of an NHWC input."""
+        return ops_layers.depthwise_product(
+            arithmetic or self.arithmetic, x, np.asarray(self.kernel, dtype=np.float32),
+            tuple(self.strides), self.padding, tuple(self.dilation_rate), quant)
 
 
 @keras.saving.register_keras_serializable(package="graphswap")
@@ -93,7 +114,10 @@ class SwappedSeparableConv2D(SwappedMixin, keras.layers.SeparableConv2D):
 
 @keras.saving.register_keras_serializable(package="graphswap")
 class SwappedConv1D(SwappedMixin, keras.layers.Conv1D):
-    """Conv1D whose convolution runs a graphswap kernel (a conv2d of height 1)."""
+    """Conv1D whose convolution runs a graphswap kernel (a conv2d of height 1); one input, one
+    product: calibrated static ranges and an output correction, like Conv2D."""
+
+    static_activations_supported = True
 
     def __init__(self, filters, kernel_size, arithmetic=None, backward="native",
                  swap_kernel=None, quantization=None, output_correction=None, **kwargs):
@@ -101,27 +125,52 @@ class SwappedConv1D(SwappedMixin, keras.layers.Conv1D):
         check_options(self)
         self._init_swap(arithmetic, swap_kernel, backward, quantization, output_correction)
 
-    def call(self, inputs):
-        channels_first = self.data_format == "channels_first"
-        x = tf.transpose(inputs, [0, 2, 1]) if channels_first else inputs
+    def build(self, input_shape):
+        super().build(input_shape)
+        self._build_quantization(self.filters)
+
+    def _product_input(self, inputs):
+        """The NHWC (height 1) input the product sees, and the padding it runs with: Keras'
+        "causal" is left padding, then a "valid" convolution."""
+        x = tf.transpose(inputs, [0, 2, 1]) if self.data_format == "channels_first" else inputs
         padding = self.padding
-        if padding == "causal":  # what Keras' Conv1D does: pad on the left, then 'valid'
+        if padding == "causal":
             left = self.dilation_rate[0] * (self.kernel_size[0] - 1)
             x = tf.pad(x, [[0, 0], [left, 0], [0, 0]])
             padding = "valid"
+        return tf.expand_dims(x, 1), padding
+
+    def call(self, inputs, training=None):
+        x, padding = self._product_input(inputs)
+        quant, activation_range = self._quant_inputs(x, training)
+        gain, shift = self._output_epilogue(self.bias if self.use_bias else None)
         outputs = ops.swapped_conv2d(
-            tf.expand_dims(x, 1), tf.expand_dims(self.kernel, 0), self.scheme_kernel(),
-            strides=(1, self.strides[0]), padding=padding, dilations=(1, self.dilation_rate[0]),
-            groups=self.groups, backward=self.backward)
+            x, tf.expand_dims(self.kernel, 0), self.arithmetic, strides=(1, self.strides[0]),
+            padding=padding, dilations=(1, self.dilation_rate[0]), groups=self.groups,
+            backward=self.backward, quant=quant, activation_range=activation_range, gain=gain,
+            shift=shift)
         outputs = tf.squeeze(outputs, [1])
-        if channels_first:
+        if self.data_format == "channels_first":
             outputs = tf.transpose(outputs, [0, 2, 1])
-        return _bias_and_activation(self, outputs, self.filters)
+        return self.activation(outputs) if self.activation is not None else outputs
+
+    def numpy_product(self, x, arithmetic=None, quant=None):
+        """The layer's product (no correction, bias or activation) of the NHWC (height 1) input
+        `call` hands its observer."""
+        arithmetic = arithmetic or self.arithmetic
+        w = np.asarray(self.kernel, dtype=np.float32)[None]
+        padding = "valid" if self.padding == "causal" else self.padding
+        geometry = conv_geometry(x.shape, w.shape, (1, int(self.strides[0])),
+                                 (1, int(self.dilation_rate[0])), padding, self.groups)
+        return bind_scheme(arithmetic, quant).conv2d(x, w, geometry)
 
 
 @keras.saving.register_keras_serializable(package="graphswap")
 class SwappedConv2DTranspose(SwappedMixin, keras.layers.Conv2DTranspose):
-    """Conv2DTranspose whose products run a graphswap kernel (zero-inserted stride-1 conv2d)."""
+    """Conv2DTranspose whose products run a graphswap kernel (zero-inserted stride-1 conv2d);
+    one input, one product: calibrated static ranges and an output correction, like Conv2D."""
+
+    static_activations_supported = True
 
     def __init__(self, filters, kernel_size, arithmetic=None, backward="native",
                  swap_kernel=None, quantization=None, output_correction=None, **kwargs):
@@ -129,13 +178,29 @@ class SwappedConv2DTranspose(SwappedMixin, keras.layers.Conv2DTranspose):
         check_options(self)
         self._init_swap(arithmetic, swap_kernel, backward, quantization, output_correction)
 
-    def call(self, inputs):
+    def build(self, input_shape):
+        super().build(input_shape)
+        self._build_quantization(self.filters)
+
+    def call(self, inputs, training=None):
         channels_first = self.data_format == "channels_first"
+        x = _nhwc(inputs, channels_first)
+        quant, activation_range = self._quant_inputs(x, training)
+        gain, shift = self._output_epilogue(self.bias if self.use_bias else None)
         outputs = ops_layers.swapped_conv2d_transpose(
-            _nhwc(inputs, channels_first), self.kernel, self.scheme_kernel(), strides=self.strides,
-            padding=self.padding, output_padding=self.output_padding,
-            dilations=self.dilation_rate, backward=self.backward)
-        return _bias_and_activation(self, _back(outputs, channels_first), self.filters)
+            x, self.kernel, self.arithmetic, strides=self.strides, padding=self.padding,
+            output_padding=self.output_padding, dilations=self.dilation_rate,
+            backward=self.backward, quant=quant, activation_range=activation_range, gain=gain,
+            shift=shift)
+        outputs = _back(outputs, channels_first)
+        return self.activation(outputs) if self.activation is not None else outputs
+
+    def numpy_product(self, x, arithmetic=None, quant=None):
+        """The layer's product (no correction, bias or activation) of an NHWC input."""
+        return ops_layers.transposed_product(
+            arithmetic or self.arithmetic, x, np.asarray(self.kernel, dtype=np.float32),
+            tuple(self.strides), self.padding, self.output_padding, tuple(self.dilation_rate),
+            quant)
 
 
 def check_options(layer) -> None:

@@ -167,7 +167,7 @@ def swapped_matmul(x, w, arithmetic: Kernel, backward: str = "native", quant=Non
 
     @tf.custom_gradient
     def matmul(a, b, *epilogue):
-        g, s = _split_epilogue(epilogue, gain, shift)
+        g, s = split_epilogue(epilogue, gain, shift)
         y = _kernel_matmul(arithmetic, a, b, m_static, n, quant, activation_range, g, s, relu)
 
         def grad(dy):
@@ -183,7 +183,7 @@ def swapped_matmul(x, w, arithmetic: Kernel, backward: str = "native", quant=Non
     return tf.cast(y, dtype) if dtype != tf.float32 else y
 
 
-def _split_epilogue(tensors, gain, shift):
+def split_epilogue(tensors, gain, shift):
     """(gain, shift) back out of the custom-gradient function's extra arguments."""
     tensors = list(tensors)
     return (tensors.pop(0) if gain is not None else None,
@@ -327,7 +327,7 @@ def swapped_conv2d(x, w, arithmetic: Kernel, strides=(1, 1), padding="valid", di
 
     @tf.custom_gradient
     def conv(inputs, filters, *epilogue):
-        g, s = _split_epilogue(epilogue, gain, shift)
+        g, s = split_epilogue(epilogue, gain, shift)
         if forward_op.supports(arithmetic, "conv2d"):
             y = forward_op.conv2d(arithmetic, inputs, filters, g_static, g, s, relu, quant,
                                   activation_range)

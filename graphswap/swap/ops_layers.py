@@ -1,7 +1,11 @@
 """TensorFlow ops for the depthwise, transposed and einsum layers: forward through a Kernel,
 backward with TensorFlow's registered gradients of the stock op.
 
-Each op is one `tf.custom_gradient` function of (input, weights), float32:
+Each op is one `tf.custom_gradient` function of (input, weights), float32, plus - for the
+depthwise and transposed convolutions of a calibrated layer - its static activation range and its
+epilogue (per-channel gain and shift: the output correction and the bias) as extra inputs, so
+state changed after tracing applies; the epilogue's gradient is TensorFlow's (dy * gain for the
+product, BiasAddGrad for the shift):
 
 * forward: one `tf.numpy_function` calling the Kernel (for a depthwise convolution on a kernel
   graphswap's compiled op covers, that op: graphswap.swap.forward_op) - `conv2d` with groups =
@@ -29,10 +33,11 @@ import tensorflow as tf
 
 from graphswap import native
 from graphswap.errors import UnsupportedLayerError
-from graphswap.kernels import Kernel
+from graphswap.kernels import Kernel, bind_scheme
 from graphswap.native import conv_geometry, einsum_plan, transposed_conv
 from graphswap.swap import forward_op
-from graphswap.swap.ops import configure_threads
+from graphswap.swap.ops import (configure_threads, epilogue_gradients, epilogue_inputs,
+                                kernel_call, split_epilogue)
 
 
 def _static(shape, what: str) -> list:
@@ -45,37 +50,53 @@ def _static(shape, what: str) -> list:
 
 @tf.autograph.experimental.do_not_convert
 def _kernel_op(name, forward_np, stock, kernel_grads_np, out_static, backward, x, w,
-               forward_tf=None):
+               forward_tf=None, quant=None, activation_range=None, gain=None, shift=None,
+               relu=False):
     """The custom-gradient op shared by the layers of this module (module docstring);
-    `forward_tf(inputs, weights)`, when given, builds the forward as graphswap's compiled op
-    (graphswap.swap.forward_op) instead of calling `forward_np` through numpy_function."""
+    `forward_tf(inputs, weights, activation_range, gain, shift)`, when given, builds the forward
+    as graphswap's compiled op (graphswap.swap.forward_op) instead of calling `forward_np`
+    through numpy_function.  `quant`, `activation_range`, `gain`, `shift`, `relu`: as for
+    graphswap.swap.ops.swapped_matmul (forward_np then takes `quant=`; the range and the
+    epilogue are extra inputs of the op, so a calibration or an observer update after tracing
+    applies)."""
+    with_range = quant is not None and activation_range is not None
+    epilogue = (gain is not None, shift is not None, bool(relu))
 
     @tf.custom_gradient
-    def op(inputs, weights):
+    def op(inputs, weights, *extras):
+        extras = list(extras)
+        current_range = extras.pop(0) if with_range else None
+        g, s = split_epilogue(extras, gain, shift)
         if forward_tf is not None:
-            y = forward_tf(inputs, weights)
+            y = forward_tf(inputs, weights, current_range, g, s)
         else:
-            y = tf.numpy_function(forward_np, [inputs, weights], tf.float32, stateful=False,
-                                  name=f"graphswap_{name}")
+            call = kernel_call(forward_np, quant, with_range, epilogue)
+            y = tf.numpy_function(call, [inputs, weights, *([current_range] if with_range else []),
+                                         *epilogue_inputs(g, s)],
+                                  tf.float32, stateful=False, name=f"graphswap_{name}")
         y.set_shape(out_static)
 
         def grad(dy):
+            dy, extra = epilogue_gradients(dy, y, g, s, relu)
             if backward == "native":
                 with tf.GradientTape() as tape:
                     tape.watch([inputs, weights])
                     reference = stock(inputs, weights)
-                return tape.gradient(reference, [inputs, weights], output_gradients=dy)
-            dx, dw = tf.numpy_function(kernel_grads_np, [inputs, weights, dy],
-                                       [tf.float32, tf.float32], stateful=False,
-                                       name=f"graphswap_{name}_grad")
-            dx.set_shape(inputs.shape)
-            dw.set_shape(weights.shape)
-            return dx, dw
+                dx, dw = tape.gradient(reference, [inputs, weights], output_gradients=dy)
+            else:
+                dx, dw = tf.numpy_function(kernel_grads_np, [inputs, weights, dy],
+                                           [tf.float32, tf.float32], stateful=False,
+                                           name=f"graphswap_{name}_grad")
+                dx.set_shape(inputs.shape)
+                dw.set_shape(weights.shape)
+            return (dx, dw, *([None] if with_range else []), *extra)
 
         return y, grad
 
     dtype = x.dtype
-    y = op(tf.cast(x, tf.float32), tf.cast(w, tf.float32))
+    extras = ([tf.cast(activation_range, tf.float32)] if with_range else []) + \
+        epilogue_inputs(gain, shift)
+    y = op(tf.cast(x, tf.float32), tf.cast(w, tf.float32), *extras)
     return tf.cast(y, dtype) if dtype != tf.float32 else y
 
 
@@ -94,10 +115,21 @@ def depthwise_geometry(input_shape, kernel_shape, strides, padding, dilations):
                          groups=int(kernel_shape[2]))
 
 
+def depthwise_product(arithmetic: Kernel, x, kernel, strides, padding, dilations, quant=None):
+    """numpy: the depthwise convolution of NHWC `x` by the Keras kernel (h, w, in, multiplier)
+    through the arithmetic, with scheme `quant` (the op's forward, and a layer's numpy_product)."""
+    geometry = depthwise_geometry(x.shape, kernel.shape, strides, padding, dilations)
+    return bind_scheme(arithmetic, quant).conv2d(x, kernel.reshape(depthwise_filter(kernel.shape)),
+                                                 geometry)
+
+
 @tf.autograph.experimental.do_not_convert
 def swapped_depthwise_conv2d(x, kernel, arithmetic: Kernel, strides=(1, 1), padding="valid",
-                             dilations=(1, 1), backward: str = "native"):
-    """NHWC depthwise convolution (Keras kernel (h, w, in, multiplier)) through the arithmetic."""
+                             dilations=(1, 1), backward: str = "native", quant=None,
+                             activation_range=None, gain=None, shift=None, relu=False):
+    """NHWC depthwise convolution (Keras kernel (h, w, in, multiplier)) through the arithmetic;
+    `quant`, `activation_range`, `gain`, `shift`, `relu` as for ops.swapped_conv2d (a layer's
+    static range and output correction)."""
     configure_threads(arithmetic)
     strides = tuple(int(s) for s in strides)
     dilations = tuple(int(d) for d in dilations)
@@ -106,16 +138,18 @@ def swapped_depthwise_conv2d(x, kernel, arithmetic: Kernel, strides=(1, 1), padd
     g_static = depthwise_geometry((1, *static[1:]), kernel_shape, strides, padding, dilations)
     out_static = [static[0], g_static.out_height, g_static.out_width, g_static.out_channels]
     hwio = depthwise_filter(kernel_shape)
+    # gradients have ranges of their own: dynamic, with the layer's weight encoding
+    backward_kernel = bind_scheme(arithmetic, quant.dynamic() if quant is not None else None)
 
     def geometry_of(x_array):
         return depthwise_geometry(x_array.shape, kernel_shape, strides, padding, dilations)
 
-    def forward_np(x_array, w_array):
-        return arithmetic.conv2d(x_array, w_array.reshape(hwio), geometry_of(x_array))
+    def forward_np(x_array, w_array, quant=None):
+        return depthwise_product(arithmetic, x_array, w_array, strides, padding, dilations, quant)
 
     def kernel_grads_np(x_array, w_array, dy_array):
         dx, dw = native.conv_gradients_via_matmul(x_array, w_array.reshape(hwio), dy_array,
-                                                  geometry_of(x_array), arithmetic.matmul)
+                                                  geometry_of(x_array), backward_kernel.matmul)
         return dx, dw.reshape(kernel_shape)
 
     def stock(inputs, weights):
@@ -124,21 +158,35 @@ def swapped_depthwise_conv2d(x, kernel, arithmetic: Kernel, strides=(1, 1), padd
 
     forward_tf = None
     if forward_op.supports(arithmetic, "conv2d"):
-        def forward_tf(inputs, weights):
-            return forward_op.conv2d(arithmetic, inputs, tf.reshape(weights, hwio), g_static)
+        def forward_tf(inputs, weights, current_range, g, s):
+            return forward_op.conv2d(arithmetic, inputs, tf.reshape(weights, hwio), g_static,
+                                     g, s, relu, quant, current_range)
 
     return _kernel_op("depthwise_conv2d", forward_np, stock, kernel_grads_np, out_static,
-                      backward, x, kernel, forward_tf)
+                      backward, x, kernel, forward_tf, quant, activation_range, gain, shift, relu)
 
 
 # --------------------------------------------------------------------------------------------
 # transposed convolution
 # --------------------------------------------------------------------------------------------
 
+def transposed_product(arithmetic: Kernel, x, kernel, strides, padding, output_padding,
+                       dilations, quant=None):
+    """numpy: the transposed convolution of NHWC `x` by the Keras kernel (h, w, filters, in)
+    through the arithmetic, with scheme `quant` - the stride-1 conv2d of the zero-inserted input
+    with the flipped filter (the op's forward, and a layer's numpy_product)."""
+    plan = transposed_conv(x.shape, kernel.shape, strides, padding, output_padding, dilations)
+    return bind_scheme(arithmetic, quant).conv2d(native.insert_zeros(x, plan),
+                                                 native.flipped_filter(kernel), plan.geometry)
+
+
 @tf.autograph.experimental.do_not_convert
 def swapped_conv2d_transpose(x, kernel, arithmetic: Kernel, strides=(1, 1), padding="valid",
-                             output_padding=None, dilations=(1, 1), backward: str = "native"):
-    """NHWC transposed convolution (Keras kernel (h, w, filters, in)) through the arithmetic."""
+                             output_padding=None, dilations=(1, 1), backward: str = "native",
+                             quant=None, activation_range=None, gain=None, shift=None):
+    """NHWC transposed convolution (Keras kernel (h, w, filters, in)) through the arithmetic;
+    `quant`, `activation_range`, `gain`, `shift` as for swapped_depthwise_conv2d (the inserted
+    zeros are inside any range: ranges always contain 0)."""
     configure_threads(arithmetic)
     strides = tuple(int(s) for s in strides)
     dilations = tuple(int(d) for d in dilations)
@@ -150,17 +198,17 @@ def swapped_conv2d_transpose(x, kernel, arithmetic: Kernel, strides=(1, 1), padd
         return transposed_conv(shape, kernel_shape, strides, padding, output_padding, dilations)
 
     out_static = [static[0], *plan_of((1, *static[1:])).output_shape[1:]]
+    backward_kernel = bind_scheme(arithmetic, quant.dynamic() if quant is not None else None)
 
-    def forward_np(x_array, w_array):
-        plan = plan_of(x_array.shape)
-        return arithmetic.conv2d(native.insert_zeros(x_array, plan),
-                                 native.flipped_filter(w_array), plan.geometry)
+    def forward_np(x_array, w_array, quant=None):
+        return transposed_product(arithmetic, x_array, w_array, strides, padding, output_padding,
+                                  dilations, quant)
 
     def kernel_grads_np(x_array, w_array, dy_array):
         plan = plan_of(x_array.shape)
         dz, dw = native.conv_gradients_via_matmul(native.insert_zeros(x_array, plan),
                                                   native.flipped_filter(w_array), dy_array,
-                                                  plan.geometry, arithmetic.matmul)
+                                                  plan.geometry, backward_kernel.matmul)
         return (native.remove_zeros(dz, plan, x_array.shape), native.unflipped_filter(dw))
 
     def stock(inputs, weights):
@@ -169,7 +217,7 @@ def swapped_conv2d_transpose(x, kernel, arithmetic: Kernel, strides=(1, 1), padd
                                         data_format="channels_last", dilation_rate=dilations)
 
     return _kernel_op("conv2d_transpose", forward_np, stock, kernel_grads_np, out_static,
-                      backward, x, kernel)
+                      backward, x, kernel, None, quant, activation_range, gain, shift)
 
 
 # --------------------------------------------------------------------------------------------

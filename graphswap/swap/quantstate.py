@@ -79,9 +79,11 @@ class QuantizedLayerMixin:
     end of build, `_quant_inputs(x, training)` for the op's arguments and `_correct_outputs(y)` on
     the product (or `_output_epilogue(bias)`, for ops that apply correction and bias themselves).
 
-    `static_activations_supported`: Dense and Conv2D run calibrated static ranges (one input, one
-    product); the other swapped types (several products, or products of intermediate tensors)
-    quantize each call's activations with their own range - their scheme is kept dynamic."""
+    `static_activations_supported`: the layers with one input and one product (Dense, Conv2D,
+    Conv1D, DepthwiseConv2D, Conv2DTranspose) run calibrated static ranges and carry an output
+    correction; the other swapped types (SeparableConv2D: a second product of an intermediate
+    tensor; EinsumDense and attention: products over several output axes) quantize each call's
+    activations with their own range - their scheme is kept dynamic."""
 
     observer = None
     static_activations_supported = False

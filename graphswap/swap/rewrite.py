@@ -199,7 +199,8 @@ def rewrite_model(model, kernel="exact", include=None, exclude=None, kernel_map=
         `calibration_samples` examples (graphswap.swap.calibration: `calibration_method`
         "minmax" | "percentile" | "mse", `calibration_source` "float" | "approximate");
         without it activations are quantized per call ("dynamic", as TFApprox).  Static ranges
-        are for Dense and Conv2D; the other swapped types keep per-call ranges (report note).
+        are for the one-product layers (Dense, Conv2D, Conv1D, DepthwiseConv2D,
+        Conv2DTranspose); the other swapped types keep per-call ranges (report note).
       bias_correction: with calibration data, also compensate each multiplier layer's product
         error per output channel: "mean" (mean-error) or "moments" (mean and spread;
         graphswap.swap.compensation).
@@ -304,7 +305,8 @@ def rewrite_model(model, kernel="exact", include=None, exclude=None, kernel_map=
             dynamic_only = sorted({type_name(layer) for layer in quantizing
                                    if not layer.static_activations_supported})
             if dynamic_only:
-                notes.append(f"static activation ranges are calibrated for Dense and Conv2D; "
+                notes.append(f"static activation ranges are calibrated for Dense, Conv2D, "
+                             f"Conv1D, DepthwiseConv2D and Conv2DTranspose; "
                              f"{', '.join(dynamic_only)} layers keep per-call ranges")
             notes.extend(calibrate_and_compensate(
                 new_model, calibration_data, samples=calibration_samples,

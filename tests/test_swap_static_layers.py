@@ -1,0 +1,314 @@
+"""DepthwiseConv2D, Conv2DTranspose and Conv1D - one input, one product each - calibrate,
+compensate and observe
+like Dense and Conv2D: static ranges equal what the float model's layers see, calibrated outputs do
+not depend on the batch (dynamic ones do), a depthwise layer's output equals an independent numpy
+reference of its scheme and correction, the state round-trips through save/load and kept-kernel
+ONNX, compensation lowers the layer's measured error, and the moving-average observer follows its
+formula inside `fit`."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import graphswap
+from graphswap.swap import SwappedConv1D, SwappedConv2DTranspose, SwappedDepthwiseConv2D
+from graphswap.swap import compensation
+from conftest import assert_close_to_roundoff
+from reference import builtin_reference, quantized_conv2d
+
+ONE_PRODUCT = ("conv", "depthwise", "transpose", "conv1d", "head")
+
+
+def small_model(seed: int = 0) -> keras.Model:
+    """Conv2D -> DepthwiseConv2D (multiplier 2, bias, ReLU) -> Conv2DTranspose (stride 2) ->
+    Conv1D (causal) -> Dense."""
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((10, 10, 3))
+    x = keras.layers.Conv2D(4, 3, activation="relu", name="conv")(inputs)
+    x = keras.layers.DepthwiseConv2D(3, padding="same", depth_multiplier=2, activation="relu",
+                                     bias_initializer="random_normal", name="depthwise")(x)
+    x = keras.layers.Conv2DTranspose(2, 3, strides=2, padding="same", activation="relu",
+                                     name="transpose")(x)
+    x = keras.layers.Reshape((128, 4))(x)
+    x = keras.layers.Conv1D(5, 3, padding="causal", activation="relu", name="conv1d")(x)
+    x = keras.layers.GlobalAveragePooling1D()(x)
+    return keras.Model(inputs, keras.layers.Dense(3, name="head")(x))
+
+
+@pytest.fixture(scope="module")
+def images():
+    return np.random.default_rng(1).random((96, 10, 10, 3)).astype(np.float32)
+
+
+def in_batches(model, x, size):
+    return np.concatenate([np.asarray(model(x[i:i + size], training=False))
+                           for i in range(0, len(x), size)])
+
+
+def test_minmax_ranges_of_the_one_product_layers_are_the_float_inputs_extremes(images):
+    model = small_model()
+    swapped = graphswap.rewrite_model(model, kernel="mul8u_drum4", calibration_data=images[:64],
+                                      calibration_method="minmax")
+    names = ("depthwise", "transpose", "conv1d")
+    probe = keras.Model(model.inputs, [model.get_layer(n).input for n in names])
+    for name, values in zip(names, (np.asarray(t) for t in probe(images[:64]))):
+        scheme = swapped.get_layer(name).current_quantization()
+        assert scheme.activations == "static"
+        np.testing.assert_allclose(scheme.activation_range, [min(values.min(), 0.0),
+                                                             values.max()], rtol=1e-5, atol=1e-6)
+    assert isinstance(swapped.get_layer("depthwise"), SwappedDepthwiseConv2D)
+    assert isinstance(swapped.get_layer("conv1d"), SwappedConv1D)
+    assert isinstance(swapped.get_layer("transpose"), SwappedConv2DTranspose)
+
+
+def test_calibrated_one_product_layers_do_not_depend_on_the_batch(images):
+    model = small_model()
+    static = graphswap.rewrite_model(model, kernel="mul8u_drum4", calibration_data=images[:64],
+                                     bias_correction="moments")
+    whole = np.asarray(static(images, training=False))
+    for size in (1, 7, 32):
+        np.testing.assert_array_equal(in_batches(static, images, size), whole)
+    # the difference the static mode exists for: only the layers beyond Dense/Conv2D swapped,
+    # per-call ranges, and the same images give other outputs in other batches
+    dynamic = graphswap.rewrite_model(model, kernel="mul8u_drum4",
+                                      include=["depthwise", "transpose", "conv1d"])
+    assert np.abs(in_batches(dynamic, images, 7)
+                  - np.asarray(dynamic(images, training=False))).max() > 1e-4
+
+
+@pytest.mark.parametrize("kernel", ["mul8u_drum4", "mul8s_drum4"])
+def test_static_depthwise_output_equals_the_numpy_reference(images, kernel):
+    model = keras.Sequential([keras.Input((10, 10, 3)), keras.layers.DepthwiseConv2D(
+        3, padding="same", depth_multiplier=2, activation="relu",
+        bias_initializer="random_normal", name="depthwise")])
+    calibration = images[:32] - 0.25   # inputs of both signs
+    x = images[32:40] - 0.25           # others (a per-call range would differ)
+    swapped = graphswap.rewrite_model(model, kernel=kernel, calibration_data=calibration,
+                                      calibration_method="percentile",
+                                      bias_correction="moments")
+    layer = swapped.get_layer("depthwise")
+    scheme = layer.current_quantization()
+    correction = layer.output_correction
+    assert scheme.activations == "static" and correction["gain"] and correction["offset"]
+    w = np.asarray(layer.kernel).reshape(3, 3, 1, 6)
+    product = quantized_conv2d(x, w, builtin_reference(kernel), kernel.startswith("mul8s"),
+                               (1, 1), (1, 1), (1, 1, 1, 1), 3,
+                               {"activation_range": scheme.activation_range})
+    want = np.maximum(product.astype(np.float64) * np.asarray(correction["gain"])
+                      + np.asarray(correction["offset"]) + np.asarray(layer.bias), 0.0)
+    got = np.asarray(swapped(x, training=False))
+    # the epilogue runs in float32 (one multiply-add per output)
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-6 * np.abs(want).max())
+
+
+def test_static_state_round_trips_through_save_and_load(images, tmp_path):
+    swapped = graphswap.rewrite_model(small_model(), kernel="mul8s_drum4",
+                                      calibration_data=images[:64], bias_correction="moments")
+    path = tmp_path / "static.keras"
+    swapped.save(path)
+    loaded = keras.models.load_model(path)
+    for name in ONE_PRODUCT:
+        assert loaded.get_layer(name).current_quantization() == \
+            swapped.get_layer(name).current_quantization()
+        assert loaded.get_layer(name).output_correction == \
+            swapped.get_layer(name).output_correction
+    np.testing.assert_array_equal(np.asarray(loaded(images, training=False)),
+                                  np.asarray(swapped(images, training=False)))
+
+
+def test_kept_kernel_onnx_runs_the_static_one_product_layers_batch_by_batch(images, tmp_path):
+    swapped = graphswap.rewrite_model(small_model(), kernel="mul8u_drum4",
+                                      calibration_data=images[:64], bias_correction="moments")
+    path = tmp_path / "static.kept.onnx"
+    graphswap.export_model(swapped, path, format="onnx", keep_kernels=True)
+    session = graphswap.onnx_session(path)
+    name = session.get_inputs()[0].name
+    whole = session.run(None, {name: images[:40]})[0]
+    start = 0
+    for size in (1, 5, 34):
+        batch = images[start:start + size]
+        got = session.run(None, {name: batch})[0]
+        np.testing.assert_array_equal(got, whole[start:start + size])
+        assert_close_to_roundoff(got, np.asarray(swapped(batch, training=False)), terms=200)
+        start += size
+
+
+def depthwise_error(swapped, model, x) -> float:
+    """Mean |approximate - float| of the depthwise layer's output, on its own float input."""
+    probe = keras.Model(model.inputs, model.get_layer("depthwise").input)
+    layer_in = probe(x)
+    return float(np.mean(np.abs(np.asarray(swapped.get_layer("depthwise")(layer_in))
+                                - np.asarray(model.get_layer("depthwise")(layer_in)))))
+
+
+def test_compensation_lowers_the_depthwise_error_on_held_out_data(images):
+    model = small_model()
+    options = dict(kernel="mul8u_mitchell", include=["depthwise"],
+                   calibration_data=images[:64])
+    plain = graphswap.rewrite_model(model, **options)
+    compensated = graphswap.rewrite_model(model, bias_correction="moments", **options)
+    before = depthwise_error(plain, model, images[64:])
+    after = depthwise_error(compensated, model, images[64:])
+    # Mitchell's products are all too small, by a share of the product: a per-channel gain
+    # error, which "moments" removes (measured 27% of the whole error, quantization included)
+    assert after < 0.85 * before
+
+
+def test_moving_average_observer_on_depthwise_follows_its_formula_in_fit(images):
+    model = small_model()
+    swapped = graphswap.rewrite_model(model, kernel="mul8u_drum4", calibration_data=images[:64],
+                                      quantization={"observer": "moving_average",
+                                                    "momentum": 0.5})
+    layer = swapped.get_layer("depthwise")
+    before = np.array(layer.current_quantization().activation_range)
+    swapped.compile(optimizer=keras.optimizers.SGD(0.0), loss="mse")   # weights stay
+    batch = images[:32]
+    swapped.fit(batch, np.zeros((32, 3), np.float32), batch_size=32, epochs=1, verbose=0,
+                shuffle=False)
+    after = np.array(layer.current_quantization().activation_range)
+    probe = keras.Model(swapped.inputs, swapped.get_layer("depthwise").input)
+    seen = np.asarray(probe(batch, training=False))   # what it saw (the conv's range is fixed)
+    np.testing.assert_allclose(after, 0.5 * before + 0.5 * np.array([min(seen.min(), 0.0),
+                                                                      seen.max()]),
+                               rtol=1e-5, atol=1e-6)
+    assert not np.array_equal(after, before)
+
+
+def test_depthwise_gradients_are_the_stock_layers_through_the_correction():
+    """backward="native" with an output correction: d/dx and d/dw of the stock depthwise
+    convolution of dy * gain, the bias gradient the sum of dy (the straight-through estimator:
+    TensorFlow's registered gradients of the stock op)."""
+    model = keras.Sequential([keras.Input((6, 6, 4)), keras.layers.DepthwiseConv2D(
+        3, padding="same", name="depthwise")])
+    x = np.random.default_rng(2).normal(size=(16, 6, 6, 4)).astype(np.float32)
+    swapped = graphswap.rewrite_model(model, kernel="mul8u_exact", calibration_data=x)
+    layer = swapped.get_layer("depthwise")
+    gain = np.linspace(0.5, 1.5, 4).astype(np.float32)
+    offset = np.linspace(-0.1, 0.1, 4).astype(np.float32)
+    layer.set_output_correction(gain, offset)
+    dy = np.random.default_rng(3).normal(size=(16, 6, 6, 4)).astype(np.float32)
+    xt = tf.constant(x)
+    with tf.GradientTape() as tape:
+        tape.watch(xt)
+        y = swapped(xt, training=True)
+    dx, dw, db = tape.gradient(y, [xt, layer.kernel, layer.bias], output_gradients=dy)
+    stock = model.get_layer("depthwise")
+    with tf.GradientTape() as tape:
+        tape.watch(xt)
+        y_stock = stock(xt)
+    want_dx, want_dw = tape.gradient(y_stock, [xt, stock.kernel], output_gradients=dy * gain)
+    # dx sums 9 taps, dw and db the 16 x 6 x 6 batch positions
+    assert_close_to_roundoff(dx, want_dx, terms=9)
+    assert_close_to_roundoff(dw, want_dw, terms=16 * 36)
+    assert_close_to_roundoff(db, dy.sum(axis=(0, 1, 2)), terms=16 * 36)
+
+
+def test_compensation_covers_every_one_product_layer(images):
+    swapped = graphswap.rewrite_model(small_model(), kernel="mul8u_drum4",
+                                      calibration_data=images[:64])
+    step = compensation.compensate_bias(swapped, images[:64], samples=64, method="moments")
+    assert sorted(step.layers) == sorted(ONE_PRODUCT)
+    for name in ONE_PRODUCT:
+        assert swapped.get_layer(name).output_correction["gain"] is not None
+
+
+def bn_model(seed: int = 4) -> keras.Model:
+    """DepthwiseConv2D (multiplier 2, channels_first too) and Conv1D, each followed by a
+    BatchNormalization with non-trivial statistics (MobileNet's and a 1-D CNN's pattern)."""
+    keras.utils.set_random_seed(seed)
+    rng = np.random.default_rng(seed)
+    inputs = keras.Input((8, 8, 3))
+    x = keras.layers.DepthwiseConv2D(3, depth_multiplier=2, use_bias=False, name="depthwise")(
+        inputs)
+    x = keras.layers.BatchNormalization(name="bn_depthwise")(x)
+    x = keras.layers.ReLU()(x)
+    x = keras.layers.Reshape((36, 6))(x)
+    x = keras.layers.Conv1D(4, 3, padding="causal", name="conv1d")(x)
+    x = keras.layers.BatchNormalization(name="bn_conv1d", epsilon=0.01)(x)
+    model = keras.Model(inputs, x)
+    for layer in model.layers:
+        if isinstance(layer, keras.layers.BatchNormalization):
+            n = layer.moving_mean.shape[0]
+            layer.moving_mean.assign(rng.normal(0, 0.5, n))
+            layer.moving_variance.assign(rng.uniform(0.2, 2.0, n))
+            layer.gamma.assign(rng.uniform(-1.5, 1.5, n))
+            layer.beta.assign(rng.normal(0, 0.5, n))
+    return model
+
+
+def test_depthwise_and_conv1d_fold_their_batchnorm(images):
+    from graphswap import swap
+
+    model = bn_model()
+    x = images[:16, :8, :8]
+    folded, report = swap.fold_batchnorm(model)
+    assert report.folded == [("depthwise", "bn_depthwise"), ("conv1d", "bn_conv1d")]
+    assert_close_to_roundoff(folded(x, training=False), model(x, training=False), terms=100)
+    exact = graphswap.rewrite_model(model, kernel="exact", fold_batchnorm=True)
+    assert_close_to_roundoff(exact(x, training=False), model(x, training=False), terms=100)
+    # the depthwise output channel c = i * multiplier + m takes the BN's factor f_c
+    bn = model.get_layer("bn_depthwise")
+    factor = (np.asarray(bn.gamma, np.float64)
+              / np.sqrt(np.asarray(bn.moving_variance, np.float64) + bn.epsilon))
+    np.testing.assert_allclose(np.asarray(folded.get_layer("depthwise").kernel),
+                               np.asarray(model.get_layer("depthwise").kernel)
+                               * factor.reshape(3, 2), rtol=1e-6)
+
+
+def transposed_scatter(x, kernel, stride, pad_before, out_size, product):
+    """Transposed convolution as its definition, a scatter: y[n, i*s + di - p, j*s + dj - p, o]
+    += product(x[n, i, j, c], kernel[di, dj, o, c]) summed over c (`product` on whole arrays)."""
+    n, h, w, c = x.shape
+    kh, kw, filters, _ = kernel.shape
+    y = np.zeros((n, out_size, out_size, filters), np.float64)
+    for i in range(h):
+        for j in range(w):
+            for di in range(kh):
+                for dj in range(kw):
+                    oy, ox = i * stride + di - pad_before, j * stride + dj - pad_before
+                    if 0 <= oy < out_size and 0 <= ox < out_size:
+                        y[:, oy, ox, :] += product(x[:, i, j, :], kernel[di, dj])
+    return y
+
+
+def test_static_transposed_conv_equals_the_scatter_reference(images):
+    """A signed multiplier (zero point 0: an inserted zero is a zero product, as in a scatter
+    accelerator) against the definition, summed exactly in integers."""
+    from reference import _activations, _lookup, _weight_channel
+
+    model = keras.Sequential([keras.Input((5, 5, 3)), keras.layers.Conv2DTranspose(
+        2, 3, strides=2, padding="same", name="transpose")])
+    calibration, x = images[:32, :5, :5] - 0.3, images[32:36, :5, :5] - 0.3
+    swapped = graphswap.rewrite_model(model, kernel="mul8s_drum4", calibration_data=calibration)
+    layer = swapped.get_layer("transpose")
+    kernel = np.asarray(layer.kernel, np.float64)
+    # the reference's own geometry, checked on float values against TensorFlow's op
+    float_scatter = transposed_scatter(x.astype(np.float64), kernel, 2, 0, 10,
+                                       lambda a, w: a @ w.T)
+    assert_close_to_roundoff(np.asarray(model(x)) - np.asarray(model.get_layer("transpose").bias),
+                             float_scatter, terms=27)
+    table = builtin_reference("mul8s_drum4")
+    qa, sa, _ = _activations(x, True, layer.current_quantization().activation_range)
+    channels = [_weight_channel(kernel[:, :, o, :], kernel[:, :, o, :], "symmetric")
+                for o in range(2)]
+    qw = np.stack([ch[0] for ch in channels], axis=2)           # (kh, kw, filters, in)
+    scales = np.array([ch[2] for ch in channels])
+    integer = transposed_scatter(qa, qw, 2, 0, 10, lambda a, w: _lookup(
+        table, a[:, None, :], w[None], True).sum(axis=-1))
+    want = integer * sa * scales + np.asarray(layer.bias)
+    np.testing.assert_allclose(np.asarray(swapped(x, training=False)), want, rtol=1e-6,
+                               atol=1e-6 * np.abs(want).max())
+
+
+def test_lut_grad_stays_refused_for_the_layers_beyond_dense_and_conv2d():
+    """Static ranges do not bring lut_grad with them: its C gradient is Dense/Conv2D's."""
+    from graphswap.errors import UnsupportedLayerError
+
+    with pytest.raises(UnsupportedLayerError, match=r"'depthwise'.*lut_grad.*Dense and Conv2D"):
+        graphswap.rewrite_model(small_model(), kernel="mul8u_drum4", backward="lut_grad")
+    swapped = graphswap.rewrite_model(small_model(), kernel="mul8u_drum4", backward="lut_grad",
+                                      include=["^conv$", "^head$"])
+    assert swapped.get_layer("conv").backward == "lut_grad"
