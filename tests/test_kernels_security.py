@@ -472,8 +472,9 @@ def test_trust_api_session_and_persist(tmp_path, monkeypatch):
 @pytest.mark.parametrize("stock", [
     lambda: keras.layers.DepthwiseConv2D(3, name="fc"),
     lambda: keras.layers.Conv1D(2, 3, padding="causal", name="fc"),
-    lambda: keras.layers.Conv2DTranspose(2, 3, strides=2, name="fc")])
-def test_tampered_static_one_product_layer_is_refused(attack, stock):
+    lambda: keras.layers.Conv2DTranspose(2, 3, strides=2, name="fc"),
+    lambda: keras.layers.SeparableConv2D(2, 3, name="fc")])
+def test_tampered_static_layer_is_refused(attack, stock):
     """The layer types that carry a calibrated range and an output correction in their config
     pass the same gate: an attacker's library in their kernel record never loads, however
     complete the rest of the config is."""

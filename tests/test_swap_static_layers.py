@@ -1,9 +1,9 @@
-"""DepthwiseConv2D, Conv2DTranspose and Conv1D - one input, one product each - calibrate,
-compensate and observe
-like Dense and Conv2D: static ranges equal what the float model's layers see, calibrated outputs do
-not depend on the batch (dynamic ones do), a depthwise layer's output equals an independent numpy
-reference of its scheme and correction, the state round-trips through save/load and kept-kernel
-ONNX, compensation lowers the layer's measured error, and the moving-average observer follows its
+"""DepthwiseConv2D, SeparableConv2D, Conv2DTranspose, Conv1D and EinsumDense calibrate, compensate
+and observe like Dense and Conv2D: static ranges equal what the float model's layers see
+(SeparableConv2D's second range: its float depthwise result), calibrated outputs do not depend on
+the batch (dynamic ones do), depthwise, separable and einsum layers' outputs equal an independent
+numpy reference of their schemes and correction, the state round-trips through save/load and kept-kernel ONNX,
+compensation lowers the layer's measured error, and the moving-average observer follows its
 formula inside `fit`."""
 
 from __future__ import annotations
@@ -14,26 +14,34 @@ import pytest
 import tensorflow as tf
 
 import graphswap
-from graphswap.swap import SwappedConv1D, SwappedConv2DTranspose, SwappedDepthwiseConv2D
-from graphswap.swap import compensation
+from graphswap.errors import QuantizationError
+from graphswap.swap import (SwappedConv1D, SwappedConv2DTranspose, SwappedDepthwiseConv2D,
+                            SwappedSeparableConv2D)
+from graphswap.swap import compensation, ops_layers
 from conftest import assert_close_to_roundoff
 from reference import builtin_reference, quantized_conv2d
 
-ONE_PRODUCT = ("conv", "depthwise", "transpose", "conv1d", "head")
+STATIC_LAYERS = ("conv", "depthwise", "sep", "transpose", "conv1d", "ein", "head")
 
 
 def small_model(seed: int = 0) -> keras.Model:
-    """Conv2D -> DepthwiseConv2D (multiplier 2, bias, ReLU) -> Conv2DTranspose (stride 2) ->
-    Conv1D (causal) -> Dense."""
+    """Conv2D -> DepthwiseConv2D (multiplier 2, bias, ReLU) -> SeparableConv2D (multiplier 2,
+    ReLU) -> Conv2DTranspose (stride 2) -> Conv1D (causal) -> EinsumDense (output channels over
+    two axes) -> Dense."""
     keras.utils.set_random_seed(seed)
     inputs = keras.Input((10, 10, 3))
     x = keras.layers.Conv2D(4, 3, activation="relu", name="conv")(inputs)
     x = keras.layers.DepthwiseConv2D(3, padding="same", depth_multiplier=2, activation="relu",
                                      bias_initializer="random_normal", name="depthwise")(x)
+    x = keras.layers.SeparableConv2D(4, 3, padding="same", depth_multiplier=2,
+                                     activation="relu", name="sep")(x)
     x = keras.layers.Conv2DTranspose(2, 3, strides=2, padding="same", activation="relu",
                                      name="transpose")(x)
     x = keras.layers.Reshape((128, 4))(x)
     x = keras.layers.Conv1D(5, 3, padding="causal", activation="relu", name="conv1d")(x)
+    x = keras.layers.EinsumDense("abc,cde->abde", output_shape=(128, 2, 3), bias_axes="de",
+                                 activation="relu", name="ein")(x)
+    x = keras.layers.Reshape((128, 6))(x)
     x = keras.layers.GlobalAveragePooling1D()(x)
     return keras.Model(inputs, keras.layers.Dense(3, name="head")(x))
 
@@ -48,23 +56,32 @@ def in_batches(model, x, size):
                            for i in range(0, len(x), size)])
 
 
-def test_minmax_ranges_of_the_one_product_layers_are_the_float_inputs_extremes(images):
+def test_minmax_ranges_of_the_static_layers_are_the_float_inputs_extremes(images):
     model = small_model()
     swapped = graphswap.rewrite_model(model, kernel="mul8u_drum4", calibration_data=images[:64],
                                       calibration_method="minmax")
-    names = ("depthwise", "transpose", "conv1d")
+    names = ("depthwise", "sep", "transpose", "conv1d", "ein")
     probe = keras.Model(model.inputs, [model.get_layer(n).input for n in names])
-    for name, values in zip(names, (np.asarray(t) for t in probe(images[:64]))):
+    inputs = dict(zip(names, (np.asarray(t) for t in probe(images[:64]))))
+    for name, values in inputs.items():
         scheme = swapped.get_layer(name).current_quantization()
         assert scheme.activations == "static"
         np.testing.assert_allclose(scheme.activation_range, [min(values.min(), 0.0),
                                                              values.max()], rtol=1e-5, atol=1e-6)
+    # the separable layer's pointwise operand: its float depthwise result (TensorFlow's op)
+    stock = model.get_layer("sep")
+    depthwise = np.asarray(tf.nn.depthwise_conv2d(inputs["sep"], stock.depthwise_kernel,
+                                                  [1, 1, 1, 1], "SAME"))
+    np.testing.assert_allclose(swapped.get_layer("sep").intermediate_ranges()["pointwise"],
+                               [min(depthwise.min(), 0.0), depthwise.max()], rtol=1e-5,
+                               atol=1e-6)
+    assert isinstance(swapped.get_layer("sep"), SwappedSeparableConv2D)
     assert isinstance(swapped.get_layer("depthwise"), SwappedDepthwiseConv2D)
     assert isinstance(swapped.get_layer("conv1d"), SwappedConv1D)
     assert isinstance(swapped.get_layer("transpose"), SwappedConv2DTranspose)
 
 
-def test_calibrated_one_product_layers_do_not_depend_on_the_batch(images):
+def test_calibrated_static_layers_do_not_depend_on_the_batch(images):
     model = small_model()
     static = graphswap.rewrite_model(model, kernel="mul8u_drum4", calibration_data=images[:64],
                                      bias_correction="moments")
@@ -74,7 +91,8 @@ def test_calibrated_one_product_layers_do_not_depend_on_the_batch(images):
     # the difference the static mode exists for: only the layers beyond Dense/Conv2D swapped,
     # per-call ranges, and the same images give other outputs in other batches
     dynamic = graphswap.rewrite_model(model, kernel="mul8u_drum4",
-                                      include=["depthwise", "transpose", "conv1d"])
+                                      include=["depthwise", "sep", "transpose", "conv1d",
+                                               "ein"])
     assert np.abs(in_batches(dynamic, images, 7)
                   - np.asarray(dynamic(images, training=False))).max() > 1e-4
 
@@ -104,22 +122,113 @@ def test_static_depthwise_output_equals_the_numpy_reference(images, kernel):
     np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-6 * np.abs(want).max())
 
 
+@pytest.mark.parametrize("kernel", ["mul8u_drum4", "mul8s_drum4"])
+def test_static_separable_output_equals_the_numpy_reference(images, kernel):
+    """Two quantized products, each on its own calibrated range: the depthwise one on the
+    layer's input range, the pointwise one on the range of the depthwise result; the
+    correction, bias and ReLU after the pointwise product."""
+    model = keras.Sequential([keras.Input((10, 10, 3)), keras.layers.SeparableConv2D(
+        4, 3, padding="same", depth_multiplier=2, activation="relu",
+        bias_initializer="random_normal", name="sep")])
+    calibration = images[:32] - 0.25
+    x = images[32:40] - 0.25
+    swapped = graphswap.rewrite_model(model, kernel=kernel, calibration_data=calibration,
+                                      bias_correction="moments")
+    layer = swapped.get_layer("sep")
+    first = layer.current_quantization().activation_range
+    second = layer.intermediate_ranges()["pointwise"]
+    correction = layer.output_correction
+    assert first != second and correction["gain"] and correction["offset"]
+    table, signed = builtin_reference(kernel), kernel.startswith("mul8s")
+    depthwise = quantized_conv2d(x, np.asarray(layer.depthwise_kernel).reshape(3, 3, 1, 6),
+                                 table, signed, (1, 1), (1, 1), (1, 1, 1, 1), 3,
+                                 {"activation_range": first})
+    product = quantized_conv2d(depthwise, np.asarray(layer.pointwise_kernel), table, signed,
+                               (1, 1), (1, 1), (0, 0, 0, 0), 1, {"activation_range": second})
+    want = np.maximum(product.astype(np.float64) * np.asarray(correction["gain"])
+                      + np.asarray(correction["offset"]) + np.asarray(layer.bias), 0.0)
+    got = np.asarray(swapped(x, training=False))
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-6 * np.abs(want).max())
+    # and the layer's numpy product with its scheme (what compensation measures) is the same
+    # two products
+    np.testing.assert_allclose(layer.numpy_product(x, quant=layer.current_quantization()),
+                               product, rtol=1e-6, atol=1e-6 * np.abs(product).max())
+
+
+@pytest.mark.parametrize("equation, output_shape, bias_axes, to_output", [
+    # (a*b, d*e) -> (a, b, d, e): the correction's columns are d x e
+    ("abc,cde->abde", (6, 3, 4), "de", lambda y, a, b: y.reshape(a, b, 3, 4)),
+    # (a*b, d) -> (a, d, b): the produced axis in the middle of the output
+    ("abc,cd->adb", (5, 6), "d", lambda y, a, b: y.reshape(a, b, 5).transpose(0, 2, 1))])
+@pytest.mark.parametrize("kernel", ["mul8u_drum4", "mul8s_drum4"])
+def test_static_einsum_output_equals_the_numpy_reference(kernel, equation, output_shape,
+                                                         bias_axes, to_output):
+    """One input range; the product matrix's columns are the output channels, corrected one by
+    one and put back on the output's axes before the bias."""
+    from reference import quantized_matmul
+
+    model = keras.Sequential([keras.Input((6, 8)), keras.layers.EinsumDense(
+        equation, output_shape=output_shape, bias_axes=bias_axes, activation="relu",
+        bias_initializer="random_normal", name="ein")])
+    rng = np.random.default_rng(7)
+    calibration = rng.normal(size=(32, 6, 8)).astype(np.float32)
+    x = rng.normal(size=(5, 6, 8)).astype(np.float32)
+    swapped = graphswap.rewrite_model(model, kernel=kernel, calibration_data=calibration,
+                                      bias_correction="moments")
+    layer = swapped.get_layer("ein")
+    scheme = layer.current_quantization()
+    correction = layer.output_correction
+    assert scheme.activations == "static" and correction["gain"] and correction["offset"]
+    w = np.asarray(layer.kernel)
+    product = quantized_matmul(x.reshape(-1, 8), w.reshape(8, -1), builtin_reference(kernel),
+                               kernel.startswith("mul8s"),
+                               {"activation_range": scheme.activation_range})
+    corrected = product.astype(np.float64) * np.asarray(correction["gain"]) \
+        + np.asarray(correction["offset"])
+    bias = np.asarray(layer.bias)
+    bias = bias.reshape(bias.shape[0], 1) if equation.endswith("adb") else bias
+    want = np.maximum(to_output(corrected, 5, 6) + bias, 0.0)
+    got = np.asarray(swapped(x, training=False))
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-6 * np.abs(want).max())
+
+
+def test_separable_intermediate_range_is_checked():
+    arithmetic = dict(arithmetic="mul8u_drum4")
+    with pytest.raises(QuantizationError, match=r"'s'.*intermediate_ranges.*pointwise"):
+        SwappedSeparableConv2D(4, 3, name="s", intermediate_ranges={"depthwise": [0, 1]},
+                               **arithmetic)
+    with pytest.raises(QuantizationError, match=r"finite lo <= hi"):
+        SwappedSeparableConv2D(4, 3, name="s", intermediate_ranges={"pointwise": [2, 1]},
+                               **arithmetic)
+    # static on the input but the pointwise operand never calibrated: one clear error
+    layer = SwappedSeparableConv2D(4, 3, name="s", quantization={
+        "activations": "static", "activation_range": [0.0, 1.0]}, **arithmetic)
+    with pytest.raises(QuantizationError, match=r"'s'.*no calibrated range for its pointwise "
+                                                r"operand; calibrate it"):
+        layer(np.ones((1, 5, 5, 2), np.float32))
+    with pytest.raises(QuantizationError, match=r"no intermediate operand 'depthwise'"):
+        layer.set_intermediate_range("depthwise", 0.0, 1.0)
+
+
 def test_static_state_round_trips_through_save_and_load(images, tmp_path):
     swapped = graphswap.rewrite_model(small_model(), kernel="mul8s_drum4",
                                       calibration_data=images[:64], bias_correction="moments")
     path = tmp_path / "static.keras"
     swapped.save(path)
     loaded = keras.models.load_model(path)
-    for name in ONE_PRODUCT:
+    for name in STATIC_LAYERS:
         assert loaded.get_layer(name).current_quantization() == \
             swapped.get_layer(name).current_quantization()
         assert loaded.get_layer(name).output_correction == \
             swapped.get_layer(name).output_correction
+    assert loaded.get_layer("sep").intermediate_ranges() == \
+        swapped.get_layer("sep").intermediate_ranges()
+    assert None not in loaded.get_layer("sep").intermediate_ranges().values()
     np.testing.assert_array_equal(np.asarray(loaded(images, training=False)),
                                   np.asarray(swapped(images, training=False)))
 
 
-def test_kept_kernel_onnx_runs_the_static_one_product_layers_batch_by_batch(images, tmp_path):
+def test_kept_kernel_onnx_runs_the_static_layers_batch_by_batch(images, tmp_path):
     swapped = graphswap.rewrite_model(small_model(), kernel="mul8u_drum4",
                                       calibration_data=images[:64], bias_correction="moments")
     path = tmp_path / "static.kept.onnx"
@@ -157,24 +266,33 @@ def test_compensation_lowers_the_depthwise_error_on_held_out_data(images):
     assert after < 0.85 * before
 
 
-def test_moving_average_observer_on_depthwise_follows_its_formula_in_fit(images):
+def test_moving_average_observer_follows_its_formula_in_fit(images):
+    """lo, hi <- m lo + (1 - m) min/max of what each range saw in the training step: the
+    depthwise layer's input, and the separable layer's depthwise result (its pointwise range)."""
     model = small_model()
     swapped = graphswap.rewrite_model(model, kernel="mul8u_drum4", calibration_data=images[:64],
                                       quantization={"observer": "moving_average",
                                                     "momentum": 0.5})
-    layer = swapped.get_layer("depthwise")
-    before = np.array(layer.current_quantization().activation_range)
+    depthwise, separable = swapped.get_layer("depthwise"), swapped.get_layer("sep")
+    before = {"depthwise": np.array(depthwise.current_quantization().activation_range),
+              "pointwise": np.array(separable.intermediate_ranges()["pointwise"])}
     swapped.compile(optimizer=keras.optimizers.SGD(0.0), loss="mse")   # weights stay
     batch = images[:32]
     swapped.fit(batch, np.zeros((32, 3), np.float32), batch_size=32, epochs=1, verbose=0,
                 shuffle=False)
-    after = np.array(layer.current_quantization().activation_range)
-    probe = keras.Model(swapped.inputs, swapped.get_layer("depthwise").input)
-    seen = np.asarray(probe(batch, training=False))   # what it saw (the conv's range is fixed)
-    np.testing.assert_allclose(after, 0.5 * before + 0.5 * np.array([min(seen.min(), 0.0),
-                                                                      seen.max()]),
-                               rtol=1e-5, atol=1e-6)
-    assert not np.array_equal(after, before)
+    after = {"depthwise": np.array(depthwise.current_quantization().activation_range),
+             "pointwise": np.array(separable.intermediate_ranges()["pointwise"])}
+    # what they saw: every range moved once, before its own product, so the inputs computed
+    # now (same weights, the moved ranges) are the step's
+    probe = keras.Model(swapped.inputs, [depthwise.input, separable.input])
+    depthwise_in, separable_in = (np.asarray(t) for t in probe(batch, training=False))
+    seen = {"depthwise": depthwise_in, "pointwise": ops_layers.depthwise_product(
+        separable.arithmetic, separable_in, np.asarray(separable.depthwise_kernel), (1, 1),
+        "same", (1, 1), separable.current_quantization())}
+    for name, values in seen.items():
+        np.testing.assert_allclose(after[name], 0.5 * before[name] + 0.5 * np.array(
+            [min(values.min(), 0.0), values.max()]), rtol=1e-5, atol=1e-6)
+        assert not np.array_equal(after[name], before[name])
 
 
 def test_depthwise_gradients_are_the_stock_layers_through_the_correction():
@@ -206,12 +324,12 @@ def test_depthwise_gradients_are_the_stock_layers_through_the_correction():
     assert_close_to_roundoff(db, dy.sum(axis=(0, 1, 2)), terms=16 * 36)
 
 
-def test_compensation_covers_every_one_product_layer(images):
+def test_compensation_covers_every_static_layer(images):
     swapped = graphswap.rewrite_model(small_model(), kernel="mul8u_drum4",
                                       calibration_data=images[:64])
     step = compensation.compensate_bias(swapped, images[:64], samples=64, method="moments")
-    assert sorted(step.layers) == sorted(ONE_PRODUCT)
-    for name in ONE_PRODUCT:
+    assert sorted(step.layers) == sorted(STATIC_LAYERS)
+    for name in STATIC_LAYERS:
         assert swapped.get_layer(name).output_correction["gain"] is not None
 
 
@@ -256,6 +374,37 @@ def test_depthwise_and_conv1d_fold_their_batchnorm(images):
     np.testing.assert_allclose(np.asarray(folded.get_layer("depthwise").kernel),
                                np.asarray(model.get_layer("depthwise").kernel)
                                * factor.reshape(3, 2), rtol=1e-6)
+
+
+def test_separable_folds_its_batchnorm_into_the_pointwise_kernel(images):
+    from graphswap import swap
+
+    keras.utils.set_random_seed(5)
+    rng = np.random.default_rng(5)
+    model = keras.Sequential([
+        keras.Input((8, 8, 3)),
+        keras.layers.SeparableConv2D(4, 3, depth_multiplier=2, name="sep"),
+        keras.layers.BatchNormalization(name="bn_sep"),
+        keras.layers.ReLU()])
+    bn = model.get_layer("bn_sep")
+    bn.moving_mean.assign(rng.normal(0, 0.5, 4))
+    bn.moving_variance.assign(rng.uniform(0.2, 2.0, 4))
+    bn.gamma.assign(rng.uniform(-1.5, 1.5, 4))
+    bn.beta.assign(rng.normal(0, 0.5, 4))
+    x = images[:16, :8, :8]
+    folded, report = swap.fold_batchnorm(model)
+    assert report.folded == [("sep", "bn_sep")]
+    assert_close_to_roundoff(folded(x, training=False), model(x, training=False), terms=100)
+    factor = (np.asarray(bn.gamma, np.float64)
+              / np.sqrt(np.asarray(bn.moving_variance, np.float64) + bn.epsilon))
+    stock, merged = model.get_layer("sep"), folded.get_layer("sep")
+    np.testing.assert_array_equal(np.asarray(merged.depthwise_kernel),
+                                  np.asarray(stock.depthwise_kernel))
+    np.testing.assert_allclose(np.asarray(merged.pointwise_kernel),
+                               np.asarray(stock.pointwise_kernel) * factor, rtol=1e-6)
+    exact = graphswap.rewrite_model(model, kernel="exact", fold_batchnorm=True)
+    assert isinstance(exact.get_layer("sep"), SwappedSeparableConv2D)
+    assert_close_to_roundoff(exact(x, training=False), model(x, training=False), terms=100)
 
 
 def transposed_scatter(x, kernel, stride, pad_before, out_size, product):

@@ -153,3 +153,32 @@ def test_calibrated_folded_mobilenet_is_static_everywhere_and_batch_independent(
         parts = np.concatenate([swapped(x[i:i + size], training=False).numpy()
                                 for i in range(0, len(x), size)])
         np.testing.assert_array_equal(parts, whole)
+
+
+def test_calibrated_folded_xception_runs_both_separable_ranges_and_is_batch_independent():
+    """Xception's SeparableConv2D + BatchNormalization pairs fold into the pointwise kernels
+    (with the exact kernel the folded network equals the original), and with a multiplier every
+    SeparableConv2D gets both static ranges - its input's and its depthwise result's - so the
+    whole network's outputs are bit for bit the same in any batch."""
+    keras.utils.set_random_seed(0)
+    model = keras.applications.Xception(input_shape=(71, 71, 3), weights=None, classes=10,
+                                        classifier_activation=None)
+    x = RNG.uniform(0, 1, (16, 71, 71, 3)).astype(np.float32)
+    exact = graphswap.rewrite_model(model, kernel="exact", fold_batchnorm=True)
+    want = model(x[:4], training=False).numpy()
+    np.testing.assert_allclose(exact(x[:4], training=False).numpy(), want,
+                               atol=1e-4 * np.abs(want).max())
+    swapped, report = graphswap.rewrite_model(model, kernel="mul8u_drum4", calibration_data=x,
+                                              fold_batchnorm=True, return_report=True)
+    assert not any(isinstance(layer, keras.layers.BatchNormalization)
+                   for _, layer in iter_layers(swapped))
+    separable = [layer for _, layer in iter_layers(swapped)
+                 if type(layer).__name__ == "SwappedSeparableConv2D"]
+    assert len(separable) == 34
+    assert all(layer.current_quantization().activations == "static"
+               and None not in layer.intermediate_ranges().values() for layer in separable)
+    assert not any("keep per-call ranges" in note for note in report.notes)
+    whole = swapped(x[:12], training=False).numpy()
+    parts = np.concatenate([swapped(x[i:min(i + 5, 12)], training=False).numpy()
+                            for i in range(0, 12, 5)])
+    np.testing.assert_array_equal(parts, whole)

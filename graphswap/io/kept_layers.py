@@ -102,12 +102,13 @@ class KeptSeparableConv2D(SwappedSeparableConv2D):
     def call(self, inputs):
         k_h, k_w, channels, multiplier = (int(d) for d in self.depthwise_kernel.shape)
         w = tf.reshape(_f32(self.depthwise_kernel), [k_h, k_w, 1, channels * multiplier])
-        depthwise = kernel_conv(self.scheme_kernel(), _nhwc(self, inputs), w,
+        # each product's scheme as it is now (static ranges: constants of the export)
+        depthwise = kernel_conv(self.current_scheme_kernel(), _nhwc(self, inputs), w,
                                 part_name(self.graphswap_marker, 0), self.strides, self.padding,
                                 self.dilation_rate, channels)
-        y = kernel_conv(self.scheme_kernel(), depthwise, _f32(self.pointwise_kernel),
-                        part_name(self.graphswap_marker, 1))
-        return _finish(self, inputs, y, self.filters)
+        y = kernel_conv(self.current_scheme_kernel("pointwise"), depthwise,
+                        _f32(self.pointwise_kernel), part_name(self.graphswap_marker, 1))
+        return _finish(self, inputs, self._correct_outputs(y), self.filters)
 
     def onnx_node(self, part):
         if part == 0:
@@ -185,7 +186,10 @@ def kept_einsum(layer, inputs, kernel, marker, part):
     k, n = plan.kernel_matrix_shape(tuple(w.shape))
     x2 = tf.reshape(tf.transpose(x, plan.input_permutation), [-1, k])
     w2 = tf.reshape(tf.transpose(w, plan.kernel_permutation), [k, n])
-    y2 = kernel_matmul(layer.scheme_kernel(), x2, w2, part_name(marker, part))
+    # the scheme as it is now (a static range: a constant of the export), then the output
+    # correction per product column as standard ops
+    y2 = layer._correct_outputs(kernel_matmul(layer.current_scheme_kernel(), x2, w2,
+                                              part_name(marker, part)))
     dynamic = tf.shape(tf.transpose(x, plan.input_permutation))
     free = len(plan.free)
     sizes = plan.sizes(list(x.shape), tuple(w.shape))

@@ -38,10 +38,15 @@ def _kept_node_handler(records, problems):
             del node.attr[attribute]
         node.domain = onnx_ops.DOMAIN
         node.set_attr("kernel", json.dumps(record.kernel, sort_keys=True))
-        node.set_attr("quant", json.dumps(record.quantization, sort_keys=True)
-                      if record.quantization is not None else "")
         part = PART_RE.search(node.name)
-        node.type, attributes = record.layer.onnx_node(int(part.group(1)) if part else 0)
+        part = int(part.group(1)) if part else 0
+        quant = record.quantization
+        point = record.layer.part_point(part) if quant is not None else None
+        if point is not None:
+            # a product of an intermediate operand (SeparableConv2D's pointwise): its own range
+            quant = {**quant, "activation_range": record.intermediate_ranges[point]}
+        node.set_attr("quant", json.dumps(quant, sort_keys=True) if quant is not None else "")
+        node.type, attributes = record.layer.onnx_node(part)
         for key, value in attributes.items():
             node.set_attr(key, value)
         return node

@@ -86,7 +86,7 @@ class QuantScheme:
                                    f"{momentum!r}")
         object.__setattr__(self, "momentum", float(momentum))
         if self.activation_range is not None:
-            object.__setattr__(self, "activation_range", _as_range(self.activation_range))
+            object.__setattr__(self, "activation_range", as_range(self.activation_range))
 
     # -- resolving against a multiplier --------------------------------------------------------
     def resolve(self, signed: bool) -> "QuantScheme":
@@ -158,7 +158,9 @@ class QuantScheme:
         return f"{weights} weights {granularity}, {activations}"
 
 
-def _as_range(value) -> tuple:
+def as_range(value) -> tuple:
+    """(lo, hi) checked (finite, lo <= hi) and rounded to float32 values; raises
+    QuantizationError."""
     try:
         lo, hi = (float(v) for v in value)
     except (TypeError, ValueError):

@@ -14,6 +14,10 @@ in the layer (its QuantScheme's activation_range, saved and reloaded with it).
                           approximate arithmetic on their own calibrated ranges (one pass per
                           layer, in model order): the activations the hardware will actually see.
 
+A layer with an intermediate operand (SeparableConv2D's depthwise result, the pointwise product's
+input) gets a second range, observed the same way in the same pass (with either source, the
+layer's own first product in float).
+
 Methods (per layer, over the observed values v; a range always contains 0):
     minmax      lo, hi = min(v), max(v)
     percentile  unsigned (asymmetric) layers: lo, hi = the (100 - p)th and p-th percentiles;
@@ -97,7 +101,7 @@ def calibration_inputs(model, data, samples: int = DEFAULT_CALIBRATION_SAMPLES,
 
 def quantizing_layers(model) -> list:
     """(path, layer) of the swapped layers whose arithmetic quantizes and whose activations can be
-    static (Dense, Conv2D), in model order."""
+    static (static_activations_supported), in model order."""
     return [(path, layer) for path, layer in iter_layers(model)
             if getattr(layer, "quantization", None) is not None
             and layer.static_activations_supported]
@@ -137,7 +141,8 @@ def _setting(layers, attribute: str, value):
 
 
 def observing(layers, callback):
-    """While inside, every eager call of each layer hands (layer, input) to `callback`."""
+    """While inside, every eager call of each layer hands (layer, operand, point) to `callback`
+    (point None: the layer's input; else an intermediate operand's name)."""
     return _setting(layers, "observer", callback)
 
 
@@ -227,7 +232,8 @@ def _mse_range(values, lo, hi, signed):
 
 @dataclasses.dataclass
 class CalibrationReport:
-    """What calibrate did: per layer path, the range it stored."""
+    """What calibrate did: per layer path, the range it stored ("path:point" for an
+    intermediate operand's)."""
 
     method: str
     source: str
@@ -236,7 +242,10 @@ class CalibrationReport:
 
     def lines(self) -> list[str]:
         shown = ", ".join(f"{path} [{lo:.4g}, {hi:.4g}]" for path, (lo, hi) in self.ranges.items())
-        return [f"calibrated static activation ranges of {len(self.ranges)} layer(s) on "
+        layers = sum(":" not in path for path in self.ranges)
+        extra = len(self.ranges) - layers
+        operands = f" (+{extra} intermediate operand(s))" if extra else ""
+        return [f"calibrated static activation ranges of {layers} layer(s){operands} on "
                 f"{self.samples} samples ({self.method}, {self.source} forward): {shown}"]
 
 
@@ -274,16 +283,24 @@ def calibrate(model, data, *, samples: int = DEFAULT_CALIBRATION_SAMPLES,
     rounds = [targets] if source == "float" else [[target] for target in targets]
     for index, group in enumerate(rounds):
         in_float = swapped if source == "float" else [layer for _, layer in targets[index:]]
-        observers = {id(layer): RangeObserver(batches) for _, layer in group}
+        # one observer per quantized operand: the layer's input (point None) and any
+        # intermediate one (SeparableConv2D's depthwise result)
+        observers = {(id(layer), point): RangeObserver(batches) for _, layer in group
+                     for point in (None, *layer.intermediate_points)}
 
-        def record(layer, x, observers=observers):
-            observers[id(layer)].update(x)
+        def record(layer, x, point=None, observers=observers):
+            observers[(id(layer), point)].update(x)
 
         with float_forward(in_float), observing([layer for _, layer in group], record):
             run_batches(model, inputs, batch_size)
         for path, layer in group:
             signed = layer.quantization.weights == "symmetric"
-            lo, hi = observers[id(layer)].range(method, signed, percentile)
-            ranges[path] = (float(np.float32(lo)), float(np.float32(hi)))
-            layer.set_quantization(layer.quantization.with_range(lo, hi))
+            for point in (None, *layer.intermediate_points):
+                lo, hi = observers[(id(layer), point)].range(method, signed, percentile)
+                ranges[path if point is None else f"{path}:{point}"] = (
+                    float(np.float32(lo)), float(np.float32(hi)))
+                if point is None:
+                    layer.set_quantization(layer.quantization.with_range(lo, hi))
+                else:
+                    layer.set_intermediate_range(point, lo, hi)
     return CalibrationReport(method, source, count, ranges)

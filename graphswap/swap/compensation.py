@@ -108,7 +108,10 @@ def compensate_bias(model, data, *, samples: int = DEFAULT_CALIBRATION_SAMPLES,
         scheme = layer.current_quantization()
         exact = layer.arithmetic.exact_products()
 
-        def record(observed, x, layer=layer, moments=moments, scheme=scheme, exact=exact):
+        def record(observed, x, point=None, layer=layer, moments=moments, scheme=scheme,
+                   exact=exact):
+            if point is not None:
+                return   # numpy_product computes a layer's every product from its input
             moments.update(layer.numpy_product(x, quant=scheme),
                            layer.numpy_product(x, exact, quant=scheme))
 

@@ -1,9 +1,10 @@
-"""BatchNormalization folding: each Dense/Conv2D/Conv1D/DepthwiseConv2D followed by a
-BatchNormalization is replaced by one layer whose weights and bias absorb the normalization
+"""BatchNormalization folding: each Dense/Conv2D/Conv1D/DepthwiseConv2D/SeparableConv2D followed
+by a BatchNormalization is replaced by one layer whose weights and bias absorb the normalization
 (inference statistics), and the BatchNormalization by the identity (FoldedBatchNormalization) -
 what an int8 accelerator executes, and what quantization must see (the folded weights are the
 ones that get quantized).  A depthwise kernel (h, w, in, multiplier) has output channel
-c = i * multiplier + m, so W[..., c] is its kernel[..., i, m].
+c = i * multiplier + m, so W[..., c] is its kernel[..., i, m]; a SeparableConv2D folds into its
+pointwise kernel (its depthwise kernel, whose result is not normalized, stays).
 
 With gamma, beta (1 and 0 when the BN has no scale / center), the moving mean mu and variance
 sigma^2, and epsilon, per output channel c (float64, then float32):
@@ -35,7 +36,8 @@ import numpy as np
 from graphswap.swap.clone import is_functional, iter_layers, transform_model
 
 FOLDABLE_TYPES = (keras.layers.Dense, keras.layers.Conv2D, keras.layers.Conv1D,
-                  keras.layers.DepthwiseConv2D)
+                  keras.layers.DepthwiseConv2D, keras.layers.SeparableConv2D)
+FOLDABLE_NAMES = "/".join(t.__name__ for t in FOLDABLE_TYPES)
 
 
 @keras.saving.register_keras_serializable(package="graphswap")
@@ -69,8 +71,8 @@ class FoldReport:
             lines.append(f"folded {len(self.folded)} BatchNormalization layer(s) into the layer "
                          f"before: " + ", ".join(f"{bn} -> {layer}" for layer, bn in self.folded))
         else:
-            lines.append("--fold-batchnorm: no foldable Dense/Conv2D/Conv1D/DepthwiseConv2D + "
-                         "BatchNormalization pair; nothing folded")
+            lines.append(f"--fold-batchnorm: no foldable {FOLDABLE_NAMES} + "
+                         f"BatchNormalization pair; nothing folded")
         lines.extend(f"not folded: {bn} ({reason})" for bn, reason in self.skipped)
         return lines
 
@@ -144,7 +146,7 @@ def find_pairs(model) -> tuple[list, list]:
                 reason = "its input does not come from one layer of the same model"
             elif not isinstance(producer, FOLDABLE_TYPES):
                 reason = f"it follows {type(producer).__name__} {producer.name!r}, not a " \
-                         f"Dense/Conv2D/Conv1D/DepthwiseConv2D"
+                         f"{FOLDABLE_NAMES}"
             elif getattr(producer.activation, "__name__", "linear") != "linear":
                 reason = f"{producer.name!r} applies an activation before the normalization"
             elif uses is not None and uses.get(id(producer), 0) != 1:
@@ -169,18 +171,27 @@ def fold_factor(bn, channels: int) -> np.ndarray:
     return gamma / np.sqrt(variance + float(bn.epsilon))
 
 
+def _output_kernel(layer):
+    """The kernel whose last axes are the layer's output channels (SeparableConv2D: the
+    pointwise one)."""
+    if isinstance(layer, keras.layers.SeparableConv2D):
+        return layer.pointwise_kernel
+    return layer.kernel
+
+
 def output_channels(layer) -> int:
     """Output channels of a foldable layer: the kernel's last axis, or for a depthwise kernel
     (h, w, in, multiplier) in * multiplier (output channel c = i * multiplier + m)."""
-    shape = layer.kernel.shape
+    shape = _output_kernel(layer).shape
     if isinstance(layer, keras.layers.DepthwiseConv2D):
         return int(shape[-2]) * int(shape[-1])
     return int(shape[-1])
 
 
 def folded_weights(layer, bn) -> list[np.ndarray]:
-    """[W', b'] of `layer` with `bn` folded in (module docstring)."""
-    kernel = np.asarray(layer.kernel, dtype=np.float64)
+    """The layer's weights with `bn` folded in (module docstring): [W', b'], or for a
+    SeparableConv2D [depthwise kernel, pointwise W', b']."""
+    kernel = np.asarray(_output_kernel(layer), dtype=np.float64)
     channels = output_channels(layer)
     bias = np.asarray(layer.bias, dtype=np.float64) if layer.use_bias else np.zeros(channels)
     beta = np.asarray(bn.beta, np.float64) if bn.center else np.zeros(channels)
@@ -190,7 +201,10 @@ def folded_weights(layer, bn) -> list[np.ndarray]:
         scaled = kernel * factor.reshape(kernel.shape[-2:])
     else:
         scaled = kernel * factor
-    return [scaled.astype(np.float32), ((bias - mean) * factor + beta).astype(np.float32)]
+    folded = [scaled.astype(np.float32), ((bias - mean) * factor + beta).astype(np.float32)]
+    if isinstance(layer, keras.layers.SeparableConv2D):
+        return [np.asarray(layer.depthwise_kernel, np.float32), *folded]
+    return folded
 
 
 def fold_batchnorm(model):

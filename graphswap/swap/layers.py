@@ -44,7 +44,7 @@ class _SwappedMixin(QuantizedLayerMixin):
     lut_grad_supported = False
 
     def _init_swap(self, arithmetic, swap_kernel, backward, quantization=None,
-                   output_correction=None):
+                   output_correction=None, intermediate_ranges=None):
         if swap_kernel is not None:  # the older keyword
             if arithmetic is not None:
                 raise UnsupportedLayerError(
@@ -55,22 +55,18 @@ class _SwappedMixin(QuantizedLayerMixin):
         self.arithmetic = resolve_kernel("exact" if arithmetic is None else arithmetic)
         self.backward = ops.check_backward_mode(backward)
         check_lut_grad(type(self), self.name, self.backward)
-        self._init_quantization(quantization, output_correction)
+        self._init_quantization(quantization, output_correction, intermediate_ranges)
 
     def _fused_relu(self) -> bool:
         """Whether the op applies this layer's activation itself: Keras's plain ReLU, whose
         gradient (ReluGrad on the output) the op then registers."""
         return self.activation is keras.activations.relu
 
-    def scheme_kernel(self) -> Kernel:
-        """The arithmetic, called with this layer's scheme on every product (for the layers whose
-        ops take no scheme of their own: SeparableConv2D, EinsumDense, MultiHeadAttention)."""
-        return bind_scheme(self.arithmetic, self.quantization)
-
-    def current_scheme_kernel(self) -> Kernel:
+    def current_scheme_kernel(self, point: str | None = None) -> Kernel:
         """The arithmetic bound to the scheme as it is now - a static range as its current value
-        (for exports, where it becomes a constant)."""
-        return bind_scheme(self.arithmetic, self.current_quantization())
+        (for exports, where it becomes a constant) - of the layer's input, or of the
+        intermediate operand `point`."""
+        return bind_scheme(self.arithmetic, self.current_quantization(point))
 
     def _scheme_config(self):
         return None if self.quantization is None else self.quantization.to_config()

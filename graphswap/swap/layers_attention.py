@@ -3,18 +3,23 @@
 SwappedEinsumDense subclasses Keras' EinsumDense (same kernel, bias, bias_axes, LoRA through the
 `kernel` property) and runs `einsum(equation, inputs, kernel)` as one matmul through the kernel
 between the transposes and reshapes the equation resolves to (graphswap.native.einsum); an
-equation outside that class is refused when the layer is made, naming the equation.
+equation outside that class is refused when the layer is made, naming the equation.  It
+calibrates, compensates and observes like Dense (one input range; one correction per matmul
+column).
 
 SwappedMultiHeadAttention subclasses MultiHeadAttention: after Keras' build creates the query,
 key, value (and gate) and output projections - EinsumDense layers - it replaces each by a
 SwappedEinsumDense in the same tracking position (graphswap.swap.tracking), so weights, their
 order and checkpoints are the stock layer's.  The attention-score products (Q K^T and
 scores x V) are activations times activations, not weights, and stay TensorFlow's float einsums.
+Its projections keep per-call (dynamic) ranges: they are built from the attention layer's
+config, which carries one scheme, so a range per projection would have nowhere to be saved.
 """
 
 from __future__ import annotations
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from graphswap.errors import UnsupportedLayerError
@@ -40,7 +45,12 @@ def check_equation(layer) -> None:
 
 @keras.saving.register_keras_serializable(package="graphswap")
 class SwappedEinsumDense(SwappedMixin, keras.layers.EinsumDense):
-    """EinsumDense whose product runs a graphswap kernel as one (m,k)x(k,n) matmul."""
+    """EinsumDense whose product runs a graphswap kernel as one (m,k)x(k,n) matmul.  Its output
+    channels are the matmul's n columns (the kernel's produced axes, e.g. heads x head size of an
+    attention projection): a calibrated layer has one static input range and an output
+    correction per column, broadcast over the output's produced axes before the bias."""
+
+    static_activations_supported = True
 
     def __init__(self, equation, output_shape, arithmetic=None, backward="native",
                  swap_kernel=None, quantization=None, output_correction=None, **kwargs):
@@ -58,15 +68,28 @@ class SwappedEinsumDense(SwappedMixin, keras.layers.EinsumDense):
             raise UnsupportedLayerError(
                 f"layer {self.name!r}: Keras-quantized EinsumDense ({self.quantization_mode}) "
                 f"cannot be swapped; swap the float model instead")
+        self._plan = einsum_plan(self.equation, len(input_shape))
+        self._build_quantization(self._plan.kernel_matrix_shape(tuple(self.kernel.shape))[1])
 
     def call(self, inputs, training=None):
-        x = ops_layers.swapped_einsum(self.equation, inputs, self.kernel, self.scheme_kernel(),
-                                      self.backward)
+        quant, activation_range = self._quant_inputs(inputs, training)
+        x = ops_layers.swapped_einsum(self.equation, inputs, self.kernel, self.arithmetic,
+                                      self.backward, quant, activation_range)
+        gain, offset = self._correction(x.dtype)
+        if gain is not None:
+            shape = tuple(int(d) for d in self.kernel.shape)
+            x = x * ops_layers.einsum_channels(self._plan, shape, gain) + \
+                ops_layers.einsum_channels(self._plan, shape, offset)
         if self.bias is not None:
             x = tf.add(x, tf.cast(self.bias, x.dtype))
         if self.activation is not None:
             x = self.activation(x)
         return x
+
+    def numpy_product(self, x, arithmetic=None, quant=None):
+        """The (m, n) product matrix (no correction, bias or activation) of an input."""
+        return ops_layers.einsum_product(arithmetic or self.arithmetic, self._plan, x,
+                                         np.asarray(self.kernel, dtype=np.float32), quant)
 
 
 @keras.saving.register_keras_serializable(package="graphswap")

@@ -13,7 +13,7 @@ must be static (the kernel's geometry is fixed when the op is traced).
   strides, dilations (also together), padding, depth_multiplier, channels_first.
 * SeparableConv2D: the depthwise product, then the pointwise 1x1 conv2d - both through the
   kernel (two products, as an accelerator runs them: the depthwise result is quantized again for
-  the pointwise one when the kernel is 8-bit).
+  the pointwise one when the kernel is 8-bit, on a range of its own when calibrated).
 * Conv1D: a conv2d of height 1 (graphswap.swap.ops.swapped_conv2d); padding "causal" is the left
   padding Keras applies before a "valid" convolution; groups, dilations, channels_first.
 * Conv2DTranspose: the stride-1 conv2d of the zero-inserted input with the flipped filter
@@ -39,19 +39,6 @@ def _nhwc(inputs, channels_first: bool):
 
 def _back(outputs, channels_first: bool):
     return tf.transpose(outputs, [0, 3, 1, 2]) if channels_first else outputs
-
-
-def _bias_and_activation(layer, outputs, channels: int):
-    """What Keras' convolution layers do after the product (base_conv.call)."""
-    if layer.use_bias:
-        if layer.data_format == "channels_last":
-            shape = (1,) * (layer.rank + 1) + (channels,)
-        else:
-            shape = (1, channels) + (1,) * layer.rank
-        outputs = tf.add(outputs, tf.cast(tf.reshape(layer.bias, shape), outputs.dtype))
-    if layer.activation is not None:
-        return layer.activation(outputs)
-    return outputs
 
 
 @keras.saving.register_keras_serializable(package="graphswap")
@@ -93,23 +80,60 @@ class SwappedDepthwiseConv2D(SwappedMixin, keras.layers.DepthwiseConv2D):
 
 @keras.saving.register_keras_serializable(package="graphswap")
 class SwappedSeparableConv2D(SwappedMixin, keras.layers.SeparableConv2D):
-    """SeparableConv2D whose depthwise and pointwise products both run a graphswap kernel."""
+    """SeparableConv2D whose depthwise and pointwise products both run a graphswap kernel; each
+    product's activations have their own static range when calibrated (the layer's input, and
+    the depthwise result: intermediate point "pointwise"); the output correction applies to the
+    pointwise product, per filter."""
+
+    static_activations_supported = True
+    intermediate_points = ("pointwise",)
 
     def __init__(self, filters, kernel_size, arithmetic=None, backward="native",
-                 swap_kernel=None, quantization=None, output_correction=None, **kwargs):
+                 swap_kernel=None, quantization=None, output_correction=None,
+                 intermediate_ranges=None, **kwargs):
         super().__init__(filters, kernel_size, **kwargs)
         check_options(self)
-        self._init_swap(arithmetic, swap_kernel, backward, quantization, output_correction)
+        self._init_swap(arithmetic, swap_kernel, backward, quantization, output_correction,
+                        intermediate_ranges)
 
-    def call(self, inputs):
+    def build(self, input_shape):
+        super().build(input_shape)
+        self._build_quantization(self.filters)
+
+    def call(self, inputs, training=None):
         channels_first = self.data_format == "channels_first"
+        x = _nhwc(inputs, channels_first)
+        quant, activation_range = self._quant_inputs(x, training)
         depthwise = ops_layers.swapped_depthwise_conv2d(
-            _nhwc(inputs, channels_first), self.depthwise_kernel, self.scheme_kernel(),
-            strides=self.strides, padding=self.padding, dilations=self.dilation_rate,
-            backward=self.backward)
-        outputs = ops.swapped_conv2d(depthwise, self.pointwise_kernel, self.scheme_kernel(),
-                                     backward=self.backward)
-        return _bias_and_activation(self, _back(outputs, channels_first), self.filters)
+            x, self.depthwise_kernel, self.arithmetic, strides=self.strides,
+            padding=self.padding, dilations=self.dilation_rate, backward=self.backward,
+            quant=quant, activation_range=activation_range)
+        # the depthwise result is quantized again, on its own range, for the pointwise product
+        quant, activation_range = self._quant_inputs(depthwise, training, "pointwise")
+        gain, shift = self._output_epilogue(self.bias if self.use_bias else None)
+        outputs = ops.swapped_conv2d(depthwise, self.pointwise_kernel, self.arithmetic,
+                                     backward=self.backward, quant=quant,
+                                     activation_range=activation_range, gain=gain, shift=shift)
+        outputs = _back(outputs, channels_first)
+        return self.activation(outputs) if self.activation is not None else outputs
+
+    def pointwise_scheme(self, quant):
+        """The pointwise product's scheme for the depthwise input's scheme `quant`: a static
+        scheme takes the layer's pointwise range."""
+        if quant is None or quant.activations != "static":
+            return quant
+        return quant.with_range(*self.intermediate_ranges()["pointwise"])
+
+    def numpy_product(self, x, arithmetic=None, quant=None):
+        """Both products (no correction, bias or activation) of an NHWC input, the depthwise
+        result requantized on the pointwise range."""
+        arithmetic = arithmetic or self.arithmetic
+        depthwise = ops_layers.depthwise_product(
+            arithmetic, x, np.asarray(self.depthwise_kernel, dtype=np.float32),
+            tuple(self.strides), self.padding, tuple(self.dilation_rate), quant)
+        w = np.asarray(self.pointwise_kernel, dtype=np.float32)
+        g = conv_geometry(depthwise.shape, w.shape, (1, 1), (1, 1), "valid")
+        return bind_scheme(arithmetic, self.pointwise_scheme(quant)).conv2d(depthwise, w, g)
 
 
 @keras.saving.register_keras_serializable(package="graphswap")

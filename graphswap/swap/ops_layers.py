@@ -1,9 +1,9 @@
 """TensorFlow ops for the depthwise, transposed and einsum layers: forward through a Kernel,
 backward with TensorFlow's registered gradients of the stock op.
 
-Each op is one `tf.custom_gradient` function of (input, weights), float32, plus - for the
-depthwise and transposed convolutions of a calibrated layer - its static activation range and its
-epilogue (per-channel gain and shift: the output correction and the bias) as extra inputs, so
+Each op is one `tf.custom_gradient` function of (input, weights), float32, plus - for a
+calibrated layer - its static activation range and (the depthwise and transposed convolutions)
+its epilogue (per-channel gain and shift: the output correction and the bias) as extra inputs, so
 state changed after tracing applies; the epilogue's gradient is TensorFlow's (dy * gain for the
 product, BiasAddGrad for the shift):
 
@@ -224,23 +224,44 @@ def swapped_conv2d_transpose(x, kernel, arithmetic: Kernel, strides=(1, 1), padd
 # einsum
 # --------------------------------------------------------------------------------------------
 
+def einsum_product(arithmetic: Kernel, plan, x, kernel, quant=None):
+    """numpy: the (m, n) product matrix of an einsum through the arithmetic, with scheme
+    `quant` - its columns are the layer's output channels (a layer's numpy_product)."""
+    x2, w2 = plan.to_matrices(x, kernel)
+    return bind_scheme(arithmetic, quant).matmul(x2, w2)
+
+
+def einsum_channels(plan, kernel_shape, values):
+    """Per product column values (n,) (an output correction) as a tensor that broadcasts over
+    the einsum's output: the produced axes in the output's order, 1 for the others."""
+    sizes = plan.sizes((), kernel_shape)
+    produced = [c for c in plan.output_labels if c in plan.produced]
+    grid = tf.reshape(values, [sizes[c] for c in plan.produced])
+    grid = tf.transpose(grid, [plan.produced.index(c) for c in produced])
+    return tf.reshape(grid, [sizes[c] if c in plan.produced else 1 for c in plan.output_labels])
+
+
 @tf.autograph.experimental.do_not_convert
-def swapped_einsum(equation: str, x, kernel, arithmetic: Kernel, backward: str = "native"):
-    """keras.ops.einsum(equation, x, kernel) with its one matmul through the arithmetic."""
+def swapped_einsum(equation: str, x, kernel, arithmetic: Kernel, backward: str = "native",
+                   quant=None, activation_range=None):
+    """keras.ops.einsum(equation, x, kernel) with its one matmul through the arithmetic;
+    `quant`, `activation_range` as for swapped_depthwise_conv2d (a layer's static range)."""
     configure_threads(arithmetic)
     plan = einsum_plan(equation, x.shape.rank)
     kernel_shape = tuple(int(d) for d in kernel.shape)
     out_static = plan.output_shape(list(x.shape), kernel_shape)
+    # gradients have ranges of their own: dynamic, with the layer's weight encoding
+    backward_kernel = bind_scheme(arithmetic, quant.dynamic() if quant is not None else None)
 
-    def forward_np(x_array, w_array):
-        x2, w2 = plan.to_matrices(x_array, w_array)
-        return plan.from_product(arithmetic.matmul(x2, w2), x_array.shape, w_array.shape)
+    def forward_np(x_array, w_array, quant=None):
+        return plan.from_product(einsum_product(arithmetic, plan, x_array, w_array, quant),
+                                 x_array.shape, w_array.shape)
 
     def kernel_grads_np(x_array, w_array, dy_array):
         x2, w2 = plan.to_matrices(x_array, w_array)
         dy2 = plan.product_of_output(dy_array)
-        dx2 = arithmetic.matmul(dy2, np.ascontiguousarray(w2.T))
-        dw2 = arithmetic.matmul(np.ascontiguousarray(x2.T), dy2)
+        dx2 = backward_kernel.matmul(dy2, np.ascontiguousarray(w2.T))
+        dw2 = backward_kernel.matmul(np.ascontiguousarray(x2.T), dy2)
         return (plan.input_of_matrix(dx2, x_array.shape),
                 plan.kernel_of_matrix(dw2, w_array.shape))
 
@@ -248,4 +269,4 @@ def swapped_einsum(equation: str, x, kernel, arithmetic: Kernel, backward: str =
         return keras.ops.einsum(equation, inputs, weights)
 
     return _kernel_op("einsum", forward_np, stock, kernel_grads_np, out_static, backward, x,
-                      kernel)
+                      kernel, None, quant, activation_range)

@@ -10,6 +10,10 @@ What a layer whose arithmetic quantizes (an 8-bit multiplier) holds:
                      tf.Variable (so the moving-average observer can update it inside training
                      steps) whose current value is written into the config's
                      quantization.activation_range - saved and reloaded with the layer
+  intermediate       a layer with a second product of a tensor it computes itself (SeparableConv2D:
+  ranges             the pointwise product of the depthwise result) has one more static range per
+                     such operand (`intermediate_points`), held the same way, config key
+                     "intermediate_ranges": {point: [lo, hi] | None}
   output correction  per output channel y <- y * gain + offset, applied to the product before the
                      bias (config key "output_correction": {"gain": [...] | None,
                      "offset": [...] | None}); bias (mean-error) compensation sets the offset.
@@ -25,8 +29,9 @@ they were trained with ("legacy": asymmetric per-tensor dynamic for unsigned mul
 symmetric per-channel dynamic for signed ones).
 
 Observation hook: while `layer.observer` is set (a callable), every eager call hands it
-(layer, input as float32 numpy, in the layout the kernel sees: (m, k) / NHWC) - calibration and
-bias compensation (graphswap/swap/calibration.py) use it.  While `layer.arithmetic` is
+(layer, input as float32 numpy, in the layout the kernel sees: (m, k) / NHWC, point) - point None
+for the layer's input, the point's name for an intermediate operand; calibration and bias
+compensation (graphswap/swap/calibration.py) use it.  While `layer.arithmetic` is
 temporarily a float kernel (calibration's float pass), the scheme and the correction are skipped:
 the layer computes the float product.  `layer.numpy_product(x, arithmetic, quant)` (each swapped
 layer type implements it) computes the layer's product on such an input in numpy.
@@ -34,11 +39,14 @@ layer type implements it) computes the layer's product on such an input in numpy
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import tensorflow as tf
 
 from graphswap.errors import QuantizationError
 from graphswap.kernels import QuantScheme, tfapprox_scheme
+from graphswap.kernels.scheme import as_range
 
 LEGACY = "legacy"
 
@@ -67,6 +75,25 @@ def _vector(values, channels, what, layer_name):
     return array.astype(np.float32)
 
 
+def _range_key(point: str | None) -> str:
+    return "range" if point is None else f"range:{point}"
+
+
+def _intermediate_ranges(values, points, layer_name) -> dict:
+    """The config's intermediate_ranges, checked: {point: (lo, hi)} for the known points."""
+    if not values:
+        return {}
+    if not isinstance(values, dict) or set(values) - set(points):
+        raise QuantizationError(
+            f"layer {layer_name!r}: intermediate_ranges must map its intermediate operands "
+            f"({', '.join(points) or 'none'}) to [lo, hi]; got {values!r}")
+    checked = {}
+    for point, value in values.items():
+        if value is not None:
+            checked[point] = as_range(value)
+    return checked
+
+
 def _read(variable) -> np.ndarray:
     """A variable's current value, also while a tf.function is being traced."""
     with tf.init_scope():
@@ -79,18 +106,22 @@ class QuantizedLayerMixin:
     end of build, `_quant_inputs(x, training)` for the op's arguments and `_correct_outputs(y)` on
     the product (or `_output_epilogue(bias)`, for ops that apply correction and bias themselves).
 
-    `static_activations_supported`: the layers with one input and one product (Dense, Conv2D,
-    Conv1D, DepthwiseConv2D, Conv2DTranspose) run calibrated static ranges and carry an output
-    correction; the other swapped types (SeparableConv2D: a second product of an intermediate
-    tensor; EinsumDense and attention: products over several output axes) quantize each call's
-    activations with their own range - their scheme is kept dynamic."""
+    `static_activations_supported`: Dense, Conv2D, Conv1D, DepthwiseConv2D, Conv2DTranspose,
+    SeparableConv2D and EinsumDense (one correction per matmul column) run calibrated static
+    ranges and carry an output correction; MultiHeadAttention (its projections are built from
+    its one config) quantizes each call's activations with their own range - its scheme is
+    kept dynamic.  `intermediate_points`: names of the operands, beyond
+    the input, that the layer computes and quantizes itself (each gets a range of its own)."""
 
     observer = None
     static_activations_supported = False
+    intermediate_points: tuple = ()
 
-    def _init_quantization(self, quantization, output_correction):
+    def _init_quantization(self, quantization, output_correction, intermediate_ranges=None):
         arithmetic = self.arithmetic
         self._gs_state = None
+        self._pending_intermediate = _intermediate_ranges(intermediate_ranges,
+                                                          self.intermediate_points, self.name)
         if not getattr(arithmetic, "quantizes", False):
             self.quantization = None
             self._pending_correction = None
@@ -120,17 +151,57 @@ class QuantizedLayerMixin:
             "offset": tf.Variable(np.zeros(channels, np.float32) if offset is None else offset,
                                   name="output_offset", **variable),
         }
+        for point in self.intermediate_points:
+            value = self._pending_intermediate.get(point) or (np.nan, np.nan)
+            self._gs_state[_range_key(point)] = tf.Variable(
+                np.asarray(value, np.float32), name=f"activation_range_{point}", **variable)
 
     # -- reading and setting the state ----------------------------------------------------------
-    def current_quantization(self) -> QuantScheme | None:
-        """The scheme with the activation range as it is now (after any observer updates)."""
+    def current_quantization(self, point: str | None = None) -> QuantScheme | None:
+        """The scheme with the activation range as it is now (after any observer updates) - of
+        the layer's input, or of the intermediate operand `point`."""
         scheme = self.quantization
+        if point is not None:
+            self._check_point(point)
         if scheme is None or scheme.activations != "static" or self._gs_state is None:
             return scheme
-        lo, hi = (float(v) for v in _read(self._gs_state["range"]))
+        lo, hi = (float(v) for v in _read(self._gs_state[_range_key(point)]))
         if not (np.isfinite(lo) and np.isfinite(hi)):
-            return scheme
+            # not calibrated yet: the scheme as configured (an intermediate has no range then)
+            return scheme if point is None else dataclasses.replace(scheme, activation_range=None)
         return scheme.with_range(lo, hi)
+
+    def intermediate_ranges(self) -> dict:
+        """{point: (lo, hi) or None} of the intermediate operands, as they are now."""
+        ranges = {}
+        for point in self.intermediate_points:
+            if self._gs_state is None:
+                value = self._pending_intermediate.get(point)
+            else:
+                value = tuple(float(v) for v in _read(self._gs_state[_range_key(point)]))
+                value = value if np.isfinite(value).all() else None
+            ranges[point] = None if value is None else tuple(float(v) for v in value)
+        return ranges
+
+    def set_intermediate_range(self, point: str, lo, hi) -> None:
+        """Set the static range of the intermediate operand `point` (calibration does)."""
+        self._check_point(point)
+        if self._gs_state is None:
+            raise QuantizationError(f"layer {self.name!r} has no quantization state (a float "
+                                    f"kernel, or not built yet)")
+        self._gs_state[_range_key(point)].assign(np.asarray(as_range((lo, hi)), np.float32))
+
+    def part_point(self, part: int) -> str | None:
+        """Which operand the layer's product number `part` quantizes: None (its input) for the
+        first, then the intermediate points in order (exports number a layer's products)."""
+        points = self.intermediate_points
+        return points[part - 1] if 0 < part <= len(points) else None
+
+    def _check_point(self, point) -> None:
+        if point not in self.intermediate_points:
+            raise QuantizationError(
+                f"layer {self.name!r} has no intermediate operand {point!r}; it has: "
+                f"{', '.join(self.intermediate_points) or 'none'}")
 
     def set_quantization(self, scheme: QuantScheme) -> None:
         """Replace the layer's scheme (e.g. static, with a calibrated range)."""
@@ -169,25 +240,35 @@ class QuantizedLayerMixin:
     def _quantization_config(self) -> dict:
         if self.quantization is None:
             return {}
-        return {"quantization": self.current_quantization().to_config(),
-                "output_correction": self.output_correction}
+        config = {"quantization": self.current_quantization().to_config(),
+                  "output_correction": self.output_correction}
+        if self.intermediate_points:
+            config["intermediate_ranges"] = {
+                point: None if value is None else list(value)
+                for point, value in self.intermediate_ranges().items()}
+        return config
 
     # -- in the forward pass -------------------------------------------------------------------
-    def _quant_inputs(self, x, training):
-        """(scheme, activation-range tensor or None) for the op; updates a moving-average range
-        in training calls; hands eager inputs to the observer."""
+    def _quant_inputs(self, x, training, point: str | None = None):
+        """(scheme, activation-range tensor or None) for the op on the layer's input (or the
+        intermediate operand `point`); updates a moving-average range in training calls; hands
+        eager inputs to the observer."""
         if self.observer is not None and tf.executing_eagerly():
-            self.observer(self, np.asarray(x, dtype=np.float32))
+            self.observer(self, np.asarray(x, dtype=np.float32), point)
         scheme = self.quantization
         if not getattr(self.arithmetic, "quantizes", False):
             return None, None   # a float forward (e.g. calibration's float pass)
         if scheme is None or scheme.activations != "static":
             return scheme, None
-        if scheme.activation_range is None or self._gs_state is None:
+        calibrated = scheme.activation_range is not None and self._gs_state is not None
+        if calibrated and point is not None:
+            calibrated = self.intermediate_ranges()[point] is not None
+        if not calibrated:
+            what = "" if point is None else f" for its {point} operand"
             raise QuantizationError(
-                f"layer {self.name!r} uses static activations but has no calibrated range; "
+                f"layer {self.name!r} uses static activations but has no calibrated range{what}; "
                 f"calibrate it (rewrite_model(..., calibration_data=...), --calibrate DATA)")
-        current = self._gs_state["range"]
+        current = self._gs_state[_range_key(point)]
         if training is True and scheme.observer == "moving_average":
             x32 = tf.cast(x, tf.float32)
             finite = tf.math.is_finite(x32)

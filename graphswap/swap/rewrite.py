@@ -199,8 +199,9 @@ def rewrite_model(model, kernel="exact", include=None, exclude=None, kernel_map=
         `calibration_samples` examples (graphswap.swap.calibration: `calibration_method`
         "minmax" | "percentile" | "mse", `calibration_source` "float" | "approximate");
         without it activations are quantized per call ("dynamic", as TFApprox).  Static ranges
-        are for the one-product layers (Dense, Conv2D, Conv1D, DepthwiseConv2D,
-        Conv2DTranspose); the other swapped types keep per-call ranges (report note).
+        are for Dense, Conv2D, Conv1D, DepthwiseConv2D, SeparableConv2D (a second range for its
+        pointwise operand), Conv2DTranspose and EinsumDense; MultiHeadAttention keeps per-call
+        ranges (report note).
       bias_correction: with calibration data, also compensate each multiplier layer's product
         error per output channel: "mean" (mean-error) or "moments" (mean and spread;
         graphswap.swap.compensation).
@@ -298,20 +299,22 @@ def rewrite_model(model, kernel="exact", include=None, exclude=None, kernel_map=
     quantizing = [layer for _, layer in iter_layers(new_model)
                   if getattr(layer, "quantization", None) is not None]
     if quantizing:
-        described = sorted({scheme_for(layer.arithmetic).resolve(layer.arithmetic.signed)
+        dynamic_only = sorted({type_name(layer) for layer in quantizing
+                               if not layer.static_activations_supported})
+        calibration_notes = calibrate_and_compensate(
+            new_model, calibration_data, samples=calibration_samples, method=calibration_method,
+            source=calibration_source, bias_correction=bias_correction,
+            recalibrate_bn=recalibrate_bn) if calibrated else []
+        # each layer's own scheme, once calibrated (already swapped layers keep theirs); the
+        # ranges are listed by the calibration note
+        described = sorted({dataclasses.replace(layer.quantization, activation_range=None)
                             .describe() for layer in quantizing})
         notes.append(f"quantization: {'; '.join(described)}")
-        if calibrated:
-            dynamic_only = sorted({type_name(layer) for layer in quantizing
-                                   if not layer.static_activations_supported})
-            if dynamic_only:
-                notes.append(f"static activation ranges are calibrated for Dense, Conv2D, "
-                             f"Conv1D, DepthwiseConv2D and Conv2DTranspose; "
-                             f"{', '.join(dynamic_only)} layers keep per-call ranges")
-            notes.extend(calibrate_and_compensate(
-                new_model, calibration_data, samples=calibration_samples,
-                method=calibration_method, source=calibration_source,
-                bias_correction=bias_correction, recalibrate_bn=recalibrate_bn))
+        if calibrated and dynamic_only:
+            notes.append(f"static activation ranges are calibrated for Dense, Conv2D, Conv1D, "
+                         f"DepthwiseConv2D, SeparableConv2D, Conv2DTranspose and EinsumDense; "
+                         f"{', '.join(dynamic_only)} layers keep per-call ranges")
+        notes.extend(calibration_notes)
     elif calibrated:
         notes.append("calibration data given, but no swapped layer quantizes (no 8-bit "
                      "multiplier kernel): nothing calibrated")
