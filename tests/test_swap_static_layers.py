@@ -461,3 +461,86 @@ def test_lut_grad_stays_refused_for_the_layers_beyond_dense_and_conv2d():
     swapped = graphswap.rewrite_model(small_model(), kernel="mul8u_drum4", backward="lut_grad",
                                       include=["^conv$", "^head$"])
     assert swapped.get_layer("conv").backward == "lut_grad"
+
+
+def attention_model(seed: int = 0) -> keras.Model:
+    """Self-attention whose key/value input is another tensor than its query input (a Dense
+    of it), so the projections see different ranges; a residual and a Dense head."""
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((6, 8))
+    context = keras.layers.Dense(8, name="context")(inputs)
+    attended = keras.layers.MultiHeadAttention(num_heads=2, key_dim=4, name="mha")(
+        inputs, context)
+    x = keras.layers.GlobalAveragePooling1D()(keras.layers.Add()([inputs, attended]))
+    return keras.Model(inputs, keras.layers.Dense(3, name="head")(x))
+
+
+@pytest.fixture(scope="module")
+def sequences():
+    return np.random.default_rng(8).normal(size=(80, 6, 8)).astype(np.float32)
+
+
+def test_attention_projections_calibrate_to_their_own_float_inputs(sequences):
+    model = attention_model()
+    swapped, report = graphswap.rewrite_model(model, kernel="mul8u_drum4",
+                                              calibration_data=sequences[:64],
+                                              calibration_method="minmax", return_report=True)
+    parts = swapped.get_layer("mha").quantized_parts()
+    assert sorted(parts) == ["key_dense", "output_dense", "query_dense", "value_dense"]
+    probe = keras.Model(model.inputs, [model.get_layer("mha").input[0],
+                                       model.get_layer("context").output])
+    query_in, context_in = (np.asarray(t) for t in probe(sequences[:64]))
+    for name, values in (("query_dense", query_in), ("key_dense", context_in),
+                         ("value_dense", context_in)):
+        scheme = parts[name].current_quantization()
+        assert scheme.activations == "static"
+        np.testing.assert_allclose(scheme.activation_range, [min(values.min(), 0.0),
+                                                             values.max()], rtol=1e-5, atol=1e-6)
+    assert parts["output_dense"].current_quantization().activation_range is not None
+    assert any("mha/query_dense [" in note for note in report.notes)
+    assert not any("per-call" in note for note in report.notes)
+
+
+def test_calibrated_attention_does_not_depend_on_the_batch_and_round_trips(sequences, tmp_path):
+    model = attention_model()
+    swapped = graphswap.rewrite_model(model, kernel="mul8s_drum4",
+                                      calibration_data=sequences[:64], bias_correction="moments")
+    parts = swapped.get_layer("mha").quantized_parts()
+    assert all(part.output_correction["gain"] is not None for part in parts.values())
+    whole = np.asarray(swapped(sequences, training=False))
+    for size in (1, 7, 32):
+        np.testing.assert_array_equal(in_batches(swapped, sequences, size), whole)
+    dynamic = graphswap.rewrite_model(model, kernel="mul8s_drum4", include=["mha"])
+    assert np.abs(in_batches(dynamic, sequences, 7)
+                  - np.asarray(dynamic(sequences, training=False))).max() > 1e-4
+    # saved and reloaded: every projection's range and correction, and so the outputs
+    path = tmp_path / "attention.keras"
+    swapped.save(path)
+    loaded = keras.models.load_model(path)
+    for name, part in loaded.get_layer("mha").quantized_parts().items():
+        assert part.current_quantization() == parts[name].current_quantization()
+        assert part.output_correction == parts[name].output_correction
+    np.testing.assert_array_equal(np.asarray(loaded(sequences, training=False)), whole)
+    # kept-kernel ONNX: each projection's node runs its own static range
+    onnx_path = tmp_path / "attention.kept.onnx"
+    graphswap.export_model(swapped, onnx_path, format="onnx", keep_kernels=True)
+    session = graphswap.onnx_session(onnx_path)
+    name = session.get_inputs()[0].name
+    start = 0
+    for size in (1, 5, 20):
+        batch = sequences[start:start + size]
+        assert_close_to_roundoff(session.run(None, {name: batch})[0],
+                                 whole[start:start + size], terms=100)
+        start += size
+
+
+def test_bad_projection_states_are_refused():
+    from graphswap.swap import SwappedMultiHeadAttention
+
+    with pytest.raises(QuantizationError, match=r"'mha'.*projection_states must map"):
+        SwappedMultiHeadAttention(2, 4, name="mha", arithmetic="mul8u_drum4",
+                                  projection_states={"attention_scores": {}})
+    with pytest.raises(QuantizationError, match=r"activation mode must be one of"):
+        SwappedMultiHeadAttention(2, 4, name="mha", arithmetic="mul8u_drum4",
+                                  projection_states={"query_dense": {"quantization": {
+                                      "activations": "sometimes"}}})

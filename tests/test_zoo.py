@@ -139,15 +139,14 @@ def test_calibrated_folded_mobilenet_is_static_everywhere_and_batch_independent(
     model = keras.applications.MobileNetV2(input_shape=(32, 32, 3), alpha=0.35, weights=None,
                                            classes=10, classifier_activation=None)
     x = RNG.uniform(0, 1, (24, 32, 32, 3)).astype(np.float32)
-    swapped, report = graphswap.rewrite_model(model, kernel="mul8u_drum4", calibration_data=x[:16],
-                                              fold_batchnorm=True, return_report=True)
+    swapped = graphswap.rewrite_model(model, kernel="mul8u_drum4", calibration_data=x[:16],
+                                      fold_batchnorm=True)
     assert not any(isinstance(layer, keras.layers.BatchNormalization)
                    for _, layer in iter_layers(swapped))
     swapped_layers = [layer for _, layer in iter_layers(swapped) if is_swapped(layer)]
     assert {type(layer).__name__ for layer in swapped_layers} == {
         "SwappedConv2D", "SwappedDepthwiseConv2D", "SwappedDense"}
     assert all(layer.current_quantization().activations == "static" for layer in swapped_layers)
-    assert not any("keep per-call ranges" in note for note in report.notes)
     whole = swapped(x, training=False).numpy()
     for size in (1, 5):
         parts = np.concatenate([swapped(x[i:i + size], training=False).numpy()
@@ -175,10 +174,37 @@ def test_calibrated_folded_xception_runs_both_separable_ranges_and_is_batch_inde
     separable = [layer for _, layer in iter_layers(swapped)
                  if type(layer).__name__ == "SwappedSeparableConv2D"]
     assert len(separable) == 34
+    # 34 after SeparableConv2D, 6 after Conv2D: all of Xception's
+    assert any(note.startswith("folded 40 BatchNormalization layer(s)") for note in report.notes)
     assert all(layer.current_quantization().activations == "static"
                and None not in layer.intermediate_ranges().values() for layer in separable)
-    assert not any("keep per-call ranges" in note for note in report.notes)
     whole = swapped(x[:12], training=False).numpy()
     parts = np.concatenate([swapped(x[i:min(i + 5, 12)], training=False).numpy()
                             for i in range(0, 12, 5)])
     np.testing.assert_array_equal(parts, whole)
+
+
+def test_calibrated_vit_is_static_in_every_projection_and_batch_independent(tmp_path):
+    """The ViT's patch embedding, MLPs, head and every attention projection get a static range
+    (the attention layers through their projections); outputs are then bit for bit the same in
+    any batch, also after saving and reloading."""
+    from graphswap.swap.calibration import quantizing_layers
+
+    keras.utils.set_random_seed(0)
+    model = vit()
+    x = RNG.uniform(0, 1, (24, 32, 32, 3)).astype(np.float32)
+    swapped = graphswap.rewrite_model(model, kernel="mul8s_drum4", calibration_data=x[:16],
+                                      bias_correction="moments")
+    layers = dict(quantizing_layers(swapped))
+    # 1 patch embedding, per block 4 projections + 2 MLP layers, 1 head
+    assert len(layers) == 1 + 2 * 6 + 1 and "mha1/output_dense" in layers
+    assert all(layer.current_quantization().activation_range is not None
+               and layer.output_correction is not None for layer in layers.values())
+    whole = swapped(x, training=False).numpy()
+    for size in (1, 5):
+        parts = np.concatenate([swapped(x[i:i + size], training=False).numpy()
+                                for i in range(0, len(x), size)])
+        np.testing.assert_array_equal(parts, whole)
+    path = tmp_path / "vit.keras"
+    swapped.save(path)
+    np.testing.assert_array_equal(keras.models.load_model(path)(x, training=False).numpy(), whole)

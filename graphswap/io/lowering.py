@@ -40,7 +40,7 @@ class SwappedLayer:
     backward: str
     onnx_nodes: list = dataclasses.field(default_factory=list)
     quantization: dict | None = None   # the layer's QuantScheme config (static range included)
-    intermediate_ranges: dict | None = None   # SeparableConv2D: the pointwise operand's range
+    part_quantizations: list | None = None    # per product, when a layer has several
 
     def to_dict(self) -> dict:
         record = {"layer": self.path, "name": self.name, "type": self.layer_type,
@@ -48,8 +48,8 @@ class SwappedLayer:
                   "description": self.description, "backward": self.backward}
         if self.quantization is not None:
             record["quantization"] = self.quantization
-        if self.intermediate_ranges:
-            record["intermediate_ranges"] = self.intermediate_ranges
+        if self.part_quantizations and len(self.part_quantizations) > 1:
+            record["part_quantizations"] = self.part_quantizations
         if self.onnx_nodes:
             record["onnx_nodes"] = list(self.onnx_nodes)
         return record
@@ -63,6 +63,7 @@ def _plain_config(layer) -> dict:
     config.pop("quantization", None)
     config.pop("output_correction", None)
     config.pop("intermediate_ranges", None)
+    config.pop("projection_states", None)
     return config
 
 
@@ -235,13 +236,8 @@ def _record(index, path, layer) -> SwappedLayer:
                         backward=layer.backward,
                         quantization=None if getattr(layer, "quantization", None) is None
                         else layer.current_quantization().to_config(),
-                        intermediate_ranges=_listed(layer.intermediate_ranges())
+                        part_quantizations=[scheme.to_config() for scheme in layer.part_schemes()]
                         if getattr(layer, "quantization", None) is not None else None)
-
-
-def _listed(ranges: dict) -> dict | None:
-    return {point: None if value is None else list(value)
-            for point, value in ranges.items()} or None
 
 
 def _marked_class(stock):

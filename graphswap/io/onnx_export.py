@@ -11,7 +11,6 @@ import logging
 import re
 from pathlib import Path
 
-import numpy as np
 
 from graphswap.errors import ExportError, GraphswapError
 from graphswap.io import onnx_ops
@@ -41,10 +40,9 @@ def _kept_node_handler(records, problems):
         part = PART_RE.search(node.name)
         part = int(part.group(1)) if part else 0
         quant = record.quantization
-        point = record.layer.part_point(part) if quant is not None else None
-        if point is not None:
-            # a product of an intermediate operand (SeparableConv2D's pointwise): its own range
-            quant = {**quant, "activation_range": record.intermediate_ranges[point]}
+        if record.part_quantizations and part < len(record.part_quantizations):
+            # each product its own scheme (SeparableConv2D's pointwise, attention's projections)
+            quant = record.part_quantizations[part]
         node.set_attr("quant", json.dumps(quant, sort_keys=True) if quant is not None else "")
         node.type, attributes = record.layer.onnx_node(part)
         for key, value in attributes.items():

@@ -99,12 +99,23 @@ def calibration_inputs(model, data, samples: int = DEFAULT_CALIBRATION_SAMPLES,
     return [a[:samples] for a in checked]
 
 
+def product_layers(model):
+    """(path, layer) of every leaf layer in model order, a layer whose products sit in sublayers
+    (MultiHeadAttention: `quantized_parts()`) replaced by those, as "path/name"."""
+    for path, layer in iter_layers(model):
+        parts = getattr(layer, "quantized_parts", None)
+        if parts is None:
+            yield path, layer
+        else:
+            for name, part in parts().items():
+                yield f"{path}/{name}", part
+
+
 def quantizing_layers(model) -> list:
-    """(path, layer) of the swapped layers whose arithmetic quantizes and whose activations can be
-    static (static_activations_supported), in model order."""
-    return [(path, layer) for path, layer in iter_layers(model)
-            if getattr(layer, "quantization", None) is not None
-            and layer.static_activations_supported]
+    """(path, layer) of the swapped layers whose arithmetic quantizes, in model order (attention's
+    projections apart)."""
+    return [(path, layer) for path, layer in product_layers(model)
+            if getattr(layer, "quantization", None) is not None]
 
 
 def select_layers(targets, paths):
@@ -275,7 +286,7 @@ def calibrate(model, data, *, samples: int = DEFAULT_CALIBRATION_SAMPLES,
     if not targets:
         raise QuantizationError(f"model {model.name!r} has no swapped layer that quantizes "
                                 f"(8-bit multiplier kernels); there is nothing to calibrate")
-    swapped = [layer for _, layer in iter_layers(model) if hasattr(layer, "arithmetic")]
+    swapped = [layer for _, layer in product_layers(model) if hasattr(layer, "arithmetic")]
     batches = -(-count // batch_size)
     ranges = {}
     # float: one pass, every swapped layer in float; approximate: one pass per layer, the

@@ -33,7 +33,8 @@ import numpy as np
 from graphswap.errors import QuantizationError
 from graphswap.swap.calibration import (BATCH_SIZE, DEFAULT_CALIBRATION_METHOD,
                                         DEFAULT_CALIBRATION_SAMPLES, DEFAULT_CALIBRATION_SOURCE,
-                                        CalibrationReport, calibrate, calibration_inputs, observing, quantizing_layers,
+                                        CalibrationReport, calibrate, calibration_inputs, observing, product_layers,
+                                        quantizing_layers,
                                         run_batches, select_layers)
 from graphswap.swap.clone import iter_layers
 
@@ -197,7 +198,7 @@ def calibrate_and_compensate(model, data, *, samples: int = DEFAULT_CALIBRATION_
         return lines
     ranges, offsets, norms, count = {}, {}, {}, 0
     quantizing = {path for path, _ in quantizing_layers(model)}
-    for path, layer in iter_layers(model):
+    for path, layer in product_layers(model):
         if path in quantizing:
             report = calibrate(model, data, method=method, source=source, layers=[path],
                                **options)

@@ -105,7 +105,6 @@ class _SwappedMixin(QuantizedLayerMixin):
 class SwappedDense(_SwappedMixin, keras.layers.Dense):
     """Dense whose matmul runs a graphswap kernel (float32), with TensorFlow's MatMul gradient."""
 
-    static_activations_supported = True
     lut_grad_supported = True
 
     def __init__(self, units, arithmetic=None, backward="native", swap_kernel=None,
@@ -143,7 +142,6 @@ class SwappedDense(_SwappedMixin, keras.layers.Dense):
 class SwappedConv2D(_SwappedMixin, keras.layers.Conv2D):
     """Conv2D whose convolution runs a graphswap kernel (NHWC/HWIO, float32), TF's gradients."""
 
-    static_activations_supported = True
     lut_grad_supported = True
 
     def __init__(self, filters, kernel_size, arithmetic=None, backward="native", swap_kernel=None,

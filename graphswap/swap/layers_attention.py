@@ -12,8 +12,9 @@ key, value (and gate) and output projections - EinsumDense layers - it replaces 
 SwappedEinsumDense in the same tracking position (graphswap.swap.tracking), so weights, their
 order and checkpoints are the stock layer's.  The attention-score products (Q K^T and
 scores x V) are activations times activations, not weights, and stay TensorFlow's float einsums.
-Its projections keep per-call (dynamic) ranges: they are built from the attention layer's
-config, which carries one scheme, so a range per projection would have nowhere to be saved.
+Each projection calibrates, compensates and observes like an EinsumDense of its own (a static
+range on its own input: the query, the key, the value, the attention output); the attention
+layer reaches them through `quantized_parts()` and saves their state in its config.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from graphswap.errors import UnsupportedLayerError
+from graphswap.errors import QuantizationError, UnsupportedLayerError
+from graphswap.kernels import QuantScheme
 from graphswap.native import einsum_plan
 from graphswap.native.einsum import ELLIPSIS
 from graphswap.swap import ops_layers
@@ -50,7 +52,6 @@ class SwappedEinsumDense(SwappedMixin, keras.layers.EinsumDense):
     attention projection): a calibrated layer has one static input range and an output
     correction per column, broadcast over the output's produced axes before the bias."""
 
-    static_activations_supported = True
 
     def __init__(self, equation, output_shape, arithmetic=None, backward="native",
                  swap_kernel=None, quantization=None, output_correction=None, **kwargs):
@@ -95,12 +96,18 @@ class SwappedEinsumDense(SwappedMixin, keras.layers.EinsumDense):
 @keras.saving.register_keras_serializable(package="graphswap")
 class SwappedMultiHeadAttention(SwappedMixin, keras.layers.MultiHeadAttention):
     """MultiHeadAttention whose query/key/value/(gate)/output projections run a graphswap
-    kernel (SwappedEinsumDense); the attention-score products stay float."""
+    kernel (SwappedEinsumDense); the attention-score products stay float.  Each projection keeps
+    its own quantization state (static range, output correction): calibration, compensation and
+    exports reach them through `quantized_parts()`, and the config carries them under
+    "projection_states" ({name: {"quantization": ..., "output_correction": ...}})."""
+
 
     def __init__(self, num_heads, key_dim, arithmetic=None, backward="native",
-                 swap_kernel=None, quantization=None, output_correction=None, **kwargs):
+                 swap_kernel=None, quantization=None, output_correction=None,
+                 projection_states=None, **kwargs):
         super().__init__(num_heads, key_dim, **kwargs)
         self._init_swap(arithmetic, swap_kernel, backward, quantization, output_correction)
+        self._pending_projections = _projection_states(projection_states, self.name)
 
     def build(self, query_shape, value_shape, key_shape=None):
         super().build(query_shape, value_shape, key_shape)
@@ -114,10 +121,11 @@ class SwappedMultiHeadAttention(SwappedMixin, keras.layers.MultiHeadAttention):
             stock = getattr(self, attribute, None)
             if stock is None or isinstance(stock, SwappedEinsumDense):
                 continue
-            swapped = SwappedEinsumDense.from_config({**stock.get_config(),
-                                                      "arithmetic": self.arithmetic,
-                                                      "backward": self.backward,
-                                                      "quantization": self._scheme_config()})
+            state = self._pending_projections.get(attribute.strip("_"), {})
+            swapped = SwappedEinsumDense.from_config({
+                **stock.get_config(), "arithmetic": self.arithmetic, "backward": self.backward,
+                "quantization": state.get("quantization", self._scheme_config()),
+                "output_correction": state.get("output_correction")})
             swapped.build(shapes[attribute])
             swapped.set_weights(stock.get_weights())
             replace_attribute(self, attribute, swapped)
@@ -125,3 +133,41 @@ class SwappedMultiHeadAttention(SwappedMixin, keras.layers.MultiHeadAttention):
     def projections(self) -> dict:
         """{attribute: the projection layer} of a built layer."""
         return {a: getattr(self, a) for a in PROJECTIONS if getattr(self, a, None) is not None}
+
+    def quantized_parts(self) -> dict:
+        """{name: projection} ("query_dense", ...): the layers holding this layer's quantization
+        state, in the order the exports number them."""
+        return {attribute.strip("_"): layer for attribute, layer in self.projections().items()}
+
+    def part_schemes(self) -> list:
+        return [layer.current_quantization() for layer in self.quantized_parts().values()]
+
+    def _quantization_config(self) -> dict:
+        config = super()._quantization_config()
+        parts = self.quantized_parts() if self.built else {}
+        if config and parts:
+            config["projection_states"] = {
+                name: {"quantization": layer.current_quantization().to_config(),
+                       "output_correction": layer.output_correction}
+                for name, layer in parts.items()}
+        elif config and self._pending_projections:
+            config["projection_states"] = self._pending_projections
+        return config
+
+
+def _projection_states(states, layer_name) -> dict:
+    """The config's projection_states, checked: {projection name: {"quantization": scheme
+    config, "output_correction": correction config or None}}."""
+    if not states:
+        return {}
+    names = {attribute.strip("_") for attribute in PROJECTIONS}
+    if not isinstance(states, dict) or set(states) - names or not all(
+            isinstance(state, dict) and set(state) <= {"quantization", "output_correction"}
+            for state in states.values()):
+        raise QuantizationError(
+            f"layer {layer_name!r}: projection_states must map projections ({', '.join(sorted(names))}) "
+            f"to {{'quantization': ..., 'output_correction': ...}}; got {states!r}")
+    for state in states.values():
+        if state.get("quantization") is not None:
+            QuantScheme.from_config(state["quantization"])   # raises QuantizationError
+    return dict(states)

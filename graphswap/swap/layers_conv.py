@@ -46,7 +46,6 @@ class SwappedDepthwiseConv2D(SwappedMixin, keras.layers.DepthwiseConv2D):
     """DepthwiseConv2D whose product runs a graphswap kernel (a grouped conv2d, groups = in);
     one input, one product: calibrated static ranges and an output correction, like Conv2D."""
 
-    static_activations_supported = True
 
     def __init__(self, kernel_size, arithmetic=None, backward="native", swap_kernel=None,
                  quantization=None, output_correction=None, **kwargs):
@@ -85,7 +84,6 @@ class SwappedSeparableConv2D(SwappedMixin, keras.layers.SeparableConv2D):
     the depthwise result: intermediate point "pointwise"); the output correction applies to the
     pointwise product, per filter."""
 
-    static_activations_supported = True
     intermediate_points = ("pointwise",)
 
     def __init__(self, filters, kernel_size, arithmetic=None, backward="native",
@@ -141,7 +139,6 @@ class SwappedConv1D(SwappedMixin, keras.layers.Conv1D):
     """Conv1D whose convolution runs a graphswap kernel (a conv2d of height 1); one input, one
     product: calibrated static ranges and an output correction, like Conv2D."""
 
-    static_activations_supported = True
 
     def __init__(self, filters, kernel_size, arithmetic=None, backward="native",
                  swap_kernel=None, quantization=None, output_correction=None, **kwargs):
@@ -194,7 +191,6 @@ class SwappedConv2DTranspose(SwappedMixin, keras.layers.Conv2DTranspose):
     """Conv2DTranspose whose products run a graphswap kernel (zero-inserted stride-1 conv2d);
     one input, one product: calibrated static ranges and an output correction, like Conv2D."""
 
-    static_activations_supported = True
 
     def __init__(self, filters, kernel_size, arithmetic=None, backward="native",
                  swap_kernel=None, quantization=None, output_correction=None, **kwargs):

@@ -106,15 +106,13 @@ class QuantizedLayerMixin:
     end of build, `_quant_inputs(x, training)` for the op's arguments and `_correct_outputs(y)` on
     the product (or `_output_epilogue(bias)`, for ops that apply correction and bias themselves).
 
-    `static_activations_supported`: Dense, Conv2D, Conv1D, DepthwiseConv2D, Conv2DTranspose,
-    SeparableConv2D and EinsumDense (one correction per matmul column) run calibrated static
-    ranges and carry an output correction; MultiHeadAttention (its projections are built from
-    its one config) quantizes each call's activations with their own range - its scheme is
-    kept dynamic.  `intermediate_points`: names of the operands, beyond
-    the input, that the layer computes and quantizes itself (each gets a range of its own)."""
+    Every swapped type runs calibrated static ranges and carries an output correction (per
+    output channel; EinsumDense: per matmul column).  MultiHeadAttention holds no product of its
+    own: its projections (EinsumDense layers, `quantized_parts()`) hold the state.
+    `intermediate_points`: names of the operands, beyond the input, that the layer computes and
+    quantizes itself (SeparableConv2D's depthwise result; each gets a range of its own)."""
 
     observer = None
-    static_activations_supported = False
     intermediate_points: tuple = ()
 
     def _init_quantization(self, quantization, output_correction, intermediate_ranges=None):
@@ -129,8 +127,6 @@ class QuantizedLayerMixin:
         signed = bool(getattr(arithmetic, "signed", False))
         scheme = legacy_scheme(signed) if quantization == LEGACY else \
             QuantScheme.from_config(quantization)
-        if not self.static_activations_supported:
-            scheme = scheme.dynamic()
         self.quantization = scheme.resolve(signed)
         self._pending_correction = output_correction
 
@@ -191,11 +187,10 @@ class QuantizedLayerMixin:
                                     f"kernel, or not built yet)")
         self._gs_state[_range_key(point)].assign(np.asarray(as_range((lo, hi)), np.float32))
 
-    def part_point(self, part: int) -> str | None:
-        """Which operand the layer's product number `part` quantizes: None (its input) for the
-        first, then the intermediate points in order (exports number a layer's products)."""
-        points = self.intermediate_points
-        return points[part - 1] if 0 < part <= len(points) else None
+    def part_schemes(self) -> list:
+        """The scheme of each of the layer's products, in the order exports number them: its
+        input's, then each intermediate operand's (as they are now)."""
+        return [self.current_quantization(point) for point in (None, *self.intermediate_points)]
 
     def _check_point(self, point) -> None:
         if point not in self.intermediate_points:

@@ -23,10 +23,10 @@ from graphswap.kernels import Kernel, QuantScheme, resolve_file_named, resolve_k
 from graphswap.swap import ops
 from graphswap.swap.calibration import (DEFAULT_CALIBRATION_METHOD, DEFAULT_CALIBRATION_SAMPLES,
                                         DEFAULT_CALIBRATION_SOURCE, calibration_inputs,
-                                        check_method)
+                                        check_method, product_layers)
 from graphswap.swap.catalog import (LAYER_TYPES, SWAPPABLE_TYPES, is_swappable_family,
                                     is_swapped, swapped_from, type_name)
-from graphswap.swap.clone import copy_compile_config, iter_layers, transform_model
+from graphswap.swap.clone import copy_compile_config, transform_model
 from graphswap.swap.compensation import COMPENSATION_METHODS, calibrate_and_compensate
 from graphswap.swap.folding import fold_batchnorm as fold_pairs
 from graphswap.swap.quantstate import legacy_scheme
@@ -199,9 +199,8 @@ def rewrite_model(model, kernel="exact", include=None, exclude=None, kernel_map=
         `calibration_samples` examples (graphswap.swap.calibration: `calibration_method`
         "minmax" | "percentile" | "mse", `calibration_source` "float" | "approximate");
         without it activations are quantized per call ("dynamic", as TFApprox).  Static ranges
-        are for Dense, Conv2D, Conv1D, DepthwiseConv2D, SeparableConv2D (a second range for its
-        pointwise operand), Conv2DTranspose and EinsumDense; MultiHeadAttention keeps per-call
-        ranges (report note).
+        are for every swapped type: SeparableConv2D has a second range for its pointwise
+        operand, MultiHeadAttention one per projection.
       bias_correction: with calibration data, also compensate each multiplier layer's product
         error per output channel: "mean" (mean-error) or "moments" (mean and spread;
         graphswap.swap.compensation).
@@ -296,11 +295,10 @@ def rewrite_model(model, kernel="exact", include=None, exclude=None, kernel_map=
         raise GraphswapError(
             f"kernel map names layer(s) not in model {model.name!r}: {', '.join(unmatched)}; "
             f"list the layers with 'graphswap inspect MODEL'")
-    quantizing = [layer for _, layer in iter_layers(new_model)
+    # attention: its projections, which hold its quantization state
+    quantizing = [layer for _, layer in product_layers(new_model)
                   if getattr(layer, "quantization", None) is not None]
     if quantizing:
-        dynamic_only = sorted({type_name(layer) for layer in quantizing
-                               if not layer.static_activations_supported})
         calibration_notes = calibrate_and_compensate(
             new_model, calibration_data, samples=calibration_samples, method=calibration_method,
             source=calibration_source, bias_correction=bias_correction,
@@ -310,10 +308,6 @@ def rewrite_model(model, kernel="exact", include=None, exclude=None, kernel_map=
         described = sorted({dataclasses.replace(layer.quantization, activation_range=None)
                             .describe() for layer in quantizing})
         notes.append(f"quantization: {'; '.join(described)}")
-        if calibrated and dynamic_only:
-            notes.append(f"static activation ranges are calibrated for Dense, Conv2D, Conv1D, "
-                         f"DepthwiseConv2D, SeparableConv2D, Conv2DTranspose and EinsumDense; "
-                         f"{', '.join(dynamic_only)} layers keep per-call ranges")
         notes.extend(calibration_notes)
     elif calibrated:
         notes.append("calibration data given, but no swapped layer quantizes (no 8-bit "
