@@ -77,6 +77,9 @@ def test_depthwise_matches_keras(kwargs, input_shape, backward):
      (2, 9, 9, 2)),
     (dict(filters=6, kernel_size=3, dilation_rate=2, padding="same", activation="tanh"),
      (2, 10, 9, 4)),
+    # a plain ReLU runs in the pointwise op's epilogue (its gradient: ReluGrad on the output)
+    (dict(filters=4, kernel_size=3, padding="same", activation="relu",
+          bias_initializer="random_normal"), (2, 6, 6, 3)),
 ])
 def test_separable_matches_keras(kwargs, input_shape, backward):
     stock, swapped = make_pair(keras.layers.SeparableConv2D, SwappedSeparableConv2D, input_shape,

@@ -11,7 +11,6 @@ import logging
 import re
 from pathlib import Path
 
-
 from graphswap.errors import ExportError, GraphswapError
 from graphswap.io import onnx_ops
 from graphswap.io.export_result import (DEFAULT_OPSET, METADATA_KEY, ExportResult,

@@ -33,8 +33,8 @@ import numpy as np
 from graphswap.errors import QuantizationError
 from graphswap.swap.calibration import (BATCH_SIZE, DEFAULT_CALIBRATION_METHOD,
                                         DEFAULT_CALIBRATION_SAMPLES, DEFAULT_CALIBRATION_SOURCE,
-                                        CalibrationReport, calibrate, calibration_inputs, observing, product_layers,
-                                        quantizing_layers,
+                                        CalibrationReport, calibrate, calibration_inputs,
+                                        observing, product_layers, quantizing_layers,
                                         run_batches, select_layers)
 from graphswap.swap.clone import iter_layers
 

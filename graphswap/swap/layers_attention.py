@@ -165,8 +165,9 @@ def _projection_states(states, layer_name) -> dict:
             isinstance(state, dict) and set(state) <= {"quantization", "output_correction"}
             for state in states.values()):
         raise QuantizationError(
-            f"layer {layer_name!r}: projection_states must map projections ({', '.join(sorted(names))}) "
-            f"to {{'quantization': ..., 'output_correction': ...}}; got {states!r}")
+            f"layer {layer_name!r}: projection_states must map projections "
+            f"({', '.join(sorted(names))}) to {{'quantization': ..., 'output_correction': ...}}; "
+            f"got {states!r}")
     for state in states.values():
         if state.get("quantization") is not None:
             QuantScheme.from_config(state["quantization"])   # raises QuantizationError

@@ -108,12 +108,15 @@ class SwappedSeparableConv2D(SwappedMixin, keras.layers.SeparableConv2D):
             quant=quant, activation_range=activation_range)
         # the depthwise result is quantized again, on its own range, for the pointwise product
         quant, activation_range = self._quant_inputs(depthwise, training, "pointwise")
+        # the correction, the bias and a plain ReLU in the op's epilogue (one pass in C)
         gain, shift = self._output_epilogue(self.bias if self.use_bias else None)
+        relu = self._fused_relu()
         outputs = ops.swapped_conv2d(depthwise, self.pointwise_kernel, self.arithmetic,
                                      backward=self.backward, quant=quant,
-                                     activation_range=activation_range, gain=gain, shift=shift)
+                                     activation_range=activation_range, gain=gain, shift=shift,
+                                     relu=relu)
         outputs = _back(outputs, channels_first)
-        return self.activation(outputs) if self.activation is not None else outputs
+        return outputs if self.activation is None or relu else self.activation(outputs)
 
     def pointwise_scheme(self, quant):
         """The pointwise product's scheme for the depthwise input's scheme `quant`: a static
