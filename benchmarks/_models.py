@@ -65,10 +65,12 @@ def build(name: str, size: int = 224):
         return keras.applications.ResNet50(input_shape=shape, weights=None)
     if name == "EfficientNetB0":
         return keras.applications.EfficientNetB0(input_shape=shape, weights=None)
+    if name == "Xception":
+        return keras.applications.Xception(input_shape=shape, weights=None)
     if name == "ViT":
         return vit(image=size)
     raise SystemExit(f"unknown model {name!r}; choose from ResNet8, MobileNetV2, ResNet50, "
-                     f"EfficientNetB0, ViT")
+                     f"EfficientNetB0, Xception, ViT")
 
 
 def train_step_fn(model):
