@@ -69,6 +69,12 @@ def scheme_with_range(quant, activation_range):
     return quant.with_range(lo, hi)
 
 
+def gradient_kernel(arithmetic: Kernel, quant) -> Kernel:
+    """The arithmetic for backward="kernel" products: gradients have ranges of their own, so
+    dynamic activations with the layer's weight encoding."""
+    return bind_scheme(arithmetic, quant.dynamic() if quant is not None else None)
+
+
 def kernel_call(method, quant, with_range: bool, epilogue: tuple = (False, False, False)):
     """`method(*arrays)` for numpy_function.  With `with_range` the array after the operands is
     the static activation range and becomes the scheme's; `quant` is passed only when not None
@@ -291,8 +297,7 @@ def swapped_conv2d(x, w, arithmetic: Kernel, strides=(1, 1), padding="valid", di
     def forward_np(x_array, w_array, quant=None):
         return bind_scheme(arithmetic, quant).conv2d(x_array, w_array, geometry_of(x_array))
 
-    # gradients have ranges of their own: dynamic, with the layer's weight encoding
-    backward_kernel = bind_scheme(arithmetic, quant.dynamic() if quant is not None else None)
+    backward_kernel = gradient_kernel(arithmetic, quant)
 
     def backward_np(x_array, w_array, dy_array):
         return native.conv_gradients_via_matmul(x_array, w_array, dy_array,

@@ -37,7 +37,7 @@ from graphswap.kernels import Kernel, bind_scheme
 from graphswap.native import conv_geometry, einsum_plan, transposed_conv
 from graphswap.swap import forward_op
 from graphswap.swap.ops import (configure_threads, epilogue_gradients, epilogue_inputs,
-                                kernel_call, split_epilogue)
+                                gradient_kernel, kernel_call, split_epilogue)
 
 
 def _static(shape, what: str) -> list:
@@ -138,8 +138,7 @@ def swapped_depthwise_conv2d(x, kernel, arithmetic: Kernel, strides=(1, 1), padd
     g_static = depthwise_geometry((1, *static[1:]), kernel_shape, strides, padding, dilations)
     out_static = [static[0], g_static.out_height, g_static.out_width, g_static.out_channels]
     hwio = depthwise_filter(kernel_shape)
-    # gradients have ranges of their own: dynamic, with the layer's weight encoding
-    backward_kernel = bind_scheme(arithmetic, quant.dynamic() if quant is not None else None)
+    backward_kernel = gradient_kernel(arithmetic, quant)
 
     def geometry_of(x_array):
         return depthwise_geometry(x_array.shape, kernel_shape, strides, padding, dilations)
@@ -198,7 +197,7 @@ def swapped_conv2d_transpose(x, kernel, arithmetic: Kernel, strides=(1, 1), padd
         return transposed_conv(shape, kernel_shape, strides, padding, output_padding, dilations)
 
     out_static = [static[0], *plan_of((1, *static[1:])).output_shape[1:]]
-    backward_kernel = bind_scheme(arithmetic, quant.dynamic() if quant is not None else None)
+    backward_kernel = gradient_kernel(arithmetic, quant)
 
     def forward_np(x_array, w_array, quant=None):
         return transposed_product(arithmetic, x_array, w_array, strides, padding, output_padding,
@@ -250,8 +249,7 @@ def swapped_einsum(equation: str, x, kernel, arithmetic: Kernel, backward: str =
     plan = einsum_plan(equation, x.shape.rank)
     kernel_shape = tuple(int(d) for d in kernel.shape)
     out_static = plan.output_shape(list(x.shape), kernel_shape)
-    # gradients have ranges of their own: dynamic, with the layer's weight encoding
-    backward_kernel = bind_scheme(arithmetic, quant.dynamic() if quant is not None else None)
+    backward_kernel = gradient_kernel(arithmetic, quant)
 
     def forward_np(x_array, w_array, quant=None):
         return plan.from_product(einsum_product(arithmetic, plan, x_array, w_array, quant),
