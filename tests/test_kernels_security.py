@@ -90,21 +90,29 @@ def attack(tmp_path, monkeypatch):
     assert not marker.exists(), "the attacker's library was loaded"
 
 
-def tamper(model_path: Path, out: Path, arithmetic, key: str = "arithmetic") -> Path:
-    """A copy of the .keras file with layer 'fc''s kernel record replaced."""
-    with zipfile.ZipFile(model_path) as archive:
+def _rewrite_config(path: Path, out: Path, change) -> Path:
+    """A copy of the .keras file with `change(layer config)` applied to layer 'fc'."""
+    with zipfile.ZipFile(path) as archive:
         members = {name: archive.read(name) for name in archive.namelist()}
     config = json.loads(members["config.json"])
     for layer in config["config"]["layers"]:
         if layer["config"].get("name") == "fc":
-            layer["config"].pop("arithmetic", None)
-            layer["config"].pop("swap_kernel", None)
-            layer["config"][key] = arithmetic
+            change(layer["config"])
     members["config.json"] = json.dumps(config).encode()
     with zipfile.ZipFile(out, "w") as archive:
         for name, data in members.items():
             archive.writestr(name, data)
     return out
+
+
+def tamper(model_path: Path, out: Path, arithmetic, key: str = "arithmetic") -> Path:
+    """A copy of the .keras file with layer 'fc''s kernel record replaced."""
+    def replace(config):
+        config.pop("arithmetic", None)
+        config.pop("swap_kernel", None)
+        config[key] = arithmetic
+
+    return _rewrite_config(model_path, out, replace)
 
 
 def _variants(a):
@@ -499,3 +507,37 @@ def test_tampered_static_layer_is_refused(attack, stock):
         graphswap.load_model(bad)
     with pytest.raises(KernelTrustError, match="layer 'fc'"):
         keras.models.load_model(bad)
+
+
+def test_tampered_calibrated_attention_is_refused(attack):
+    """A calibrated MultiHeadAttention carries its projections' state in its config: neither its
+    own kernel record nor a record slipped into that state loads the attacker's library."""
+    from graphswap.errors import QuantizationError
+
+    inputs = keras.Input((4, 6))
+    outputs = keras.layers.MultiHeadAttention(2, 3, name="fc")(inputs, inputs)
+    model = keras.Model(inputs, outputs)
+    graphswap.trust(attack.honest)
+    calibration = np.random.default_rng(0).normal(size=(16, 4, 6)).astype(np.float32)
+    swapped = graphswap.rewrite_model(model, kernel=str(attack.honest),
+                                      calibration_data=calibration, bias_correction="mean")
+    states = swapped.get_layer("fc").get_config()["projection_states"]
+    assert states["query_dense"]["quantization"]["activations"] == "static"
+    path = attack.tmp / "user" / "attention.keras"
+    swapped.save(path)
+    kernel_trust.clear_session_trust()
+    graphswap.trust(attack.honest)
+    untrusted = _variants(attack)["complete record, untrusted"]
+    bad = tamper(path, attack.tmp / "attention-tampered.keras", untrusted)
+    with pytest.raises(KernelTrustError, match="layer 'fc'"):
+        graphswap.load_model(bad)
+
+    def smuggle(config):
+        config["projection_states"]["query_dense"]["arithmetic"] = untrusted
+
+    smuggled = _rewrite_config(path, attack.tmp / "attention-smuggled.keras", smuggle)
+    with pytest.raises(QuantizationError, match=r"'fc'.*projection_states must map"):
+        graphswap.load_model(smuggled)
+    assert not attack.marker.exists()
+    np.testing.assert_array_equal(np.asarray(graphswap.load_model(path)(calibration)),
+                                  np.asarray(swapped(calibration)))
