@@ -340,6 +340,35 @@ def test_metrics_trunc8_by_hand():
     assert all(v == 0 for v in exact.values())
 
 
+def drum(x: int, k: int) -> int:
+    """DRUM-k of a magnitude, from its definition: k bits from the leading one, the last set."""
+    if x < 1 << k:
+        return x
+    shift = x.bit_length() - k
+    return ((x >> shift) | 1) << shift
+
+
+def test_operand_levels_count_the_values_a_multiplier_tells_apart():
+    # DRUM-3: the number of distinct DRUM-3 values over the operand range, by its definition
+    unsigned = len({drum(x, 3) for x in range(256)})
+    signed_nonnegative = len({drum(x, 3) for x in range(128)})
+    signed = len({(1 if v >= 0 else -1) * drum(abs(v), 3) for v in range(-128, 128)})
+    assert (unsigned, signed_nonnegative, signed) == (18, 16, 32)
+    assert kernels.operand_levels("mul8u_drum3") == {
+        "first": unsigned, "second": unsigned, "first_nonnegative": unsigned,
+        "nonnegative_values": 256}
+    assert kernels.operand_levels("mul8s_drum3") == {
+        "first": signed, "second": signed, "first_nonnegative": signed_nonnegative,
+        "nonnegative_values": 128}
+    # trunc8 clears the product's low byte: a = 0 and a = 1 give 0 for every b < 256, every
+    # other pair of rows differs (f(a, 255) = floor(255 a / 256) * 256 = (a - 1) * 256, a >= 1)
+    assert kernels.operand_levels("mul8u_trunc8")["first"] == 255
+    assert kernels.operand_levels("mul8u_exact")["first"] == 256
+    detail = {c["check"]: c["detail"] for c in kernels.check("mul8s_drum3")["checks"]}
+    assert "32 of 256 values told apart (5.0 bits), 16 of the 128 non-negative" in \
+        detail["operand resolution"]
+
+
 def test_check_agrees_with_evoapprox_header(tmp_path):
     path = tmp_path / "mul8u_LEG.c"
     path.write_text(legacy_source())

@@ -24,7 +24,7 @@ from graphswap.kernels.quantized import (LutKernel, activation_quantization, qua
 from graphswap.kernels.scheme import (ACTIVATION_MODES, GRANULARITIES, OBSERVERS, WEIGHT_ENCODINGS,
                                       QuantScheme, tfapprox_scheme)
 from graphswap.kernels.registry import (available_kernels, check, clear_cache, evaluate_anew, lut,
-                                        metrics, open_record, plot_error_heatmap,
+                                        metrics, open_record, operand_levels, plot_error_heatmap,
                                         remember_named_file, require_multiplier, resolve_file_named,
                                         resolve_kernel, resolve_multiplier)
 from graphswap.kernels.specs import FileSpec, builtin_names, parse_file_spec
@@ -36,7 +36,7 @@ __all__ = ["SchemeBoundKernel", "bind_scheme", "DEFAULT_HALF_WIDTH", "derivative
            "activation_quantization", "quantize_weights", "tfapprox_scheme",
            "OperandRoundingKernel", "available_kernels", "builtin_names", "check", "check_kernel",
            "clear_cache", "format_check_result",
-           "evaluate_anew", "lut", "metrics", "open_record", "parse_file_spec",
+           "evaluate_anew", "lut", "metrics", "open_record", "operand_levels", "parse_file_spec",
            "plot_error_heatmap", "quantize_asymmetric", "quantize_symmetric",
            "remember_named_file", "require_multiplier", "resolve_file_named", "resolve_kernel",
            "resolve_multiplier", "round_to_bfloat16", "trust", "trust_file", "truncate_mantissa",

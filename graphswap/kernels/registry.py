@@ -243,6 +243,12 @@ def metrics(spec) -> dict:
     return multipliers.metrics(require_multiplier(spec))
 
 
+def operand_levels(spec) -> dict:
+    """How many values of each operand a multiplier spec tells apart
+    (graphswap.multipliers.operand_levels)."""
+    return multipliers.operand_levels(require_multiplier(spec))
+
+
 def check(spec) -> dict:
     """Sanity checks and metrics of a multiplier spec (graphswap.multipliers.check)."""
     return multipliers.check(require_multiplier(spec))

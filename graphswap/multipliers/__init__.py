@@ -68,7 +68,8 @@ from graphswap.multipliers.builtins import DRUM_RANGE, TRUNC_RANGE, builtin_mult
 from graphswap.multipliers.checks import (check, check_entry, format_check, format_check_lines,
                                           verdict)
 from graphswap.multipliers.loading import FILE_KINDS, builtin, clear_cache, evaluate_anew, from_file
-from graphswap.multipliers.metrics import HEADER_KEYS, agrees_with_header, lut, metrics, parse_header_metrics
+from graphswap.multipliers.metrics import (HEADER_KEYS, agrees_with_header, lut, metrics,
+                                          operand_levels, parse_header_metrics)
 from graphswap.multipliers.plots import plot_error_heatmap
 from graphswap.multipliers.record import TABLE_SIZE, Multiplier, operand_values
 from graphswap.multipliers.table_files import write_lut
@@ -76,5 +77,5 @@ from graphswap.multipliers.table_files import write_lut
 __all__ = ["DRUM_RANGE", "FILE_KINDS", "HEADER_KEYS", "TABLE_SIZE", "TRUNC_RANGE", "Multiplier",
            "agrees_with_header", "builtin", "builtin_multipliers", "check", "check_entry", "clear_cache",
            "evaluate_anew", "format_check", "format_check_lines", "from_file",
-           "looks_like_builtin", "lut", "metrics", "operand_values", "parse_header_metrics",
-           "plot_error_heatmap", "verdict", "write_lut"]
+           "looks_like_builtin", "lut", "metrics", "operand_levels", "operand_values",
+           "parse_header_metrics", "plot_error_heatmap", "verdict", "write_lut"]

@@ -6,7 +6,7 @@ import dataclasses
 
 import numpy as np
 
-from graphswap.multipliers.metrics import agrees_with_header, errors, metrics
+from graphswap.multipliers.metrics import agrees_with_header, errors, metrics, operand_levels
 from graphswap.multipliers.record import Multiplier, operand_values
 
 
@@ -67,6 +67,18 @@ def _signedness_check(multiplier: Multiplier, approx, error, computed) -> dict:
         "" if plausible else f" -- the table looks {other_kind}: check the declaration"))
 
 
+def _resolution_detail(multiplier: Multiplier) -> str:
+    levels = operand_levels(multiplier)
+
+    def shown(count, of):
+        return f"{count} of {of} values told apart ({np.log2(count):.1f} bits)"
+
+    return (f"first operand (activation): {shown(levels['first'], 256)}, "
+            f"{levels['first_nonnegative']} of the {levels['nonnegative_values']} non-negative "
+            f"ones (what a ReLU output uses); second operand (weight): "
+            f"{shown(levels['second'], 256)}")
+
+
 def check(multiplier: Multiplier) -> dict:
     """Sanity checks and metrics of a multiplier, for `graphswap kernels check`."""
     approx, exact, error = errors(multiplier)
@@ -88,6 +100,7 @@ def check(multiplier: Multiplier) -> dict:
         f"f(a, b) != f(b, a) for {asymmetric} unordered pairs: operand order matters (first operand "
         f"= activation, second = weight)"))
     checks.append(_signedness_check(multiplier, approx, error, computed))
+    checks.append(check_entry("operand resolution", None, _resolution_detail(multiplier)))
     comparison = []
     for key in ("MAE%", "WCE%", "WCRE%", "EP%", "MRE%", "MAE", "WCE", "MSE"):
         if key in multiplier.header_metrics_text:

@@ -69,6 +69,23 @@ def metrics(multiplier: Multiplier) -> dict:
     }
 
 
+def operand_levels(multiplier: Multiplier) -> dict:
+    """How many values of each operand the multiplier tells apart.  Two values a, a' of the first
+    operand are one level when f(a, b) = f(a', b) for every b (equal table rows): DRUM-k keeps k
+    bits from the leading one, so mul8u_drum3 has 18 levels, an exact multiplier 256.  A network's
+    activations reach the multiplier only through these levels, so they bound its resolution the
+    way a coarser quantizer would - which MAE% does not show (it averages over all pairs).
+
+    Returns {"first", "second": levels over all 256 values, "first_nonnegative": levels among the
+    non-negative first-operand values (those a ReLU output can take: 0..127 for a signed
+    multiplier, 0..255 unsigned), "nonnegative_values": how many such values there are}."""
+    values = operand_values(multiplier.signed)
+    table = multiplier.table.reshape(256, 256)
+    return {"first": len(np.unique(table, axis=0)), "second": np.unique(table, axis=1).shape[1],
+            "first_nonnegative": len(np.unique(table[values >= 0], axis=0)),
+            "nonnegative_values": int(np.count_nonzero(values >= 0))}
+
+
 def _decimals(text: str) -> int:
     mantissa = text.lower().split("e")[0]
     return len(mantissa.split(".")[1]) if "." in mantissa else 0
