@@ -205,3 +205,47 @@ def test_bad_half_width_is_refused():
     from graphswap.errors import KernelExecutionError
     with pytest.raises(KernelExecutionError, match="half_width"):
         shipped_library().lut_derivative_tables(mult.table, False, 0)
+
+
+@pytest.mark.parametrize("m,k,n,signs", [(300, 37, 130, True), (513, 3, 6, False),
+                                         (15, 70, 1, True)],
+                         ids=["threads", "conv-like", "one-column"])
+def test_gradient_products_match_their_definition(m, k, n, signs):
+    """graphswap_lut_matmul_grad on raw codes against the formula in its header: long sums, work
+    split over threads, signs, either output alone.  Random tables: every entry counts (a
+    multiplier's derivative at activation code 0 is often 0, which would hide a misplaced row)."""
+    d1, d2 = RNG.normal(0, 50.0, (2, 65536)).astype(np.float32)
+    a = RNG.integers(0, 256, (m, k), dtype=np.uint8)
+    b = RNG.integers(0, 256, (k, n), dtype=np.uint8)
+    sign = RNG.choice(np.array([-1, 1], np.int8), (k, n)) if signs else None
+    g_a = RNG.normal(0, 1.0, (m, n)).astype(np.float32)
+    g_b = RNG.normal(0, 1.0, (m, n)).astype(np.float32)
+    index = (a.astype(np.int64)[:, :, None] << 8) | b[None, :, :]          # (m, k, n)
+    s = np.ones((k, n)) if sign is None else sign.astype(np.float64)
+    want_da = np.einsum("ikj,kj,ij->ik", d1.astype(np.float64)[index], s, g_a.astype(np.float64))
+    want_db = np.einsum("ikj,ij->kj", d2.astype(np.float64)[index], g_b.astype(np.float64))
+    magnitude_da = np.einsum("ikj,ij->ik", np.abs(d1.astype(np.float64)[index]), np.abs(g_a))
+    magnitude_db = np.einsum("ikj,ij->kj", np.abs(d2.astype(np.float64)[index]), np.abs(g_b))
+    library = shipped_library()
+    da, db = library.lut_matmul_grad(a, b, d1, d2, g_a=g_a, g_b=g_b, sign=sign)
+    assert_close_to_roundoff(da, want_da, terms=n, magnitude=magnitude_da)
+    assert_close_to_roundoff(db, want_db, terms=m, magnitude=magnitude_db)
+    only_da, no_db = library.lut_matmul_grad(a, b, d1, d2, g_a=g_a, sign=sign)
+    assert no_db is None
+    np.testing.assert_array_equal(only_da, da)
+    no_da, only_db = library.lut_matmul_grad(a, b, d1, d2, g_b=g_b)
+    assert no_da is None
+    np.testing.assert_array_equal(only_db, db)
+
+
+def test_gradient_products_of_empty_sums_are_zero():
+    d1, d2 = derivative_tables(resolve_multiplier("mul8u_drum4"))
+    library = shipped_library()
+    da, db = library.lut_matmul_grad(np.zeros((0, 4), np.uint8), np.ones((4, 3), np.uint8),
+                                     d1, d2, g_a=np.zeros((0, 3), np.float32),
+                                     g_b=np.zeros((0, 3), np.float32))
+    assert da.shape == (0, 4) and (db == 0).all() and db.shape == (4, 3)
+    da, db = library.lut_matmul_grad(np.ones((5, 4), np.uint8), np.zeros((4, 0), np.uint8),
+                                     d1, d2, g_a=np.zeros((5, 0), np.float32),
+                                     g_b=np.zeros((5, 0), np.float32))
+    assert (da == 0).all() and da.shape == (5, 4) and db.shape == (4, 0)
