@@ -335,7 +335,8 @@ def main():
                    "partial derivatives (approximation-aware; Dense and Conv2D).")
 @click.option("--check-batch", default=8, show_default=True,
               type=click.IntRange(min=0, max=swap.MAX_CHECK_BATCH),
-              help="Size of the random batch used to compare outputs with the original (0: skip; "
+              help="How many inputs the outputs are compared with the original's on: the first "
+                   "calibration examples with --calibrate, else a random batch (0: skip; "
                    f"at most {swap.MAX_CHECK_BATCH}).")
 @click.option("-f", "--force", is_flag=True, help="Overwrite the output if it exists.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")

@@ -37,6 +37,14 @@ def test_convert_calibrates_compensates_and_saves_static_ranges(tmp_path, digits
     whole = np.asarray(model(x, training=False))
     np.testing.assert_array_equal(np.concatenate([np.asarray(model(x[i:i + 8], training=False))
                                                   for i in range(0, 40, 8)]), whole)
+    # the comparison with the original runs on real inputs: the first calibration examples
+    printed = float(result.output.split("max |original - rewritten| on the first 8 calibration "
+                                        "examples: ")[1].split()[0])
+    calibration = digits["x_train"][:8]
+    original = keras.models.load_model(SAMPLE_MODEL)
+    want = float(np.abs(np.asarray(original(calibration, training=False))
+                        - np.asarray(model(calibration, training=False))).max())
+    assert abs(printed - want) <= 0.005 * want
 
 
 def test_convert_with_batchnorm_folding_and_reestimation(tmp_path):

@@ -19,9 +19,9 @@ from graphswap.io.load import load_model
 from graphswap.io.lowering import lower_model
 from graphswap.io.paths import check_model_output_path, default_output_path
 from graphswap.io.saving import save_model
-from graphswap.swap import (OriginalCannotRunError, RewriteReport, is_swapped, iter_layers,
-                            max_output_difference, rewrite_model, sample_inputs,
-                            transform_model, validate_check_batch)
+from graphswap.swap import (OriginalCannotRunError, RewriteReport, calibration_inputs,
+                            is_swapped, iter_layers, max_output_difference, rewrite_model,
+                            sample_inputs, transform_model, validate_check_batch)
 
 
 @dataclasses.dataclass
@@ -34,11 +34,13 @@ class ConvertResult:
     check_batch: int
     max_abs_difference: float | None      # None when the check was skipped or not asked for
     note: str | None = None               # why the check was skipped
+    checked_on: str = "a random batch"    # what the outputs were compared on
 
     def to_dict(self) -> dict:
         payload = self.report.to_dict()
         payload.update({"output": str(self.output) if self.output else None,
-                        "max_abs_difference": self.max_abs_difference})
+                        "max_abs_difference": self.max_abs_difference,
+                        "checked_on": self.checked_on})
         if self.note:
             payload["note"] = self.note
         return payload
@@ -46,7 +48,7 @@ class ConvertResult:
     def format_text(self) -> str:
         lines = [self.report.format_table()]
         if self.max_abs_difference is not None:
-            lines.append(f"max |original - rewritten| on a random batch of {self.check_batch}: "
+            lines.append(f"max |original - rewritten| on {self.checked_on}: "
                          f"{self.max_abs_difference:.3g}")
         if self.note:
             lines.append(self.note)
@@ -63,7 +65,7 @@ def convert(model, kernel=None, *, kernel_map=None, include=None, exclude=None,
 
     `kernel` defaults to "exact", or to none when a `kernel_map` is given (see rewrite_model for
     the selection arguments).  The rewritten model is compared with the original on a random
-    batch of `check_batch` (0: skip) and, if `output` is given - or `model` is a path, then
+    batch of `check_batch` (0: skip; see below for calibrated models) and, if `output` is given - or `model` is a path, then
     beside it as MODEL.swapped.keras (MODEL_swapped_savedmodel/ for a graphswap SavedModel) -
     saved there atomically as .keras, .h5 or a SavedModel directory, by the path (`force` to
     replace an existing output).  Layers that are already swapped are re-rewritten when selected
@@ -98,16 +100,28 @@ def convert(model, kernel=None, *, kernel_map=None, include=None, exclude=None,
         raise GraphswapError(
             f"nothing to swap in {shown}: no swappable layer was selected "
             f"({len(report.layers)} layers inspected); see 'graphswap inspect MODEL'")
-    difference, note = None, None
+    difference, note, checked_on = None, None, None
     if check_batch > 0:
+        batch, checked_on = _comparison_batch(original, check_batch, rewrite_options)
         try:
-            difference = max_output_difference(original, swapped,
-                                               sample_inputs(original, check_batch))
+            difference = max_output_difference(original, swapped, batch)
         except OriginalCannotRunError as exc:
             note = f"comparison with the original skipped: {exc}"
     if output is not None:
         save_model(swapped, output, force=force, check_batch=max(check_batch, 1))
-    return ConvertResult(swapped, report, output, check_batch, difference, note)
+    return ConvertResult(swapped, report, output, check_batch, difference, note,
+                         checked_on or "a random batch")
+
+
+def _comparison_batch(original, check_batch: int, rewrite_options) -> tuple:
+    """(inputs, what they are) for comparing the rewritten model with the original: the first
+    `check_batch` calibration examples when calibration data was given, else a random batch."""
+    data = (rewrite_options or {}).get("calibration_data")
+    if data is None:
+        return sample_inputs(original, check_batch), f"a random batch of {check_batch}"
+    arrays = [a[:check_batch] for a in calibration_inputs(original, data)]
+    return (arrays[0] if len(arrays) == 1 else arrays,
+            f"the first {len(arrays[0])} calibration examples")
 
 
 def _keep_unselected_kernels(model, report: RewriteReport, previous: dict):
