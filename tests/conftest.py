@@ -121,6 +121,23 @@ def assert_close_to_roundoff(actual, desired, terms: int, factor: float = 8.0, m
         f"({factor} * sqrt({terms}) * eps32 * max|desired| {scale:.3g})")
 
 
+def is_key_bias(path: str) -> bool:
+    """MultiHeadAttention's key-projection bias: it adds q . b_k to every score of query q, which
+    the softmax over the keys cancels, so its gradient is zero up to round-off - two round-off
+    noises, which no relative tolerance can compare (check it with assert_gradient_vanishes)."""
+    return path.endswith("key/bias")
+
+
+def assert_gradient_vanishes(gradient, cancelling, terms: int, factor: float = 8.0):
+    """A gradient that is zero analytically: within float32 round-off of sums of `terms` terms
+    the size of `cancelling` (a gradient on the same path that does not vanish, e.g. the key
+    kernel's for the key bias)."""
+    bound = factor * np.sqrt(max(int(terms), 1)) * EPS32 * float(np.max(np.abs(cancelling)))
+    worst = float(np.max(np.abs(gradient)))
+    assert worst <= bound, (f"an analytically zero gradient reaches {worst:.3g}, beyond the "
+                            f"round-off bound {bound:.3g}")
+
+
 def reduction_terms(model) -> int:
     """Products summed along the longest path through `model`'s Dense/Conv2D layers (each
     layer's reduction length, added up): the `terms` of a whole-model output comparison, since
