@@ -49,11 +49,16 @@ def median_times(fns, reps: int = 50, budget: float = 3.0, rounds: int = 3) -> l
 
 
 def cpu_model() -> str:
-    """The CPU's model name (from /proc/cpuinfo on Linux)."""
+    """The CPU's model name with its family and model numbers (from /proc/cpuinfo on Linux): a
+    virtual machine may name only the brand ("AMD EPYC"), the numbers tell its generation."""
     try:
+        fields = {}
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+            key, _, value = line.partition(":")
+            fields.setdefault(key.strip(), value.strip())
+        if "model name" in fields:
+            numbers = [f"{key} {fields[key]}" for key in ("cpu family", "model") if key in fields]
+            return fields["model name"] + (f" ({', '.join(numbers)})" if numbers else "")
     except OSError:
         pass
     import platform
@@ -71,8 +76,11 @@ def run_context() -> str:
     op = forward_op.op_library()
     bridge = (f"compiled TensorFlow op {op.path.name}" if op is not None
               else "tf.numpy_function")
+    # OpenBLAS settings from the environment (a forced core, cache sizes) change its speed
+    settings = sorted(f"{k}={v}" for k, v in os.environ.items() if k.startswith("OPENBLAS_"))
+    blas_env = f" (environment: {', '.join(settings)})" if settings else ""
     return (f"CPU: {cpu_model()}; graphswap ISA path: {library.isa} (this CPU runs "
-            f"{', '.join(library.supported_isas)}); float BLAS: {library.blas_info}; "
+            f"{', '.join(library.supported_isas)}); float BLAS: {library.blas_info}{blas_env}; "
             f"library {library.path}; kernel calls through: {bridge}")
 
 
