@@ -69,11 +69,11 @@ def _code_gradients(kernel, qa, za, sa, qb, negative, sb, zb, scheme, g, half_wi
     g_a = (g64 * sb[None, :]).astype(np.float32)
     da, db = native.shipped_library().lut_matmul_grad(qa, qb, d_first, d_second, g_a=g_a,
                                                       g_b=np.asarray(g, np.float32), sign=sign)
-    da = da.astype(np.float64)
-    if scheme.weights == "asymmetric":
-        da -= (g64 * (sb * zb)[None, :]).sum(axis=1)[:, None]
+    if scheme.weights == "asymmetric":   # the zero-point term, in float64 (da is the largest array)
+        da = (da.astype(np.float64)
+              - (g64 * (sb * zb)[None, :]).sum(axis=1)[:, None]).astype(np.float32)
     db = sa * (db.astype(np.float64) - za * g64.sum(axis=0)[None, :])
-    return da.astype(np.float32), db.astype(np.float32)
+    return da, db.astype(np.float32)
 
 
 def lut_matmul_gradients(kernel, a, b, dy, quant=None, half_width: int = DEFAULT_HALF_WIDTH):
@@ -99,8 +99,8 @@ def lut_conv2d_gradients(kernel, x, w, dy, geometry: ConvGeometry, quant=None,
     rows, taps = patches.shape[0], patches.shape[1]
     dy2d = np.asarray(dy, np.float32).reshape(rows, g.out_channels)
     group_in, group_out = g.in_channels // g.groups, g.out_channels // g.groups
-    dcols = np.zeros((rows, taps, g.in_channels), np.float32)
-    dw = np.zeros(qw.shape, np.float32)
+    dcols = np.empty((rows, taps, g.in_channels), np.float32)
+    dw = np.empty(qw.shape, np.float32)
     for group in range(g.groups):
         ins = slice(group * group_in, (group + 1) * group_in)
         outs = slice(group * group_out, (group + 1) * group_out)

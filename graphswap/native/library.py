@@ -471,13 +471,26 @@ def load_library(path: str | os.PathLike, sha256: str | None = None) -> KernelLi
         return library
 
 
+_shipped_path: Path | None = None
+
+
 def shipped_library_path() -> Path:
     """Path of graphswap's own kernel library, building it from a source checkout if needed.
 
     An installed package carries the library built by `pip install`; a source checkout (tests run
     from the repository) builds native_kernels/ into the user cache, keyed by the sources' hash and
-    the build's fingerprint (compiler, flags, OpenBLAS): a changed toolchain builds anew.
+    the build's fingerprint (compiler, flags, OpenBLAS): a changed toolchain builds anew.  Found
+    once per process (again only if the file went away): in a source checkout the lookup hashes
+    every source and runs the compiler for its version, ~1.5 ms that every lut_grad gradient call
+    paid.
     """
+    global _shipped_path
+    if _shipped_path is None or not _shipped_path.is_file():
+        _shipped_path = _locate_shipped_library()
+    return _shipped_path
+
+
+def _locate_shipped_library() -> Path:
     packaged = Path(__file__).resolve().parent.parent / compiler.LIBRARY_NAME
     if packaged.is_file():
         return packaged
