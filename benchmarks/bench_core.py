@@ -11,7 +11,8 @@ Prints, after the CPU model, graphswap's ISA path and its BLAS:
   2. the LeNet-5 training step, batch 256, inside a tf.function (forward, GradientTape, SGD
      apply: what fit runs per step): original, swapped-exact, swapped-LUT;
                                                                  targets <= 1.15x / <= 2.5x
-     and one epoch of model.fit on the 1,437 training digits for the same three;
+     the LUT model also with backward="lut_grad" (the table's own derivatives, no target);
+     and one epoch of model.fit on the 1,437 training digits for the same models;
   3. LeNet-5 inference over 10,000 images (the 360 test digits repeated), batch 256, through a
      tf.function forward loop and through model.predict;        target LUT/float <= 3x
   4. the fixed cost of one swapped op call on tiny shapes, through graphswap's compiled
@@ -97,8 +98,9 @@ def kernel_section(args, rng) -> list[tuple[str, float]]:
     return ratios
 
 
-def lenet_models(multiplier, compile_for_fit=False):
-    """{label: model}: the original LeNet-5 and its exact and LUT rewrites (same weights)."""
+def lenet_models(multiplier, compile_for_fit=False, lut_grad=False):
+    """{label: model}: the original LeNet-5 and its exact and LUT rewrites (same weights); with
+    `lut_grad`, also the LUT rewrite with backward="lut_grad" (its training cost)."""
     import keras
 
     import graphswap
@@ -106,10 +108,12 @@ def lenet_models(multiplier, compile_for_fit=False):
     models = {}
     # the LUT model twice: graphswap's default sign-magnitude weights (two table columns per
     # output channel: twice the lookups) and TFApprox's asymmetric weights (one)
-    for label, kernel, options in (
-            ("original", None, {}), ("swapped-exact", "exact", {}),
-            (f"swapped-{multiplier}", multiplier, {}),
-            (f"  asymmetric weights", multiplier, {"quantization": {"weights": "asymmetric"}})):
+    variants = [("original", None, {}), ("swapped-exact", "exact", {}),
+                (f"swapped-{multiplier}", multiplier, {}),
+                ("  asymmetric weights", multiplier, {"quantization": {"weights": "asymmetric"}})]
+    if lut_grad:
+        variants.append(("  backward lut_grad", multiplier, {"backward": "lut_grad"}))
+    for label, kernel, options in variants:
         keras.utils.set_random_seed(0)
         model = keras.models.load_model(REPO / "sample_models" / "lenet5.keras")
         if kernel is not None:
@@ -138,7 +142,7 @@ def training_section(args):
     with np.load(REPO / "sample_models" / "digits.npz") as data:
         x_train, y_train = data["x_train"].astype(np.float32), data["y_train"]
     x, y = tf.constant(x_train[:256]), tf.constant(y_train[:256])
-    models = lenet_models(args.multiplier)
+    models = lenet_models(args.multiplier, lut_grad=True)
     steps = [train_step_fn(m) for m in models.values()]
     times = median_times([lambda s=s: s(x, y).numpy() for s in steps], reps=40,
                          budget=max(args.budget * 3, 6.0), rounds=args.rounds)
@@ -146,7 +150,7 @@ def training_section(args):
                  times, targets={1: 1.15, 2: 2.5, 3: 2.5})
     if args.skip_fit:
         return
-    fit_models = lenet_models(args.multiplier, compile_for_fit=True)
+    fit_models = lenet_models(args.multiplier, compile_for_fit=True, lut_grad=True)
     epochs = []
     for model in fit_models.values():
         model.fit(x_train, y_train, batch_size=256, epochs=1, verbose=0)  # traces
