@@ -171,12 +171,18 @@ def recipe_signature() -> str:
     return f"adam-{rate}-{graphswap.research.DEFAULT_SCHEDULE}"
 
 
-def finetuned(ctx, model, spec, epochs, backward="native", learning_rate=None, schedule=None,
-              seed=0, observer="fixed"):
+def training_start(ctx, model, spec, backward, observer="fixed"):
+    """The zero-step start (recovered) with `backward` gradients in every swapped layer."""
     start = recovered(ctx, model, spec, observer)
     for _, layer in swap.iter_layers(start):
         if hasattr(layer, "arithmetic"):
             layer.backward = backward
+    return start
+
+
+def finetuned(ctx, model, spec, epochs, backward="native", learning_rate=None, schedule=None,
+              seed=0, observer="fixed"):
+    start = training_start(ctx, model, spec, backward, observer)
     options = {}
     if learning_rate is not None:
         options.update(learning_rate=learning_rate, schedule=schedule)
@@ -430,10 +436,7 @@ class EpochAccuracy(keras.callbacks.Callback):
 def accuracy_per_epoch(ctx, model, spec, backward, learning_rate) -> list[float]:
     """One CONVERGENCE_EPOCHS-epoch run of the default recipe (cosine over the run) from the
     zero-step start: the test accuracy after each epoch."""
-    start = recovered(ctx, model, spec)
-    for _, layer in swap.iter_layers(start):
-        if hasattr(layer, "arithmetic"):
-            layer.backward = backward
+    start = training_start(ctx, model, spec, backward)
     tracker = EpochAccuracy(ctx, has_bn(model))
     graphswap.finetune(start, (ctx.data["x_train"], ctx.data["y_train"]),
                        epochs=CONVERGENCE_EPOCHS, learning_rate=learning_rate, seed=0, verbose=0,

@@ -65,11 +65,11 @@ def convert(model, kernel=None, *, kernel_map=None, include=None, exclude=None,
 
     `kernel` defaults to "exact", or to none when a `kernel_map` is given (see rewrite_model for
     the selection arguments).  The rewritten model is compared with the original on a random
-    batch of `check_batch` (0: skip; see below for calibrated models) and, if `output` is given - or `model` is a path, then
-    beside it as MODEL.swapped.keras (MODEL_swapped_savedmodel/ for a graphswap SavedModel) -
-    saved there atomically as .keras, .h5 or a SavedModel directory, by the path (`force` to
-    replace an existing output).  Layers that are already swapped are re-rewritten when selected
-    and keep their kernel otherwise.  Raises GraphswapError when no layer is selected: an
+    batch of `check_batch` (0: skip; calibrated models: see below) and, if `output` is given - or
+    `model` is a path, then beside it as MODEL.swapped.keras (MODEL_swapped_savedmodel/ for a
+    graphswap SavedModel) - saved there atomically as .keras, .h5 or a SavedModel directory, by
+    the path (`force` to replace an existing output).  Layers that are already swapped are
+    re-rewritten when selected and keep their kernel otherwise.  Raises GraphswapError when no layer is selected: an
     unchanged copy is not a conversion.  `inplace` (subclassed models without get_config only;
     see rewrite_model) swaps the loaded model's own layers - with a path it is the freshly loaded
     copy, never the file.  `rewrite_options` are rewrite_model's quantization, calibration and
@@ -100,7 +100,7 @@ def convert(model, kernel=None, *, kernel_map=None, include=None, exclude=None,
         raise GraphswapError(
             f"nothing to swap in {shown}: no swappable layer was selected "
             f"({len(report.layers)} layers inspected); see 'graphswap inspect MODEL'")
-    difference, note, checked_on = None, None, None
+    difference, note, checked_on = None, None, "a random batch"
     if check_batch > 0:
         batch, checked_on = _comparison_batch(original, check_batch, rewrite_options)
         try:
@@ -109,8 +109,7 @@ def convert(model, kernel=None, *, kernel_map=None, include=None, exclude=None,
             note = f"comparison with the original skipped: {exc}"
     if output is not None:
         save_model(swapped, output, force=force, check_batch=max(check_batch, 1))
-    return ConvertResult(swapped, report, output, check_batch, difference, note,
-                         checked_on or "a random batch")
+    return ConvertResult(swapped, report, output, check_batch, difference, note, checked_on)
 
 
 def _comparison_batch(original, check_batch: int, rewrite_options) -> tuple:

@@ -69,7 +69,7 @@ def _code_gradients(kernel, qa, za, sa, qb, negative, sb, zb, scheme, g, half_wi
     g_a = (g64 * sb[None, :]).astype(np.float32)
     da, db = native.shipped_library().lut_matmul_grad(qa, qb, d_first, d_second, g_a=g_a,
                                                       g_b=np.asarray(g, np.float32), sign=sign)
-    if scheme.weights == "asymmetric":   # the zero-point term, in float64 (da is the largest array)
+    if scheme.weights == "asymmetric":   # subtract the zero-point term in float64; else da as is
         da = (da.astype(np.float64)
               - (g64 * (sb * zb)[None, :]).sum(axis=1)[:, None]).astype(np.float32)
     db = sa * (db.astype(np.float64) - za * g64.sum(axis=0)[None, :])
