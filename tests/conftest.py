@@ -124,18 +124,21 @@ def assert_close_to_roundoff(actual, desired, terms: int, factor: float = 8.0, m
 def is_key_bias(path: str) -> bool:
     """MultiHeadAttention's key-projection bias: it adds q . b_k to every score of query q, which
     the softmax over the keys cancels, so its gradient is zero up to round-off - two round-off
-    noises, which no relative tolerance can compare (check it with assert_gradient_vanishes)."""
+    noises, which no relative tolerance can compare (assert_key_bias_gradients_vanish)."""
     return path.endswith("key/bias")
 
 
-def assert_gradient_vanishes(gradient, cancelling, terms: int, factor: float = 8.0):
-    """A gradient that is zero analytically: within float32 round-off of sums of `terms` terms
-    the size of `cancelling` (a gradient on the same path that does not vanish, e.g. the key
-    kernel's for the key bias)."""
+def assert_key_bias_gradients_vanish(path: str, gradients, by_path: dict, terms: int,
+                                     factor: float = 8.0):
+    """The key-bias `gradients` (the swapped model's and the stock one's) are zero analytically:
+    each within float32 round-off of sums of `terms` terms the size of the key kernel's gradient
+    (`by_path[... "key/kernel"]`, the terms that cancel)."""
+    cancelling = np.asarray(by_path[path.replace("key/bias", "key/kernel")])
     bound = factor * np.sqrt(max(int(terms), 1)) * EPS32 * float(np.max(np.abs(cancelling)))
-    worst = float(np.max(np.abs(gradient)))
-    assert worst <= bound, (f"an analytically zero gradient reaches {worst:.3g}, beyond the "
-                            f"round-off bound {bound:.3g}")
+    for gradient in gradients:
+        worst = float(np.max(np.abs(gradient)))
+        assert worst <= bound, (f"{path}: an analytically zero gradient reaches {worst:.3g}, "
+                                f"beyond the round-off bound {bound:.3g}")
 
 
 def reduction_terms(model) -> int:
