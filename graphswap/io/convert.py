@@ -35,6 +35,7 @@ class ConvertResult:
     max_abs_difference: float | None      # None when the check was skipped or not asked for
     note: str | None = None               # why the check was skipped
     checked_on: str = "a random batch"    # what the outputs were compared on
+    notes: tuple = ()                     # what changed beyond the layers (compile settings)
 
     def to_dict(self) -> dict:
         payload = self.report.to_dict()
@@ -43,6 +44,8 @@ class ConvertResult:
                         "checked_on": self.checked_on})
         if self.note:
             payload["note"] = self.note
+        if self.notes:
+            payload["notes"] = list(self.notes)
         return payload
 
     def format_text(self) -> str:
@@ -52,6 +55,7 @@ class ConvertResult:
                          f"{self.max_abs_difference:.3g}")
         if self.note:
             lines.append(self.note)
+        lines.extend(self.notes)
         if self.output is not None:
             lines.append(f"wrote {self.output}")
         return "\n".join(lines)
@@ -109,7 +113,21 @@ def convert(model, kernel=None, *, kernel_map=None, include=None, exclude=None,
             note = f"comparison with the original skipped: {exc}"
     if output is not None:
         save_model(swapped, output, force=force, check_batch=max(check_batch, 1))
-    return ConvertResult(swapped, report, output, check_batch, difference, note, checked_on)
+    return ConvertResult(swapped, report, output, check_batch, difference, note, checked_on,
+                         _compile_notes(original, swapped))
+
+
+def _compile_notes(original, swapped) -> tuple:
+    """What the rewritten model's compile settings dropped: XLA (swapped layers run outside it,
+    graphswap/swap/xla.py), so the saved file reloads and runs without Keras's fallback warning."""
+    if not getattr(original, "compiled", False) or not getattr(swapped, "compiled", False):
+        return ()
+    if original.get_compile_config().get("jit_compile") is True and \
+            swapped.get_compile_config().get("jit_compile") is not True:
+        return ("the original is compiled with jit_compile=True (XLA); the swapped layers run "
+                "their kernels outside XLA, so the rewritten model is compiled and saved with "
+                "jit_compile=False",)
+    return ()
 
 
 def _comparison_batch(original, check_batch: int, rewrite_options) -> tuple:

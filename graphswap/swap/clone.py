@@ -19,6 +19,8 @@ from keras.src.models.functional import Functional  # not exported publicly by K
 
 from graphswap.errors import GraphswapError, UnsupportedLayerError
 from graphswap.kernels import Kernel
+from graphswap.swap.xla import (compile_config_without_xla, keras_jit_fallback_quiet,
+                                recompile_without_xla)
 
 
 def check_cloneable(model) -> None:
@@ -92,7 +94,9 @@ def transform_model(model, replace: Callable, name_suffix: str = "", prefix: str
     # The model is already in memory (whoever loaded it decided whether to trust its Lambda
     # layers); cloning it must not trip Keras' safe mode a second time.
     with _unsafe_clone_scope():
-        new_model = keras.models.clone_model(model, clone_function=clone_function, recursive=True)
+        with keras_jit_fallback_quiet():  # the clone is compiled without XLA below
+            new_model = keras.models.clone_model(model, clone_function=clone_function,
+                                                 recursive=True)
     for original, clone in pairs:
         if not isinstance(original, keras.layers.Layer):
             continue  # a keras.ops call in a functional graph (e.g. ops.relu): no weights
@@ -118,11 +122,12 @@ def _unsafe_clone_scope():
 def copy_compile_config(model, new_model) -> None:
     """Carry loss/metrics/optimizer settings over (not optimizer state), when the model has them."""
     if not getattr(model, "compiled", False) or getattr(new_model, "compiled", False):
+        recompile_without_xla(new_model)  # swapped layers run outside XLA (swap/xla.py)
         return
     try:
         config = model.get_compile_config()
-        if config:
-            new_model.compile_from_config(config)
+        if config:  # jit_compile=True dropped where swapped layers run outside XLA
+            new_model.compile_from_config(compile_config_without_xla(new_model, config))
     except Exception as exc:  # noqa: BLE001 - a model without compile info still rewrites
         warnings.warn(f"could not carry the compile settings over to the rewritten model: {exc}")
 

@@ -47,6 +47,7 @@ import tensorflow as tf
 from graphswap.errors import QuantizationError
 from graphswap.kernels import QuantScheme, tfapprox_scheme
 from graphswap.kernels.scheme import as_range
+from graphswap.swap.xla import RunsOutsideXla
 
 LEGACY = "legacy"
 
@@ -100,7 +101,7 @@ def _read(variable) -> np.ndarray:
         return np.asarray(variable.numpy())
 
 
-class QuantizedLayerMixin:
+class QuantizedLayerMixin(RunsOutsideXla):
     """Quantization state of a swapped layer (module docstring).  The layer calls
     `_init_quantization` after its arithmetic is resolved, `_build_quantization(channels)` at the
     end of build, `_quant_inputs(x, training)` for the op's arguments and `_correct_outputs(y)` on
@@ -110,7 +111,8 @@ class QuantizedLayerMixin:
     output channel; EinsumDense: per matmul column).  MultiHeadAttention holds no product of its
     own: its projections (EinsumDense layers, `quantized_parts()`) hold the state.
     `intermediate_points`: names of the operands, beyond the input, that the layer computes and
-    quantizes itself (SeparableConv2D's depthwise result; each gets a range of its own)."""
+    quantizes itself (SeparableConv2D's depthwise result; each gets a range of its own).
+    Every swapped layer runs outside XLA (`RunsOutsideXla`, graphswap/swap/xla.py)."""
 
     observer = None
     intermediate_points: tuple = ()
