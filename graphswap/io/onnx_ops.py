@@ -24,7 +24,16 @@ onnxruntime-extensions' Python custom-op bridge: the operator bodies below are P
 ``graphswap.kernels`` objects the Keras layers use, so a consumer needs graphswap (with its kernel
 library, and any kernel file the spec names, at the recorded path with the recorded sha256 and
 trusted: the ONNX file never adds trust), onnxruntime and onnxruntime-extensions.
-:func:`session` (``graphswap.onnx_session``) checks every node's kernel, then registers the ops.
+:func:`session` (``graphswap.onnx_session``) reads the file once and checks it whole before
+onnxruntime sees it (:func:`read_checked_model`): every node of the main graph, of every If/Loop/Scan
+body at any depth and of every model-local function (called or not); every attribute a body reads
+(type, UTF-8, size, JSON, the QuantScheme and whether the kernel runs it, padding, strides,
+dilations, groups; no attribute passed by reference from a calling node); every kernel through the
+trust gate; no other operator in graphswap's domain.  onnxruntime then gets the checked bytes, not
+the path.  The check matters twice: a refused kernel must never load, and onnxruntime-extensions'
+Python bridge ends the process (SIGABRT) on any exception raised inside an operator body, so
+nothing an attribute holds may be able to raise there.  (Inputs of shapes the weights do not fit
+still raise there; graphswap's exports declare their input shapes, which onnxruntime checks first.)
 
 Why not ``graphswap.io.onnx``: a module of that name could be imported as ``onnx`` whenever its
 directory lands on ``sys.path``, hiding the real ``onnx`` package; ``onnx_ops`` avoids the trap.
@@ -38,7 +47,7 @@ import threading
 
 import numpy as np
 
-from graphswap.errors import GraphswapError, ModelLoadError
+from graphswap.errors import GraphswapError, ModelLoadError, QuantizationError
 from graphswap.kernels import QuantScheme, open_record
 from graphswap.native import conv_geometry
 from graphswap.swap import legacy_scheme
@@ -52,7 +61,7 @@ _kernels: dict[str, object] = {}
 _kernels_lock = threading.Lock()
 
 
-def _kernel(kernel_json: str):
+def _kernel(kernel_json: str, where: str = "a graphswap custom node of the ONNX model"):
     """The graphswap Kernel a node's `kernel` attribute names (resolved once per spec)."""
     with _kernels_lock:
         kernel = _kernels.get(kernel_json)
@@ -63,7 +72,7 @@ def _kernel(kernel_json: str):
                 raise GraphswapError(
                     f"custom node attribute 'kernel' is not JSON: {kernel_json!r} ({exc})") from None
             # named by the ONNX file: it passes the trust gate, and never adds trust
-            kernel = open_record(config, "a graphswap custom node of the ONNX model")
+            kernel = open_record(config, where)
             _kernels[kernel_json] = kernel
         return kernel
 
@@ -146,50 +155,197 @@ def register_custom_ops() -> None:
         _registered = True
 
 
-def open_kernels(path) -> list:
-    """Resolve, through the trust gate, the kernel of every graphswap custom node in the ONNX
-    file at `path` (so a refused kernel is one clear error before onnxruntime starts, not a
-    failure inside an inference call).  Returns the kernels in node order."""
+#: longest string attribute graphswap reads: a kernel record or a quantization config is well under
+#: a kilobyte
+MAX_ATTRIBUTE_BYTES = 64 * 1024
+#: largest stride, dilation or group count a GraphswapConv2D node may carry
+MAX_CONV_INTEGER = 2 ** 31 - 1
+#: the attributes each custom node's body reads (what onnxruntime-extensions hands it), by type
+STRING_ATTRIBUTES = {MATMUL_OP: ("kernel", "quant"), CONV2D_OP: ("kernel", "quant", "padding")}
+INT_ATTRIBUTES = {MATMUL_OP: (),
+                  CONV2D_OP: ("stride_h", "stride_w", "dilation_h", "dilation_w", "groups")}
+_REEXPORT = "re-export the model with 'graphswap export MODEL --format onnx --keep-kernels'"
+
+
+def _subgraphs(node, location: str):
+    """(location, graph) of every graph a node holds in its attributes (If/Loop/Scan bodies)."""
+    for attr in node.attribute:
+        graphs = [attr.g] if attr.HasField("g") else []
+        graphs.extend(attr.graphs)
+        for i, graph in enumerate(graphs):
+            where = f"{location} > node {node.name!r} ({node.op_type}) attribute {attr.name!r}"
+            yield (where if len(graphs) == 1 else f"{where}[{i}]"), graph
+
+
+def walk_nodes(model):
+    """(location, node) of every node of `model`: the main graph, every subgraph at any depth,
+    every model-local function (called or not) and the subgraphs inside them."""
+    pending = [("the main graph", model.graph.node)]
+    pending.extend((f"model-local function {function.domain}:{function.name}", function.node)
+                   for function in model.functions)
+    while pending:
+        location, nodes = pending.pop(0)
+        for node in nodes:
+            yield location, node
+            pending.extend((where, graph.node) for where, graph in _subgraphs(node, location))
+
+
+class _NodeCheck:
+    """The checks of one custom node's attributes, each failure one ModelLoadError naming the
+    file, the node, where it sits and the attribute."""
+
+    def __init__(self, path, location, node):
+        self.node = node
+        name = repr(node.name) if node.name else "(unnamed)"
+        self.where = (f"custom node {name} ({node.op_type}) in {location} of the ONNX "
+                      f"model {path}")
+
+    def fail(self, attribute, problem, allowed):
+        name = f"attribute {attribute!r}" if attribute else "the node"
+        return ModelLoadError(f"{self.where}: {name} {problem}; {allowed}; {_REEXPORT}")
+
+    def attributes(self) -> dict:
+        op = self.node.op_type
+        wanted = {**{name: "STRING" for name in STRING_ATTRIBUTES[op]},
+                  **{name: "INT" for name in INT_ATTRIBUTES[op]}}
+        found = {}
+        for attr in self.node.attribute:
+            if attr.name not in wanted:
+                continue  # not read by the operator body
+            if attr.ref_attr_name:
+                raise self.fail(attr.name, f"refers to the calling node's attribute "
+                                f"{attr.ref_attr_name!r}", "graphswap writes every attribute "
+                                "as a value, so that it can be checked before anything runs")
+            if attr.name in found:
+                raise self.fail(attr.name, "is given twice", "each attribute appears once")
+            kind = attr.AttributeType.Name(attr.type)
+            if kind != wanted[attr.name]:
+                raise self.fail(attr.name, f"has type {kind}",
+                                f"it is a{'n' if wanted[attr.name] == 'INT' else ''} "
+                                f"{wanted[attr.name]}")
+            found[attr.name] = self.string(attr) if kind == "STRING" else int(attr.i)
+        missing = [name for name in wanted if name not in found and name != "quant"]
+        if missing:
+            raise self.fail(missing[0], "is missing", f"a {op} node has the attributes "
+                            f"{', '.join(wanted)}")
+        found.setdefault("quant", "")  # written before the attribute existed: legacy scheme
+        return found
+
+    def string(self, attr) -> str:
+        if len(attr.s) > MAX_ATTRIBUTE_BYTES:
+            raise self.fail(attr.name, f"is {len(attr.s):,} bytes long",
+                            f"graphswap reads at most {MAX_ATTRIBUTE_BYTES:,} bytes")
+        try:
+            text = attr.s.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise self.fail(attr.name, f"is not UTF-8 text ({exc.reason} at byte {exc.start})",
+                            "it is JSON or a word, in UTF-8") from None
+        if "\x00" in text:
+            raise self.fail(attr.name, "holds a NUL character", "it is JSON or a word")
+        return text
+
+    def json(self, attribute, text):
+        try:
+            return json.loads(text)
+        except (json.JSONDecodeError, RecursionError) as exc:
+            raise self.fail(attribute, f"is not valid JSON ({exc}): {text[:80]!r}",
+                            "it is the JSON graphswap wrote") from None
+
+    def check(self):
+        """The kernel (through the trust gate) and scheme the node runs, as its body will."""
+        node = self.node
+        if len(node.input) != 2 or len(node.output) != 1 or not all(node.input):
+            raise self.fail(None, f"has {len(node.input)} input(s) and {len(node.output)} "
+                            f"output(s)", f"a {node.op_type} node takes 2 inputs and gives 1 "
+                            f"output")
+        values = self.attributes()
+        self.json("kernel", values["kernel"])  # a clear error before the gate's
+        kernel = _kernel(values["kernel"], self.where)
+        quant = values["quant"]
+        if quant:
+            config = self.json("quant", quant)
+            try:
+                scheme = QuantScheme.from_config(config)
+            except (QuantizationError, TypeError, ValueError) as exc:
+                raise self.fail("quant", f"is not a quantization config ({exc})",
+                                "it is the JSON of a QuantScheme (weights, granularity, "
+                                "activations, activation_range, observer, momentum)") from None
+        else:
+            scheme = None
+        if getattr(kernel, "quantizes", False):
+            scheme = _scheme(kernel, quant)
+            try:
+                kernel.resolve_scheme(scheme)
+            except QuantizationError as exc:
+                raise self.fail("quant", f"cannot run on {kernel.spec} ({exc})",
+                                "a scheme the kernel runs") from None
+        if node.op_type == CONV2D_OP:
+            if str(values["padding"]).lower() not in ("valid", "same"):
+                raise self.fail("padding", f"is {values['padding'][:40]!r}",
+                                "allowed: 'valid' or 'same'")
+            for name in INT_ATTRIBUTES[CONV2D_OP]:
+                if not 1 <= values[name] <= MAX_CONV_INTEGER:
+                    raise self.fail(name, f"is {values[name]}",
+                                    f"allowed: 1..{MAX_CONV_INTEGER}")
+        return kernel
+
+
+def read_checked_model(path):
+    """The ONNX model at `path`, read once and checked before anything runs it: every node of the
+    main graph, of every subgraph and of every model-local function.  Every graphswap custom node's
+    attributes are well-formed and its kernel passes the trust gate; no other node uses graphswap's
+    domain; no model-local function is defined in it.  Custom nodes written before the `quant`
+    attribute existed get quant="" (their legacy scheme).  Returns (model, kernels in node order);
+    raises ModelLoadError (KernelTrustError for a refused kernel) naming the node."""
     import onnx
 
+    path = os.fspath(path)
     try:
-        model = onnx.load(os.fspath(path), load_external_data=False)
+        with open(path, "rb") as handle:
+            data = handle.read()
+        model = onnx.load_model_from_string(data)
     except Exception as exc:  # noqa: BLE001 - onnx raises protobuf/OS errors
         raise ModelLoadError(f"cannot read the ONNX model {path}: {type(exc).__name__}: "
                              f"{exc}") from None
+    for function in model.functions:
+        if function.domain == DOMAIN:
+            raise ModelLoadError(
+                f"the ONNX model {path} defines the function {function.name!r} in graphswap's "
+                f"domain {DOMAIN}, which holds only {', '.join(CUSTOM_OPS)}; {_REEXPORT}")
     found = []
+    for location, node in walk_nodes(model):
+        if node.domain != DOMAIN:
+            continue
+        if node.op_type not in CUSTOM_OPS:
+            raise ModelLoadError(
+                f"node {node.name!r} in {location} of the ONNX model {path} uses the operator "
+                f"{DOMAIN}.{node.op_type}; graphswap runs only {', '.join(CUSTOM_OPS)} in that "
+                f"domain; {_REEXPORT}")
+        found.append(_NodeCheck(path, location, node).check())
+        if not any(a.name == "quant" for a in node.attribute):
+            node.attribute.append(onnx.helper.make_attribute("quant", ""))
+    return model, found
+
+
+def open_kernels(path) -> list:
+    """Resolve, through the trust gate, the kernel of every graphswap custom node in the ONNX
+    file at `path`, after checking every node (read_checked_model).  Returns the kernels in node
+    order."""
+    return read_checked_model(path)[1]
+
+
+def _uses_external_data(model) -> bool:
+    """Whether some initializer of `model` (at any depth) is stored in a file of its own."""
+    from onnx.external_data_helper import uses_external_data
+
     graphs = [model.graph]
     while graphs:
         graph = graphs.pop()
+        if any(uses_external_data(t) for t in graph.initializer):
+            return True
         for node in graph.node:
-            graphs.extend(attr.g for attr in node.attribute if attr.type == attr.GRAPH)
-            if node.domain != DOMAIN or node.op_type not in CUSTOM_OPS:
-                continue
-            kernel_attr = [a for a in node.attribute if a.name == "kernel"]
-            if not kernel_attr:
-                raise ModelLoadError(f"{path}: custom node {node.name!r} ({node.op_type}) has no "
-                                     f"'kernel' attribute")
-            found.append(_kernel(kernel_attr[0].s.decode("utf-8", "replace")))
-    return found
-
-
-def _add_missing_quant(path):
-    """The serialized model with quant="" added to custom nodes written before the attribute
-    existed (they then run their legacy scheme), or None when every node has it."""
-    import onnx
-
-    model = onnx.load(os.fspath(path), load_external_data=False)
-    changed = False
-    graphs = [model.graph]
-    while graphs:
-        graph = graphs.pop()
-        for node in graph.node:
-            graphs.extend(attr.g for attr in node.attribute if attr.type == attr.GRAPH)
-            if node.domain == DOMAIN and node.op_type in CUSTOM_OPS and \
-                    not any(a.name == "quant" for a in node.attribute):
-                node.attribute.append(onnx.helper.make_attribute("quant", ""))
-                changed = True
-    return model.SerializeToString() if changed else None
+            graphs.extend(g for _, g in _subgraphs(node, ""))
+    return False
 
 
 def session_options(options=None):
@@ -215,11 +371,15 @@ def session(path, providers=("CPUExecutionProvider",), options=None):
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise ModelLoadError(f"ONNX model not found: {path}")
-    open_kernels(path)  # every kernel the file names passes the trust gate before anything runs
+    # every node and attribute checked, every kernel through the trust gate, before anything runs;
+    # onnxruntime gets the bytes that were checked, never the path again
+    model, _ = read_checked_model(path)
     options = session_options(options)
+    if _uses_external_data(model):
+        options.add_session_config_entry("session.model_external_initializers_file_folder_path",
+                                         os.path.dirname(os.path.abspath(path)))
     try:
-        patched = _add_missing_quant(path)
-        return ort.InferenceSession(path if patched is None else patched, options,
+        return ort.InferenceSession(model.SerializeToString(), options,
                                     providers=list(providers))
     except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own exception types
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
