@@ -15,6 +15,9 @@ from graphswap.swap.layers import SwappedConv2D, SwappedDense, check_conv_option
 from graphswap.swap.layers_attention import SwappedEinsumDense, SwappedMultiHeadAttention
 from graphswap.swap.layers_conv import (SwappedConv1D, SwappedConv2DTranspose,
                                         SwappedDepthwiseConv2D, SwappedSeparableConv2D)
+from graphswap.swap.layers_recurrent import (SwappedBidirectional, SwappedGRU, SwappedLSTM,
+                                             SwappedRNN, SwappedSimpleRNN, recurrent_refusal,
+                                             swapped_recurrent)
 
 #: type name -> (stock class, swapped class), in the order reports list them
 CATALOG = {
@@ -26,7 +29,14 @@ CATALOG = {
     "Conv2DTranspose": (keras.layers.Conv2DTranspose, SwappedConv2DTranspose),
     "EinsumDense": (keras.layers.EinsumDense, SwappedEinsumDense),
     "MultiHeadAttention": (keras.layers.MultiHeadAttention, SwappedMultiHeadAttention),
+    "LSTM": (keras.layers.LSTM, SwappedLSTM),
+    "GRU": (keras.layers.GRU, SwappedGRU),
+    "SimpleRNN": (keras.layers.SimpleRNN, SwappedSimpleRNN),
+    "RNN": (keras.layers.RNN, SwappedRNN),
+    "Bidirectional": (keras.layers.Bidirectional, SwappedBidirectional),
 }
+#: the recurrent types (their products sit in a cell, or two: graphswap.swap.layers_recurrent)
+RECURRENT_TYPES = ("LSTM", "GRU", "SimpleRNN", "RNN", "Bidirectional")
 
 #: every type graphswap swaps (the default selection)
 LAYER_TYPES = tuple(CATALOG)
@@ -51,6 +61,14 @@ def is_swappable_family(layer) -> bool:
     return isinstance(layer, tuple(SWAPPABLE_TYPES.values()))
 
 
+def refusal(layer) -> str | None:
+    """Why a layer of a swappable type cannot be swapped as it is (None: it can) - a generic RNN
+    or Bidirectional around something that is not a stock LSTM/GRU/SimpleRNN cell or layer."""
+    if type_name(layer) in RECURRENT_TYPES and not is_swapped(layer):
+        return recurrent_refusal(layer)
+    return None
+
+
 def stock_class(swapped_layer):
     """The stock Keras class a swapped layer stands for."""
     return CATALOG[_BY_SWAPPED[type(swapped_layer)]][0]
@@ -64,6 +82,8 @@ def swapped_from(layer, arithmetic, backward: str, quantization=None):
         check_conv_options(layer)
     # before from_config, which Keras would wrap an error of in a TypeError
     check_lut_grad(CATALOG[name][1], layer.name, backward)
+    if name in RECURRENT_TYPES:
+        return swapped_recurrent(layer, arithmetic, backward, quantization)
     config = layer.get_config()
     return CATALOG[name][1].from_config({**config, "arithmetic": arithmetic,
                                          "backward": backward, "quantization": quantization})

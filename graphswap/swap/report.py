@@ -3,7 +3,9 @@ the multiply-accumulates of a layer.
 
 MACs are counted per sample for every layer with weights graphswap can count - swapped or not, so
 a report shows what stays exact float arithmetic: Dense, EinsumDense, every Keras convolution
-(1-D/2-D/3-D, depthwise, separable, transposed) and MultiHeadAttention (its projections; the
+(1-D/2-D/3-D, depthwise, separable, transposed), recurrent layers (LSTM, GRU, SimpleRNN, RNN of
+such cells, Bidirectional: timesteps x (input_dim + units) x gates x units per direction; a
+sequence of unknown length counts 0) and MultiHeadAttention (its projections; the
 attention-score products Q K^T and scores x V are counted apart as `float_macs`, because they
 multiply activations by activations and no swapped layer runs them).  A transposed convolution
 counts input positions x taps x input channels x filters (the products with inserted zeros that
@@ -189,8 +191,36 @@ def layer_macs(layer) -> int:
         return 0
 
 
+def cell_step_macs(cell) -> int:
+    """Weight MACs of one step of a built recurrent cell: every 2-D kernel it holds (input and
+    recurrent: LSTMCell, GRUCell, SimpleRNNCell and cells like them), the cells of a stack
+    summed; 0 for cells without such kernels (convolutional cells)."""
+    if isinstance(cell, keras.layers.StackedRNNCells):
+        return sum(cell_step_macs(inner) for inner in cell.cells)
+    total = 0
+    for attribute in ("kernel", "recurrent_kernel"):
+        weight = getattr(cell, attribute, None)
+        if weight is not None and len(weight.shape) == 2:
+            total += _prod(weight.shape)
+    return total
+
+
+def recurrent_macs(layer, shape) -> int:
+    """Weight MACs per sample of a built RNN layer (LSTM, GRU, SimpleRNN, RNN) or a
+    Bidirectional around one: timesteps x (input_dim + units) x gates x units per direction
+    (0 when the sequence length is unknown)."""
+    if isinstance(layer, keras.layers.Bidirectional):
+        return recurrent_macs(layer.forward_layer, shape) + \
+            recurrent_macs(layer.backward_layer, shape)
+    if len(shape) < 3 or shape[1] is None or not getattr(layer.cell, "built", False):
+        return 0
+    return int(shape[1]) * cell_step_macs(layer.cell)
+
+
 def _weight_macs(layer, shape) -> int:
     layers = keras.layers
+    if isinstance(layer, (layers.RNN, layers.Bidirectional)):
+        return recurrent_macs(layer, shape)
     if isinstance(layer, layers.EinsumDense):
         return einsum_plan(layer.equation, len(shape)).macs(shape, tuple(layer.kernel.shape))
     if isinstance(layer, layers.Dense):

@@ -25,7 +25,7 @@ from graphswap.swap.calibration import (DEFAULT_CALIBRATION_METHOD, DEFAULT_CALI
                                         DEFAULT_CALIBRATION_SOURCE, calibration_inputs,
                                         check_method, product_layers)
 from graphswap.swap.catalog import (LAYER_TYPES, SWAPPABLE_TYPES, is_swappable_family,
-                                    is_swapped, swapped_from, type_name)
+                                    is_swapped, refusal, swapped_from, type_name)
 from graphswap.swap.clone import copy_compile_config, transform_model
 from graphswap.swap.compensation import COMPENSATION_METHODS, calibrate_and_compensate
 from graphswap.swap.folding import fold_batchnorm as fold_pairs
@@ -256,6 +256,9 @@ def rewrite_model(model, kernel="exact", include=None, exclude=None, kernel_map=
             return None, f"already swapped ({layer.arithmetic.spec})"
         if type_name(layer) is None:
             return None, f"subclass {type(layer).__name__} of a swappable layer: not swapped"
+        why_not = refusal(layer)
+        if why_not:
+            return None, f"not swappable: {why_not}"
         found, spec = _map_lookup(mapping, path, layer.name)
         if found:
             return spec, "kernel map" if spec is not None else "kernel map: keep"

@@ -1,0 +1,285 @@
+"""Swapped LSTM / GRU / SimpleRNN / RNN(cell) / Bidirectional against the stock Keras layers:
+outputs and every weight's gradient (through time) equal to float32 round-off with the exact
+kernel, for the layer options Keras offers (sequences, states, go_backwards, masking, unroll,
+no bias, implementation 1, both GRU variants, dropout in training); with `mul8u_drum4` the
+recurrence equals an independent numpy reference built step by step on tests/reference.py's
+quantized matmul; saving and reloading; static calibration of both operands; MAC counts against
+the hand formula timesteps x (input_dim + units) x gates x units; what cannot be swapped is kept,
+named and counted."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import reference
+from conftest import assert_close_to_roundoff
+from graphswap.errors import UnsupportedLayerError
+from graphswap.swap import rewrite_model
+from graphswap.swap.layers_recurrent import (SwappedBidirectional, SwappedGRU, SwappedLSTM,
+                                             SwappedRNN, SwappedSimpleRNN)
+
+STEPS, FEATURES, UNITS, BATCH = 5, 4, 3, 6
+
+
+def _inputs(seed=0, batch=BATCH):
+    return np.random.default_rng(seed).normal(size=(batch, STEPS, FEATURES)).astype(np.float32)
+
+
+def _model(layer, masked=False):
+    inputs = keras.Input((STEPS, FEATURES))
+    x = keras.layers.Masking(0.0)(inputs) if masked else inputs
+    outputs = layer(x)
+    if isinstance(outputs, (list, tuple)):
+        outputs = keras.layers.Concatenate()(list(outputs))
+    return keras.Model(inputs, outputs)
+
+
+CASES = {
+    "lstm_sequences": lambda: keras.layers.LSTM(UNITS, return_sequences=True),
+    "lstm_state_backwards": lambda: keras.layers.LSTM(UNITS, return_state=True,
+                                                      go_backwards=True),
+    "lstm_no_bias_unroll": lambda: keras.layers.LSTM(UNITS, use_bias=False, unroll=True),
+    "lstm_implementation_1": lambda: keras.layers.LSTM(UNITS, implementation=1,
+                                                       return_sequences=True),
+    "gru_reset_after": lambda: keras.layers.GRU(UNITS, return_sequences=True),
+    "gru_reset_before": lambda: keras.layers.GRU(UNITS, reset_after=False, return_state=True),
+    "simple_rnn": lambda: keras.layers.SimpleRNN(UNITS, return_sequences=True),
+    "rnn_of_lstm_cell": lambda: keras.layers.RNN(keras.layers.LSTMCell(UNITS)),
+    "bidirectional_lstm": lambda: keras.layers.Bidirectional(
+        keras.layers.LSTM(UNITS, return_sequences=True)),
+    "bidirectional_gru_sum": lambda: keras.layers.Bidirectional(
+        keras.layers.GRU(UNITS, reset_after=False), merge_mode="sum"),
+}
+SWAPPED_TYPE = {"lstm": SwappedLSTM, "gru": SwappedGRU, "simple": SwappedSimpleRNN,
+                "rnn": SwappedRNN, "bidirectional": SwappedBidirectional}
+
+
+def _loss_and_gradients(model, x, training=False):
+    with tf.GradientTape() as tape:
+        y = model(x, training=training)
+        loss = tf.reduce_sum(y * y)
+    return y, tape.gradient(loss, model.trainable_weights)
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["plain", "masked"])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_exact_kernel_equals_stock_outputs_and_gradients(case, masked):
+    keras.utils.set_random_seed(1)
+    model = _model(CASES[case](), masked)
+    x = _inputs()
+    if masked:
+        x[0, -2:] = 0.0   # trailing padding in one example
+        x[1, :1] = 0.0    # leading padding in another
+    swapped, report = rewrite_model(model, return_report=True)
+    layer = [layer for layer in swapped.layers if hasattr(layer, "arithmetic")][0]
+    assert type(layer) is SWAPPED_TYPE[case.split("_")[0]], [type(l) for l in swapped.layers]
+    assert len(report.swapped) == 1
+    y_stock, g_stock = _loss_and_gradients(model, x)
+    y_swapped, g_swapped = _loss_and_gradients(swapped, x)
+    terms = STEPS * (FEATURES + UNITS) * 2
+    assert_close_to_roundoff(y_swapped, y_stock, terms)
+    assert [w.path for w in swapped.trainable_weights] == [w.path for w in model.trainable_weights]
+    for weight, got, want in zip(model.trainable_weights, g_swapped, g_stock):
+        assert got is not None, weight.path
+        assert_close_to_roundoff(got, want, terms * BATCH * STEPS,
+                                 magnitude=np.abs(np.asarray(want)).max() + 1e-3)
+
+
+@pytest.mark.parametrize("layer", [
+    lambda: keras.layers.LSTM(UNITS, dropout=0.3, recurrent_dropout=0.3, seed=4,
+                              return_sequences=True),
+    lambda: keras.layers.GRU(UNITS, dropout=0.3, recurrent_dropout=0.2, seed=5),
+    lambda: keras.layers.SimpleRNN(UNITS, dropout=0.4, recurrent_dropout=0.4, seed=6)],
+    ids=["lstm", "gru", "simple_rnn"])
+def test_dropout_in_training_equals_stock(layer):
+    """The same seeds give the same masks: a training call (dropout on both operands) equals the
+    stock layer's, gradients included - and differs from the inference call."""
+    keras.utils.set_random_seed(2)
+    model = _model(layer())
+    swapped = rewrite_model(model)
+    x = _inputs(3)
+    y_stock, g_stock = _loss_and_gradients(model, x, training=True)
+    y_swapped, g_swapped = _loss_and_gradients(swapped, x, training=True)
+    terms = STEPS * (FEATURES + UNITS) * 2
+    assert_close_to_roundoff(y_swapped, y_stock, terms)
+    assert np.abs(np.asarray(y_swapped) - np.asarray(swapped(x))).max() > 1e-3
+    for got, want in zip(g_swapped, g_stock):
+        assert_close_to_roundoff(got, want, terms * BATCH * STEPS,
+                                 magnitude=np.abs(np.asarray(want)).max() + 1e-3)
+
+
+# --------------------------------------------------------------------------------------------
+# LUT kernel: an independent numpy recurrence on tests/reference.py's quantized matmul
+# --------------------------------------------------------------------------------------------
+
+def _sigmoid(v):
+    return 1.0 / (1.0 + np.exp(-v))
+
+
+def _reference_sequence(kind, weights, x, table, mode=None, ranges=None, reset_after=True):
+    """h_t for every step, each product quantized on its own operand (reference.quantized_matmul,
+    dynamic per call unless `ranges` {operand: (lo, hi)} gives static ones)."""
+    ranges = ranges or {}
+
+    def product(a, w, operand):
+        step_mode = dict(mode or {})
+        if operand in ranges:
+            step_mode["activation_range"] = ranges[operand]
+        return reference.quantized_matmul(a, w, table, False, step_mode).astype(np.float64)
+
+    kernel, recurrent = weights[0], weights[1]
+    bias = weights[2] if len(weights) > 2 else None
+    units = recurrent.shape[0]
+    h = np.zeros((x.shape[0], units), np.float32)
+    c = np.zeros_like(h)
+    outputs = []
+    for t in range(x.shape[1]):
+        x_t = x[:, t]
+        if kind == "lstm":
+            z = product(x_t, kernel, "x") + bias + product(h, recurrent, "h")
+            i, f, g, o = np.split(z, 4, axis=1)
+            c = (_sigmoid(f) * c + _sigmoid(i) * np.tanh(g)).astype(np.float32)
+            h = (_sigmoid(o) * np.tanh(c)).astype(np.float32)
+        elif kind == "simple_rnn":
+            h = np.tanh(product(x_t, kernel, "x") + bias + product(h, recurrent, "h")
+                        ).astype(np.float32)
+        elif reset_after:   # GRU, bias (2, 3 units)
+            x_z, x_r, x_h = np.split(product(x_t, kernel, "x") + bias[0], 3, axis=1)
+            r_z, r_r, r_h = np.split(product(h, recurrent, "h") + bias[1], 3, axis=1)
+            z, r = _sigmoid(x_z + r_z), _sigmoid(x_r + r_r)
+            hh = np.tanh(x_h + r * r_h)
+            h = (z * h + (1 - z) * hh).astype(np.float32)
+        else:               # GRU, reset before the third recurrent product
+            x_z, x_r, x_h = np.split(product(x_t, kernel, "x") + bias, 3, axis=1)
+            r_z, r_r = np.split(product(h, recurrent[:, :2 * units], "h"), 2, axis=1)
+            z, r = _sigmoid(x_z + r_z), _sigmoid(x_r + r_r)
+            reset = (r * h).astype(np.float32)
+            hh = np.tanh(x_h + product(reset, recurrent[:, 2 * units:], "rh"))
+            h = (z * h + (1 - z) * hh).astype(np.float32)
+        outputs.append(h)
+    return np.stack(outputs, axis=1)
+
+
+LUT_CASES = {
+    "lstm": lambda: keras.layers.LSTM(UNITS, return_sequences=True),
+    "gru": lambda: keras.layers.GRU(UNITS, return_sequences=True),
+    "gru_reset_before": lambda: keras.layers.GRU(UNITS, reset_after=False,
+                                                 return_sequences=True),
+    "simple_rnn": lambda: keras.layers.SimpleRNN(UNITS, return_sequences=True),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LUT_CASES))
+def test_lut_recurrence_equals_numpy_reference(case):
+    keras.utils.set_random_seed(3)
+    model = _model(LUT_CASES[case]())
+    swapped = rewrite_model(model, "mul8u_drum4")
+    x = _inputs(4)
+    table = reference.builtin_reference("mul8u_drum4")
+    want = _reference_sequence(case.replace("_reset_before", ""), model.layers[-1].get_weights(),
+                               x, table, reset_after=case != "gru_reset_before")
+    got = np.asarray(swapped(x))
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-6)
+    # the approximate multiplier changes the result (the kernel really runs)
+    assert np.abs(got - np.asarray(model(x))).max() > 1e-3
+
+
+def test_static_ranges_of_both_operands_calibrate_save_and_match_reference(tmp_path):
+    keras.utils.set_random_seed(4)
+    model = _model(keras.layers.GRU(UNITS, reset_after=False, return_sequences=True))
+    x = _inputs(5, batch=24)
+    swapped, report = rewrite_model(model, "mul8u_drum4", calibration_data=x,
+                                    calibration_method="minmax", return_report=True)
+    cell = swapped.layers[-1].cell
+    lo, hi = cell.current_quantization().activation_range
+    assert (lo, hi) == pytest.approx((float(x.min()), float(x.max())))
+    stock_h = np.asarray(model(x))            # the float recurrence the ranges were taken on
+    ranges = cell.intermediate_ranges()
+    assert ranges["recurrent"] == pytest.approx((min(stock_h.min(), 0.0), stock_h.max()),
+                                                abs=1e-6)
+    assert ranges["reset_state"] is not None and ranges["reset_state"][1] <= ranges[
+        "recurrent"][1] + 1e-6
+    assert any("intermediate operand" in note for note in report.notes)
+    table = reference.builtin_reference("mul8u_drum4")
+    want = _reference_sequence("gru", model.layers[-1].get_weights(), x, table,
+                               ranges={"x": (lo, hi), "h": ranges["recurrent"],
+                                       "rh": ranges["reset_state"]}, reset_after=False)
+    np.testing.assert_allclose(np.asarray(swapped(x)), want, rtol=0, atol=2e-6)
+    path = tmp_path / "gru.keras"
+    swapped.save(path)
+    reloaded = keras.models.load_model(path)
+    assert reloaded.layers[-1].cell.intermediate_ranges() == ranges
+    np.testing.assert_array_equal(np.asarray(reloaded(x)), np.asarray(swapped(x)))
+
+
+@pytest.mark.parametrize("kernel", ["exact", "mul8u_drum4"])
+def test_save_and_reload_in_the_same_process(tmp_path, kernel):
+    keras.utils.set_random_seed(5)
+    inputs = keras.Input((STEPS, FEATURES))
+    x = keras.layers.Bidirectional(keras.layers.LSTM(UNITS, return_sequences=True))(inputs)
+    x = keras.layers.GRU(UNITS, return_sequences=True)(x)
+    x = keras.layers.RNN(keras.layers.SimpleRNNCell(UNITS))(x)
+    model = keras.Model(inputs, keras.layers.Dense(2)(x))
+    swapped = rewrite_model(model, kernel)
+    path = tmp_path / "rnn.keras"
+    swapped.save(path)
+    reloaded = keras.models.load_model(path)
+    assert [type(layer) for layer in reloaded.layers] == [type(layer) for layer in swapped.layers]
+    for layer in reloaded.layers[1:]:
+        assert layer.arithmetic.spec == kernel
+    data = _inputs(6)
+    np.testing.assert_array_equal(np.asarray(reloaded(data)), np.asarray(swapped(data)))
+    config = reloaded.layers[2].get_config()
+    assert config["arithmetic"] == {"spec": kernel}
+
+
+def test_report_counts_recurrent_macs_by_the_hand_formula():
+    inputs = keras.Input((STEPS, FEATURES))
+    x = keras.layers.LSTM(UNITS, return_sequences=True)(inputs)             # 4 gates
+    x = keras.layers.Bidirectional(keras.layers.GRU(2, return_sequences=True))(x)  # 3 gates x 2
+    x = keras.layers.SimpleRNN(5)(x)
+    model = keras.Model(inputs, keras.layers.Dense(2)(x))
+    lstm = STEPS * (FEATURES + UNITS) * 4 * UNITS
+    gru = 2 * STEPS * (UNITS + 2) * 3 * 2
+    simple = STEPS * (2 * 2 + 5) * 5
+    dense = 5 * 2
+    _, report = rewrite_model(model, return_report=True)
+    assert [e.macs for e in report.layers if e.macs] == [lstm, gru, simple, dense]
+    assert report.kernel_macs == report.total_macs == lstm + gru + simple + dense
+    # kept by type selection: still counted, as float
+    _, kept = rewrite_model(model, layer_types=["Dense"], return_report=True)
+    assert kept.total_macs == lstm + gru + simple + dense
+    assert kept.kernel_macs == dense
+    assert kept.by_type()["LSTM"] == {"layers": 1, "swapped": 0, "kernel_macs": 0,
+                                      "float_macs": lstm}
+
+
+def test_unswappable_cells_are_kept_named_and_counted():
+    inputs = keras.Input((STEPS, FEATURES))
+    stacked = keras.layers.RNN([keras.layers.LSTMCell(UNITS), keras.layers.GRUCell(2)])
+    model = keras.Model(inputs, stacked(inputs))
+    swapped, report = rewrite_model(model, return_report=True)
+    entry = report.layers[-1]
+    assert entry.action == "kept"
+    assert "StackedRNNCells is not swappable" in entry.reason
+    assert entry.macs == STEPS * ((FEATURES + UNITS) * 4 * UNITS + (UNITS + 2) * 3 * 2)
+    assert report.kernel_macs == 0 and report.total_macs == entry.macs
+    assert type(swapped.layers[-1]) is keras.layers.RNN
+
+
+def test_lut_grad_is_refused_naming_the_layer():
+    model = _model(keras.layers.LSTM(UNITS, name="words"))
+    with pytest.raises(UnsupportedLayerError, match="layer 'words': backward='lut_grad'"):
+        rewrite_model(model, "mul8u_drum4", backward="lut_grad")
+
+
+def test_fit_runs_and_changes_the_swapped_weights():
+    keras.utils.set_random_seed(6)
+    model = _model(keras.layers.LSTM(UNITS))
+    swapped = rewrite_model(model, "mul8u_drum4")
+    swapped.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    before = [w.copy() for w in swapped.get_weights()]
+    history = swapped.fit(_inputs(7), np.ones((BATCH, UNITS), np.float32), epochs=2, verbose=0)
+    assert np.isfinite(history.history["loss"]).all()
+    assert all(np.abs(a - b).max() > 0 for a, b in zip(before, swapped.get_weights()))
