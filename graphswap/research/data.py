@@ -51,6 +51,12 @@ class ModelExpectation:
     input_dtype: str
     classes: int                # width of the (single) output's last axis
     rescaling: tuple | None     # (layer name, scale, offset) of an input Rescaling layer, if any
+    input_key: str | None = None  # the input's name when the model takes its input as a dict
+
+    def feed(self, x):
+        """`x` in the structure the model was built with (a dict for a model built on
+        {name: Input}), so Keras has no input-structure mismatch to warn about."""
+        return x if self.input_key is None else {self.input_key: x}
 
     @property
     def is_image(self) -> bool:
@@ -92,7 +98,13 @@ def model_expectation(model) -> ModelExpectation:
     if layer is not None:
         rescaling = (layer.name, float(np.asarray(layer.scale).ravel()[0]),
                      float(np.asarray(layer.offset).ravel()[0]))
-    return ModelExpectation(shape, str(getattr(tensor, "dtype", "float32")), classes, rescaling)
+    try:
+        structure = model.input  # a functional model's: the structure it was built on
+    except (AttributeError, ValueError):  # Sequential/subclassed models never called on one
+        structure = None
+    input_key = next(iter(structure)) if isinstance(structure, dict) else None
+    return ModelExpectation(shape, str(getattr(tensor, "dtype", "float32")), classes, rescaling,
+                            input_key)
 
 
 # --------------------------------------------------------------------------------------------
@@ -131,8 +143,10 @@ class Data:
     def classes(self) -> int:
         return self.expectation.classes
 
-    def as_dataset(self, batch_size: int, shuffle: bool = False, seed: int = 0):
-        """A batched tf.data.Dataset of float32 inputs and labels."""
+    def as_dataset(self, batch_size: int, shuffle: bool = False, seed: int = 0,
+                   feed: bool = False):
+        """A batched tf.data.Dataset of float32 inputs and labels; with `feed` the inputs are
+        in the structure the model takes (ModelExpectation.feed), for calling the model."""
         if batch_size < 1:
             raise DataError(f"batch size must be at least 1, got {batch_size}")
         if self.x is not None:
@@ -142,12 +156,13 @@ class Data:
             dataset = self.dataset
             buffer = 10_000
         scale = self.scale
+        structure = self.expectation.feed if feed else (lambda x: x)
 
         def cast(x, y):
             x = tf.cast(x, tf.float32)
             if scale is not None:
                 x = x * scale
-            return x, y
+            return structure(x), y
 
         if shuffle:
             dataset = dataset.shuffle(buffer, seed=seed, reshuffle_each_iteration=True)
@@ -156,7 +171,8 @@ class Data:
 
     def training_dataset(self, batch_size: int, seed: int | None, initial_epoch: int,
                          epochs: int):
-        """(dataset, steps_per_epoch) for epochs initial_epoch+1..epochs, reshuffled each epoch.
+        """(dataset, steps_per_epoch) for epochs initial_epoch+1..epochs, reshuffled each epoch,
+        inputs in the structure the model takes (for Model.fit).
 
         For arrays, epoch e's order is a NumPy permutation seeded by (seed, e), fed as batches
         of indices: the same batches whatever the distribution strategy, and a resumed run sees
@@ -171,14 +187,16 @@ class Data:
         base = int(seed) if seed is not None else int(np.random.SeedSequence().entropy % 2**31)
         if self.x is None:
             if not self.count:
-                return self.as_dataset(batch_size, shuffle=True, seed=seed or 0), None
+                return self.as_dataset(batch_size, shuffle=True, seed=seed or 0,
+                                       feed=True), None
             seeds = [int(np.random.default_rng([base, epoch]).integers(2 ** 31))
                      for epoch in range(initial_epoch, epochs)]
             source, buffer, scale = self.dataset, min(int(self.count), 10_000), self.scale
 
             def epoch_batches(epoch_seed):
                 shuffled = source.shuffle(buffer, seed=epoch_seed, reshuffle_each_iteration=False)
-                return shuffled.map(lambda x, y: (_cast_scale(x, scale), y)).batch(batch_size)
+                return shuffled.map(lambda x, y: (self.expectation.feed(_cast_scale(x, scale)),
+                                                  y)).batch(batch_size)
 
             epochs_in_order = [epoch_batches(epoch_seed) for epoch_seed in seeds]
             dataset = epochs_in_order[0]
@@ -195,7 +213,7 @@ class Data:
             x = tf.cast(tf.gather(x_all, indices), tf.float32)
             if scale is not None:
                 x = x * scale
-            return x, tf.gather(y_all, indices)
+            return self.expectation.feed(x), tf.gather(y_all, indices)
 
         dataset = tf.data.Dataset.from_tensor_slices(orders).flat_map(
             lambda order: tf.data.Dataset.from_tensor_slices(order).batch(batch_size))

@@ -355,7 +355,7 @@ def finetune(model, data, *, val_data=None, val_split: float | None = None, epoc
         if isinstance(strategy_obj, tf.distribute.MultiWorkerMirroredStrategy):
             patch_multiworker_build(trained)
         train_ds, steps = train.training_dataset(batch_size, seed, initial_epoch, epochs)
-        val_ds = validation.as_dataset(batch_size) if validation is not None else None
+        val_ds = validation.as_dataset(batch_size, feed=True) if validation is not None else None
         if state is not None:  # last, so that nothing draws from it before training does
             notes.extend(restore_rng_state(trained, state.get("rng")))
         with translate_errors(train, validation):

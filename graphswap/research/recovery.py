@@ -100,9 +100,9 @@ def start_training_loss(model, data, loss, batch_size: int = 128) -> tuple[float
     loss_fn = keras.losses.get(loss) if isinstance(loss, str) else loss
     total, count = 0.0, 0
     with translate_errors(data):
-        for x, y in data.as_dataset(batch_size):
+        for x, y in data.as_dataset(batch_size, feed=True):
             value = np.asarray(loss_fn(y, model(x, training=False)), dtype=np.float64)
-            n = int(np.shape(x)[0])
+            n = int(np.shape(keras.tree.flatten(x)[0])[0])  # x: an array or {input name: array}
             total += float(value.mean()) * n
             count += n
             if count >= AUTO_LOSS_SAMPLES:

@@ -14,7 +14,7 @@ def predict(model, data, batch_size: int = 256) -> np.ndarray:
     """The model's outputs on all of `data` (a graphswap.research.data.Data), as float32 numpy."""
     outputs = []
     with translate_errors(data):
-        for x, _ in data.as_dataset(batch_size):
+        for x, _ in data.as_dataset(batch_size, feed=True):
             outputs.append(np.asarray(model(x, training=False), dtype=np.float32))
     if not outputs:
         raise DataError(f"{data.source}: the data set is empty (0 examples)")

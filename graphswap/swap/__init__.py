@@ -20,8 +20,9 @@ from graphswap.swap.catalog import LAYER_TYPES, SWAPPED_CLASSES, is_swapped, sto
 from graphswap.swap.clone import (check_cloneable, clone_layer, copy_model, is_functional,
                                   iter_layers, transform_model)
 from graphswap.swap.compare import (MAX_CHECK_BATCH, OriginalCannotRunError, OutputComparison,
-                                    compare_outputs, max_output_difference, run_model,
-                                    sample_inputs, tensorflow_reason, validate_check_batch)
+                                    compare_outputs, max_output_difference, model_inputs,
+                                    run_model, sample_inputs, tensorflow_reason,
+                                    validate_check_batch)
 from graphswap.swap.compensation import (COMPENSATION_METHODS, DEFAULT_COMPENSATION,
                                          RecoveryStep, calibrate_and_compensate, compensate_bias,
                                          recalibrate_batchnorm)
@@ -51,6 +52,7 @@ __all__ = ["LAYER_TYPES", "SWAPPED_CLASSES", "SwappedConv1D", "SwappedConv2DTran
            "RewriteReport", "SWAPPABLE_TYPES", "SwappedConv2D", "SwappedDense",
            "check_backward_mode", "check_cloneable", "check_conv_options", "clone_layer",
            "compare_outputs", "copy_model", "is_functional", "iter_layers", "layer_macs",
-           "load_kernel_map", "max_output_difference", "plan", "resolve_kernel_map",
+           "load_kernel_map", "max_output_difference", "model_inputs", "plan",
+           "resolve_kernel_map",
            "rewrite_model", "run_model", "sample_inputs", "swapped_conv2d", "swapped_matmul",
            "tensorflow_reason", "transform_model", "validate_check_batch"]

@@ -44,6 +44,7 @@ from graphswap.errors import QuantizationError
 from graphswap.kernels import resolve_kernel
 from graphswap.kernels.quantized import SIGNED_LIMIT, UNSIGNED_LEVELS, asymmetric_params
 from graphswap.swap.clone import iter_layers
+from graphswap.swap.compare import model_inputs
 
 CALIBRATION_METHODS = ("minmax", "percentile", "mse")
 CALIBRATION_SOURCES = ("float", "approximate")
@@ -135,7 +136,7 @@ def run_batches(model, inputs: list[np.ndarray], batch_size: int = BATCH_SIZE) -
     count = len(inputs[0])
     for start in range(0, count, batch_size):
         batch = [a[start:start + batch_size] for a in inputs]
-        model(batch[0] if len(batch) == 1 else batch, training=False)
+        model(model_inputs(model, batch[0] if len(batch) == 1 else batch), training=False)
 
 
 @contextlib.contextmanager
