@@ -44,6 +44,7 @@ from graphswap.errors import QuantizationError
 from graphswap.kernels import resolve_kernel
 from graphswap.kernels.quantized import SIGNED_LIMIT, UNSIGNED_LEVELS, asymmetric_params
 from graphswap.swap.clone import iter_layers
+from graphswap.swap.subclassed import held_layers, is_custom_container
 from graphswap.swap.compare import model_inputs
 
 CALIBRATION_METHODS = ("minmax", "percentile", "mse")
@@ -102,14 +103,21 @@ def calibration_inputs(model, data, samples: int = DEFAULT_CALIBRATION_SAMPLES,
 
 def product_layers(model):
     """(path, layer) of every leaf layer in model order, a layer whose products sit in sublayers
-    (MultiHeadAttention: `quantized_parts()`) replaced by those, as "path/name"."""
-    for path, layer in iter_layers(model):
+    (MultiHeadAttention: `quantized_parts()`; recurrent layers: their cells) replaced by those,
+    as "path/name"; the layers a custom layer holds follow it, as "path/inner"."""
+    def expand(path, layer):
         parts = getattr(layer, "quantized_parts", None)
-        if parts is None:
-            yield path, layer
-        else:
+        if parts is not None:
             for name, part in parts().items():
                 yield f"{path}/{name}", part
+            return
+        yield path, layer
+        if is_custom_container(layer):
+            for steps, inner in held_layers(layer):
+                yield from expand(f"{path}/{inner.name}", inner)
+
+    for path, layer in iter_layers(model):
+        yield from expand(path, layer)
 
 
 def quantizing_layers(model) -> list:

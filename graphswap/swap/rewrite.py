@@ -17,6 +17,7 @@ import os
 import re
 
 import keras
+import numpy as np
 
 from graphswap.errors import GraphswapError, QuantizationError
 from graphswap.kernels import Kernel, QuantScheme, resolve_file_named, resolve_kernel
@@ -31,8 +32,9 @@ from graphswap.swap.compensation import COMPENSATION_METHODS, calibrate_and_comp
 from graphswap.swap.folding import fold_batchnorm as fold_pairs
 from graphswap.swap.quantstate import legacy_scheme
 from graphswap.swap.report import LayerReport, RewriteReport, attention_macs, layer_macs
-from graphswap.swap.subclassed import (copy_subclassed, is_subclassed, layer_paths, mark_swapped,
-                                       swap_layers)
+from graphswap.swap.subclassed import (copy_custom_layer, copy_subclassed, held_layers,
+                                       is_custom_container, is_custom_layer, is_subclassed,
+                                       layer_paths, mark_swapped, own_weights, swap_layers)
 
 
 def _as_patterns(value) -> list[str]:
@@ -91,6 +93,14 @@ def load_kernel_map(source) -> dict:
             raise GraphswapError(f"cannot read kernel map {path}: {exc.strerror}") from None
         except json.JSONDecodeError as exc:
             raise GraphswapError(f"kernel map {path} is not valid JSON: {exc}") from None
+        except UnicodeDecodeError as exc:
+            raise GraphswapError(
+                f"kernel map {path} is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at "
+                f"offset {exc.start}; a file saved as Latin-1 or another legacy encoding?); JSON "
+                f"is UTF-8: save it again as UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
+        except RecursionError:
+            raise GraphswapError(f"kernel map {path} nests too deeply to be a kernel map; it is "
+                                 f'{{"layer name or glob": "kernel spec" or null}}') from None
         front = mapping.get("front") if isinstance(mapping, dict) else None
         if isinstance(front, list):
             if index is None:
@@ -274,6 +284,8 @@ def rewrite_model(model, kernel="exact", include=None, exclude=None, kernel_map=
 
     def replace(path, layer):
         spec, reason = decide(path, layer)
+        if spec is None and not reason and entering and is_custom_container(layer):
+            return enter_custom_layer(path, layer)
         entry = describe(path, layer, "kept", reason)
         entries.append(entry)
         if spec is None:
@@ -282,6 +294,31 @@ def rewrite_model(model, kernel="exact", include=None, exclude=None, kernel_map=
         entry.action, entry.kernel = "swapped", spec.spec
         return new_layer
 
+    def enter_custom_layer(path, layer):
+        """A swapped copy of a custom layer of a functional model (None: keep it as it is)."""
+        entry = describe(path, layer, "kept", "custom layer")
+        entries.append(entry)
+        before = len(entries)
+        try:
+            copy = copy_custom_layer(layer)
+            swaps = swap_layers(copy, built_replacement(replace), prefix=path + "/",
+                                paths=layer_paths(layer, path + "/"))
+        except GraphswapError as exc:
+            del entries[before:]
+            entries.extend(describe(f"{path}/{inner_path}", inner, "kept",
+                                    f"inside custom layer {layer.name!r}, not entered: {exc}")
+                           for inner_path, inner in inner_layers(layer))
+            entry.reason = f"custom layer, not entered: {exc}"
+            return None
+        if not swaps:
+            entry.reason = "custom layer: no layer inside it swapped"
+            return None
+        mark_swapped(copy, swaps)
+        swapped_inside = sum(1 for e in entries[before:] if e.action == "swapped")
+        entry.reason = f"custom layer: {swapped_inside} layer(s) inside swapped (listed below)"
+        return copy
+
+    entering = not is_subclassed(source_model)
     if is_subclassed(source_model):
         new_model = _rewrite_subclassed(source_model, replace, inplace, notes)
     else:
@@ -319,34 +356,45 @@ def rewrite_model(model, kernel="exact", include=None, exclude=None, kernel_map=
     return (new_model, report) if return_report else new_model
 
 
+def inner_layers(layer, prefix: str = ""):
+    """(path below `layer`, layer) of every layer a layer holds, at any depth."""
+    for _, inner in held_layers(layer):
+        yield f"{prefix}{inner.name}", inner
+        if not isinstance(inner, keras.Model) or is_subclassed(inner):
+            yield from inner_layers(inner, f"{prefix}{inner.name}/")
+
+
+def built_replacement(replace):
+    """`replace(path, layer)` for layers held as attributes (swap_layers): the replacement comes
+    built, with the layer's weights; a nested Sequential/Functional model is a rewritten copy
+    (None when nothing in it was swapped)."""
+    def replace_built(path, layer):
+        if isinstance(layer, keras.Model) and not is_subclassed(layer):
+            swapped = []
+
+            def counting(inner_path, inner):
+                new = replace(inner_path, inner)
+                if new is not None:
+                    swapped.append(inner_path)
+                return new
+
+            new_nested, _ = transform_model(layer, counting, prefix=path + "/")
+            return new_nested if swapped else None
+        new = replace(path, layer)
+        if new is not None and layer.built and not new.built:
+            new.build(**layer._build_shapes_dict)  # the shapes the stock layer was built with
+            new.set_weights(layer.get_weights())
+        return new
+
+    return replace_built
+
+
 def _rewrite_subclassed(model, replace, inplace, notes):
     """Swap the held layers of a subclassed model (graphswap.swap.subclassed), on a copy or -
     inplace - on the model itself; nested Sequential/Functional models are rewritten copies."""
     target = model if inplace else copy_subclassed(model)
     paths = layer_paths(model)  # the original's names (a copy's layers get fresh ones)
-
-    def replace_built(path, layer):
-        if isinstance(layer, keras.Model) and not is_subclassed(layer):
-            entries_before = len(swapped_paths)
-            new_nested, _ = transform_model(layer, counting(replace), prefix=path + "/")
-            return new_nested if len(swapped_paths) > entries_before else None
-        new = counting(replace)(path, layer)
-        if new is not None and layer.built:
-            new.build(**layer._build_shapes_dict)  # the shapes the stock layer was built with
-            new.set_weights(layer.get_weights())
-        return new
-
-    swapped_paths: list = []
-
-    def counting(inner):
-        def wrapped(path, layer):
-            new = inner(path, layer)
-            if new is not None:
-                swapped_paths.append(path)
-            return new
-        return wrapped
-
-    swaps = swap_layers(target, replace_built, paths=paths)
+    swaps = swap_layers(target, built_replacement(replace), paths=paths)
     if swaps:
         mark_swapped(target, swaps)
     if inplace:
@@ -378,6 +426,10 @@ def describe(path, layer, action, reason="") -> LayerReport:
     float_macs = 0
     if isinstance(layer, keras.layers.MultiHeadAttention) and layer.built:
         float_macs = attention_macs(layer)[1]
+    if not reason and is_custom_layer(layer) and own_weights(layer):
+        count = sum(int(np.prod(w.shape)) for w in own_weights(layer))
+        reason = (f"custom layer computing with {count:,} weight value(s) of its own: graphswap "
+                  f"cannot see its products (float, not counted)")
     return LayerReport(path, type(layer).__name__, action, reason, "", layer_macs(layer),
                        float_macs)
 

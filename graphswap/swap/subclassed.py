@@ -12,6 +12,12 @@ made with the model's own get_config/from_config (a subclass whose __init__ argu
 serialise, or that defines get_config) with the weights copied; a model that cannot be copied that
 way is swapped only when the caller says inplace=True, and then the caller's model itself changes.
 
+Custom layers of Sequential/Functional models (a user's layer class holding Dense, EinsumDense,
+MultiHeadAttention, convolutions... as attributes - the usual transformer block): the same
+machinery on a copy of the layer (`copy_custom_layer`: its own from_config, built by a symbolic
+call like the original's first call, the weights copied), which then takes the original's place
+in the cloned graph.  It saves the same way as a swapped subclassed model.
+
 Saving: the swapped model's class becomes a subclass of its own class (made once per class) whose
 get_config wraps the original config with, for every replaced attribute, the serialised swapped
 layer; `from_config` (registered as "graphswap>SwappedSubclassedModel") rebuilds the original model
@@ -23,8 +29,10 @@ before Keras builds the model and loads its weights.
 from __future__ import annotations
 
 import keras
+from keras.src import tree
 
 from graphswap.errors import GraphswapError, ModelLoadError, UnsupportedLayerError
+from graphswap.swap.clone import clone_layer
 from graphswap.swap.tracking import replace_attribute, replace_item
 
 REGISTERED_NAME = "graphswap>SwappedSubclassedModel"
@@ -205,6 +213,56 @@ def _base_class(record: dict):
             f"@keras.saving.register_keras_serializable() or pass it in custom_objects "
             f"(CLI: --custom-objects module.py)")
     return found
+
+
+def is_custom_layer(layer) -> bool:
+    """A user's layer class (not a Keras class, not a model)."""
+    if isinstance(layer, keras.Model) or not isinstance(layer, keras.layers.Layer):
+        return False
+    module = type(layer).__module__ or ""
+    return not (module == "keras" or module.startswith("keras.") or module.startswith("tf_keras"))
+
+
+def is_custom_container(layer) -> bool:
+    """A user's layer (not a Keras class, not a model) that holds layers as attributes."""
+    return is_custom_layer(layer) and any(True for _ in held_layers(layer))
+
+
+def own_weights(layer) -> list:
+    """The weights a layer creates itself (not those of the layers it holds)."""
+    inner = {id(w) for _, held in held_layers(layer) for w in held.weights}
+    return [w for w in layer.weights if id(w) not in inner]
+
+
+def copy_custom_layer(layer):
+    """A built copy of a custom layer of a functional model, with its weights: made with its own
+    get_config/from_config and called symbolically the way the original was first called.
+    GraphswapError when it cannot be copied that way."""
+    nodes = getattr(layer, "_inbound_nodes", None) or []
+    if not nodes:
+        raise GraphswapError(f"custom layer {layer.name!r} was never called in the model")
+    try:
+        copy = clone_layer(layer)
+
+        def fresh(value):
+            if isinstance(value, keras.KerasTensor):
+                return keras.KerasTensor(value.shape, dtype=value.dtype, sparse=value.sparse)
+            return value
+
+        arguments = nodes[0].arguments
+        copy(*tree.map_structure(fresh, arguments.args),
+             **tree.map_structure(fresh, arguments.kwargs))
+    except (NotImplementedError, TypeError, ValueError, KeyError, AttributeError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise GraphswapError(f"custom layer {layer.name!r} ({type(layer).__name__}) cannot be "
+                             f"copied through get_config/from_config and a call ({first})"
+                             ) from None
+    if len(copy.weights) != len(layer.weights):
+        raise GraphswapError(
+            f"the copy of custom layer {layer.name!r} has {len(copy.weights)} weights, the layer "
+            f"{len(layer.weights)}: it creates weights in a way a copy does not repeat")
+    copy.set_weights(layer.get_weights())
+    return copy
 
 
 def copy_subclassed(model):
