@@ -9,35 +9,16 @@ keras.models.load_model() reads rewritten models after a plain `import graphswap
 
 The package reads as the pipeline, top to bottom (docs/ARCHITECTURE.md): cli -> research -> io ->
 surgery -> swap -> kernels -> multipliers -> native; a module imports only from layers below it.
+
+The one exception to the eager import: the `graphswap` console command (graphswap_command.main,
+outside this package) defers it, so that --help and `graphswap kernels` start without
+TensorFlow.  Then only __version__ is defined here and the API loads on first attribute access
+(PEP 562 __getattr__); the command's own imports register the layers when it touches a model.
 """
 
-from graphswap._quiet_import import import_tensorflow_quietly as _import_tensorflow_quietly
+import sys
 
-_import_tensorflow_quietly()
-
-# The imports below load TensorFlow, so they follow the quiet import.
-from graphswap._version import __version__  # noqa: E402
-from graphswap.errors import (  # noqa: E402
-    CustomGradientError, DataError, ExportError, GraphswapError, KernelExecutionError,
-    KernelLoadError, KernelSpecError, KernelTrustError, ModelLoadError, OutputPathError,
-    QuantizationError,
-    RuleMatchError, ShapeError, UnknownRuleError, UnsupportedLayerError)
-from graphswap.io import (ConvertResult, ExportResult, convert, export_model,  # noqa: E402
-                          load_model, onnx_session)
-from graphswap.kernels import QuantScheme, available_kernels, resolve_kernel  # noqa: E402
-from graphswap.kernels.trust import trust, untrust  # noqa: E402
-from graphswap.research import (Data, EvaluationResult, ExploreResult,  # noqa: E402
-                                FinetuneResult, SweepResult, compensate_bias, evaluate, explore,
-                                finetune, load_data, recalibrate_batchnorm, saliency_map, sweep,
-                                write_saliency_png)
-from graphswap.surgery import (GradientClip, GradientOverride, GradientReversal,  # noqa: E402
-                               GradientScale, GuidedReLU, OverrideReport, OverrideWarning,
-                               override)
-from graphswap.swap import (LAYER_TYPES, RewriteReport, SwappedConv1D,  # noqa: E402
-                            SwappedConv2D, SwappedConv2DTranspose, SwappedDense,
-                            SwappedDepthwiseConv2D, SwappedEinsumDense, SwappedMultiHeadAttention,
-                            SwappedSeparableConv2D, calibrate, fold_batchnorm, plan, rewrite_model,
-                            transform_model)
+from graphswap._version import __version__
 
 __all__ = [
     "__version__", "trust", "untrust", "load_model", "convert", "ConvertResult", "rewrite_model",
@@ -54,3 +35,50 @@ __all__ = [
     "SweepResult", "explore", "ExploreResult", "QuantScheme", "calibrate", "compensate_bias",
     "recalibrate_batchnorm", "fold_batchnorm",
 ]
+
+
+def _load_api() -> dict:
+    """The public API by name (importing it registers the swapped layers with Keras)."""
+    from graphswap._quiet_import import import_tensorflow_quietly
+
+    import_tensorflow_quietly()
+    # The imports below load TensorFlow, so they follow the quiet import.
+    from graphswap.errors import (
+        CustomGradientError, DataError, ExportError, GraphswapError, KernelExecutionError,
+        KernelLoadError, KernelSpecError, KernelTrustError, ModelLoadError, OutputPathError,
+        QuantizationError,
+        RuleMatchError, ShapeError, UnknownRuleError, UnsupportedLayerError)
+    from graphswap.io import (ConvertResult, ExportResult, convert, export_model,
+                              load_model, onnx_session)
+    from graphswap.kernels import QuantScheme, available_kernels, resolve_kernel
+    from graphswap.kernels.trust import trust, untrust
+    from graphswap.research import (Data, EvaluationResult, ExploreResult,
+                                    FinetuneResult, SweepResult, compensate_bias, evaluate,
+                                    explore, finetune, load_data, recalibrate_batchnorm,
+                                    saliency_map, sweep, write_saliency_png)
+    from graphswap.surgery import (GradientClip, GradientOverride, GradientReversal,
+                                   GradientScale, GuidedReLU, OverrideReport, OverrideWarning,
+                                   override)
+    from graphswap.swap import (LAYER_TYPES, RewriteReport, SwappedConv1D,
+                                SwappedConv2D, SwappedConv2DTranspose, SwappedDense,
+                                SwappedDepthwiseConv2D, SwappedEinsumDense,
+                                SwappedMultiHeadAttention, SwappedSeparableConv2D, calibrate,
+                                fold_batchnorm, plan, rewrite_model, transform_model)
+    names = locals()
+    return {name: names[name] for name in __all__ if name in names}
+
+
+def __getattr__(name):
+    """PEP 562: reached only while the API is deferred (the `graphswap` command's start)."""
+    if name in __all__:
+        globals().update(_load_api())
+        return globals()[name]
+    raise AttributeError(f"module 'graphswap' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))
+
+
+if not getattr(sys.modules.get("graphswap_command"), "DEFER_API", False):
+    globals().update(_load_api())

@@ -7,11 +7,19 @@ exit code 1; usage errors exit 2 (click's convention); anything unexpected print
 
 One file, longer than the package's other modules, because it is nothing but the click
 declarations of every command (options, help texts); all the logic is in the API it calls.
+
+Importing this module imports no TensorFlow: `graphswap --help`, every command's --help, usage
+errors and `graphswap kernels` answer at once.  The API subpackages are imported on their first
+use inside a command (`io`, `research`, `swap` below import TensorFlow, quietly, then; `kernels`
+does not), and the option choices and defaults the help texts show are literal values here
+(tests/test_cli_startup.py holds each to the API's own).  The console command's entry point is
+graphswap_command.main (docs/ARCHITECTURE.md, "The command starts without TensorFlow").
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
 import json
 import os
 import sys
@@ -19,11 +27,61 @@ from pathlib import Path
 
 import click
 
-from graphswap import io, kernels, research, swap
+from graphswap._quiet_import import import_tensorflow_quietly
 from graphswap._version import __version__
 from graphswap.errors import GraphswapError, KernelTrustError, OutputPathError
-from graphswap.kernels import trust as trust_store
 from graphswap.tables import format_table
+
+
+class LazyModule:
+    """A graphswap subpackage imported on first attribute access (TensorFlow first, quietly,
+    for those that need it), so that merely loading the command line imports nothing heavy."""
+
+    def __init__(self, name: str, tensorflow: bool = True):
+        self._name, self._tensorflow, self._module = name, tensorflow, None
+
+    def __getattr__(self, attribute):
+        if attribute.startswith("__"):
+            raise AttributeError(attribute)
+        if self._module is None:
+            if self._tensorflow:
+                import_tensorflow_quietly()
+            self._module = importlib.import_module(self._name)
+        return getattr(self._module, attribute)
+
+
+io = LazyModule("graphswap.io")
+research = LazyModule("graphswap.research")
+swap = LazyModule("graphswap.swap")
+kernels = LazyModule("graphswap.kernels", tensorflow=False)   # no TensorFlow: kernels' list
+trust_store = LazyModule("graphswap.kernels.trust", tensorflow=False)
+
+# Option choices and defaults shown by --help, as literal values (no TensorFlow to read them from
+# the API); tests/test_cli_startup.py::test_option_values_are_the_apis fails when one drifts.
+LAYER_TYPES = ("Dense", "Conv2D", "DepthwiseConv2D", "SeparableConv2D", "Conv1D",
+               "Conv2DTranspose", "EinsumDense", "MultiHeadAttention", "LSTM", "GRU",
+               "SimpleRNN", "RNN", "Bidirectional")                     # swap.LAYER_TYPES
+MAX_CHECK_BATCH = 1024                                                  # swap.MAX_CHECK_BATCH
+BACKWARD_MODES = ("native", "kernel", "lut_grad")                       # swap.BACKWARD_MODES
+COMPENSATION_METHODS = ("mean", "moments")                              # swap.COMPENSATION_METHODS
+CALIBRATION_SOURCES = ("float", "approximate")                          # swap.CALIBRATION_SOURCES
+DEFAULT_CALIBRATION_SOURCE = "float"
+CALIBRATION_METHODS = ("minmax", "percentile", "mse")                   # swap.CALIBRATION_METHODS
+DEFAULT_CALIBRATION_METHOD = "percentile"
+DEFAULT_CALIBRATION_SAMPLES = 512
+MIN_CALIBRATION_SAMPLES = 16
+QUANTIZATION_PRESETS = ("default", "tfapprox")                          # swap.QUANTIZATION_PRESETS
+DEFAULT_LEARNING_RATE = "auto"                                          # research.DEFAULT_...
+SCHEDULES = ("constant", "cosine")                                      # research.SCHEDULES
+DEFAULT_SCHEDULE = "cosine"
+#: (cli constant, API subpackage, API name): what the startup test compares
+OPTION_VALUES = tuple((name, package, name) for package, names in (
+    ("graphswap.swap", ("LAYER_TYPES", "MAX_CHECK_BATCH", "BACKWARD_MODES", "COMPENSATION_METHODS",
+                        "CALIBRATION_SOURCES", "DEFAULT_CALIBRATION_SOURCE", "CALIBRATION_METHODS",
+                        "DEFAULT_CALIBRATION_METHOD", "DEFAULT_CALIBRATION_SAMPLES",
+                        "MIN_CALIBRATION_SAMPLES", "QUANTIZATION_PRESETS")),
+    ("graphswap.research", ("DEFAULT_LEARNING_RATE", "SCHEDULES", "DEFAULT_SCHEDULE")))
+    for name in names)
 
 EXIT_ERROR = 1
 
@@ -159,7 +217,7 @@ def layer_types_option(what):
         "--layer-types", "--type", "layer_types", multiple=True, callback=_layer_types,
         metavar="TYPE[,TYPE]",
         help=f"Layer types to {what} (repeatable or comma-separated; --type is the older name): "
-             f"{', '.join(swap.LAYER_TYPES)} [default: all of them].")
+             f"{', '.join(LAYER_TYPES)} [default: all of them].")
 
 
 class SweepProgress:
@@ -202,23 +260,23 @@ def quantization_options(command):
         click.option("--recalibrate-bn", "calibration_bn", is_flag=True,
                      help="With --calibrate: re-estimate BatchNormalization statistics with the "
                           "approximate forward (no gradient steps)."),
-        click.option("--bias-correction", type=click.Choice(list(swap.COMPENSATION_METHODS)),
+        click.option("--bias-correction", type=click.Choice(list(COMPENSATION_METHODS)),
                      default=None,
                      help="With --calibrate: compensate each multiplier layer's product error "
                           "per output channel - 'mean' (mean error) or 'moments' (mean and "
                           "spread; recommended, see docs/RECOVERY.md)."),
-        click.option("--calibration-source", type=click.Choice(list(swap.CALIBRATION_SOURCES)),
-                     default=swap.DEFAULT_CALIBRATION_SOURCE, show_default=True,
+        click.option("--calibration-source", type=click.Choice(list(CALIBRATION_SOURCES)),
+                     default=DEFAULT_CALIBRATION_SOURCE, show_default=True,
                      help="Observe each layer's input in the float model, or with the layers "
                           "before it already approximate ('approximate', layer by layer)."),
-        click.option("--calibration-method", type=click.Choice(list(swap.CALIBRATION_METHODS)),
-                     default=swap.DEFAULT_CALIBRATION_METHOD, show_default=True,
+        click.option("--calibration-method", type=click.Choice(list(CALIBRATION_METHODS)),
+                     default=DEFAULT_CALIBRATION_METHOD, show_default=True,
                      help="Range of each layer's input: min/max, the 99.99th percentile, or the "
                           "clipping range of least quantization error."),
         click.option("--calibration-samples", type=click.IntRange(min=1),
-                     default=swap.DEFAULT_CALIBRATION_SAMPLES, show_default=True,
+                     default=DEFAULT_CALIBRATION_SAMPLES, show_default=True,
                      help=f"Calibration examples to use (first N; at least "
-                          f"{swap.MIN_CALIBRATION_SAMPLES})."),
+                          f"{MIN_CALIBRATION_SAMPLES})."),
         click.option("--calibrate", type=click.Path(), default=None, metavar="DATA",
                      help="Representative inputs (.npz: x_train, else x; or an image folder): "
                           "multiplier layers get static activation ranges calibrated on them, "
@@ -240,7 +298,7 @@ def quantization_options(command):
                      help="Weight encoding [default: sign-magnitude for unsigned multipliers "
                           "(a sign-magnitude MAC), symmetric int8 for signed ones]; asymmetric "
                           "uint8 with a zero point is TFApprox's."),
-        click.option("--quantization", type=click.Choice(list(swap.QUANTIZATION_PRESETS)),
+        click.option("--quantization", type=click.Choice(list(QUANTIZATION_PRESETS)),
                      default="default", show_default=True,
                      help="'tfapprox': asymmetric per-tensor weights, as TFApprox (signed "
                           "multipliers keep symmetric per-channel)."),
@@ -328,16 +386,16 @@ def main():
 @click.option("--exclude", multiple=True, metavar="REGEX",
               help="Do not swap layers whose name/path matches (repeatable).")
 @layer_types_option("swap")
-@click.option("--backward", type=click.Choice(list(swap.BACKWARD_MODES)), default="native",
+@click.option("--backward", type=click.Choice(list(BACKWARD_MODES)), default="native",
               show_default=True,
               help="'native': TensorFlow's exact gradients (straight-through); 'kernel': backward "
                    "products through the kernel too; 'lut_grad': the multiplier table's own "
                    "partial derivatives (approximation-aware; Dense and Conv2D).")
 @click.option("--check-batch", default=8, show_default=True,
-              type=click.IntRange(min=0, max=swap.MAX_CHECK_BATCH),
+              type=click.IntRange(min=0, max=MAX_CHECK_BATCH),
               help="How many inputs the outputs are compared with the original's on: the first "
                    "calibration examples with --calibrate, else a random batch (0: skip; "
-                   f"at most {swap.MAX_CHECK_BATCH}).")
+                   f"at most {MAX_CHECK_BATCH}).")
 @click.option("-f", "--force", is_flag=True, help="Overwrite the output if it exists.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @quantization_options
@@ -429,9 +487,9 @@ def kernels_group(ctx, as_json):
                    ".kept.onnx or _savedmodel].")
 @click.option("--opset", default=17, show_default=True, help="ONNX opset.")
 @click.option("--check-batch", default=8, show_default=True,
-              type=click.IntRange(min=1, max=swap.MAX_CHECK_BATCH),
+              type=click.IntRange(min=1, max=MAX_CHECK_BATCH),
               help="Size of the random batch the export is verified on (1 to "
-                   f"{swap.MAX_CHECK_BATCH}).")
+                   f"{MAX_CHECK_BATCH}).")
 @click.option("-f", "--force", is_flag=True, help="Overwrite the output if it exists.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @model_loading_options
@@ -559,12 +617,12 @@ def _echo_notes(notes, err=False):
 @click.option("--epochs", default=3, show_default=True, type=click.IntRange(min=0),
               help="Total number of epochs (0: only --recalibrate-bn).")
 @click.option("--batch-size", default=128, show_default=True)
-@click.option("--lr", "learning_rate", default=research.DEFAULT_LEARNING_RATE, show_default=True,
+@click.option("--lr", "learning_rate", default=DEFAULT_LEARNING_RATE, show_default=True,
               type=LEARNING_RATE,
               help="Adam learning rate (the start of the schedule), or 'auto': 1e-4 when the "
                    "model's training loss at the start shows it still fits its data, else 1e-3.")
-@click.option("--schedule", type=click.Choice(list(research.SCHEDULES)),
-              default=research.DEFAULT_SCHEDULE, show_default=True,
+@click.option("--schedule", type=click.Choice(list(SCHEDULES)),
+              default=DEFAULT_SCHEDULE, show_default=True,
               help="Learning rate over the run: decayed to 0 by a cosine, or constant (the "
                    "default recipe was chosen from measurements: docs/RECOVERY.md).")
 @click.option("--recalibrate-bn/--no-recalibrate-bn", default=None,
@@ -640,7 +698,7 @@ def finetune(model_path, data_path, val_data, val_split, epochs, batch_size, lea
                    "report its accuracy afterwards.")
 @click.option("--epochs", default=1, show_default=True, help="Fine-tuning epochs.")
 @click.option("--batch-size", default=128, show_default=True)
-@click.option("--lr", "learning_rate", default=research.DEFAULT_LEARNING_RATE, show_default=True,
+@click.option("--lr", "learning_rate", default=DEFAULT_LEARNING_RATE, show_default=True,
               type=LEARNING_RATE,
               help="Fine-tuning learning rate, or 'auto' (the default recipe's: Adam, cosine "
                    "decay; as for finetune).")
