@@ -16,6 +16,7 @@ from pathlib import Path
 import keras
 
 from graphswap.errors import GraphswapError, ModelLoadError
+from graphswap.io import tf_op_layer as _tf_op_layer  # noqa: F401 - registers TFOpLambda
 from graphswap.swap import layers as _swapped_layers  # noqa: F401 - registers the swapped layers
 
 
@@ -87,20 +88,29 @@ def load_keras_file(path: Path, custom_objects=None, safe_mode: bool = True, com
     except (ModelLoadError,) as exc:
         raise exc
     except Exception as exc:  # noqa: BLE001 - translate Keras' many failure types into one message
-        cause = graphswap_cause(exc)
-        if cause is not None:
-            raise cause from None
-        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        hint = ""
-        if "Lambda" in str(exc) or "safe_mode" in str(exc):
-            hint = (" The model contains a Lambda layer (Python code); load it only if you trust "
-                    "the file, with safe_mode=False (CLI: --unsafe).")
-        elif "Could not locate" in str(exc) or "Unknown layer" in str(exc):
-            hint = (" The model uses custom classes; pass them with custom_objects= "
-                    "(CLI: --custom-objects module.py).")
-        raise ModelLoadError(f"cannot load model {path}: {type(exc).__name__}: {message}.{hint}") \
-            from None
+        raise describe_load_failure(path, exc) from None
     return require_built(model, path)
+
+
+def describe_load_failure(path, exc: BaseException) -> GraphswapError:
+    """The one error for a model Keras could not load: graphswap's own error behind it if there
+    is one (an untrusted kernel, an untranslatable Keras 2 option), else a ModelLoadError naming
+    what failed, with --unsafe / --custom-objects advice where they would help."""
+    cause = graphswap_cause(exc)
+    if cause is not None:
+        return cause
+    text = str(exc).strip()
+    message = text.splitlines()[0] if text else type(exc).__name__
+    if len(message) > 300:  # Keras quotes whole layer configs; the class and the reason suffice
+        message = message[:240] + " ... " + message[-60:]
+    hint = ""
+    if "Lambda" in text or "safe_mode" in text:
+        hint = (" The model contains a Lambda layer (Python code); load it only if you trust "
+                "the file, with safe_mode=False (CLI: --unsafe).")
+    elif "Could not locate" in text or "Unknown layer" in text:
+        hint = (" The model uses custom classes; pass them with custom_objects= "
+                "(CLI: --custom-objects module.py).")
+    return ModelLoadError(f"cannot load model {path}: {type(exc).__name__}: {message}.{hint}")
 
 
 def graphswap_cause(exc: BaseException):

@@ -13,8 +13,9 @@ import zipfile
 from pathlib import Path
 
 from graphswap.errors import ModelLoadError
-from graphswap.io import dual_savedmodel, keras2
+from graphswap.io import dual_savedmodel, keras2, legacy_archive
 from graphswap.io.keras3 import check_archive_members, load_keras_file
+from graphswap.io.legacy_hdf5 import is_hdf5, load_hdf5_model
 from graphswap.native import missing_reason
 
 MODEL_SUFFIXES = (".keras", ".h5", ".hdf5")
@@ -38,11 +39,6 @@ def _import_custom_objects(path) -> dict:
             if not name.startswith("_") and (inspect.isclass(obj) or inspect.isfunction(obj))}
 
 
-def _is_hdf5(path: Path) -> bool:
-    with open(path, "rb") as handle:
-        return handle.read(8) == b"\x89HDF\r\n\x1a\n"
-
-
 def _hdf5_has_architecture(path: Path) -> bool:
     import h5py
 
@@ -64,13 +60,13 @@ def load_model(path, custom_objects=None, safe_mode: bool = True, compile: bool 
         return _load_directory(path, custom_objects, safe_mode, compile)
     if path.stat().st_size == 0:
         raise ModelLoadError(f"{path} is empty (0 bytes); expected a Keras model (.keras or .h5)")
-    if _is_hdf5(path):
+    if is_hdf5(path):  # by the signature: older Keras wrote HDF5 under any name, .keras included
         if not _hdf5_has_architecture(path):
             raise ModelLoadError(
                 f"{path} is a weights-only HDF5 file: it holds weights but no architecture. Save "
                 f"the full model (model.save('model.keras') or model.save('model.h5')) and convert "
                 f"that, or rebuild the architecture in Python and call model.load_weights()")
-        return load_keras_file(path, custom_objects, safe_mode, compile)
+        return load_hdf5_model(path, custom_objects, safe_mode, compile)
     if zipfile.is_zipfile(path):
         with zipfile.ZipFile(path) as archive:
             names = set(archive.namelist())
@@ -81,6 +77,8 @@ def load_model(path, custom_objects=None, safe_mode: bool = True, compile: bool 
         if path.suffix != ".keras":
             raise ModelLoadError(f"{path} looks like a Keras archive; rename it to end in .keras")
         check_archive_members(path)
+        if legacy_archive.written_by_keras2(path):
+            return legacy_archive.load_keras2_archive(path, custom_objects, safe_mode, compile)
         return load_keras_file(path, custom_objects, safe_mode, compile)
     if path.suffix == ".keras":
         raise ModelLoadError(
