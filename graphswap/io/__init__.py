@@ -4,7 +4,8 @@ kept-kernel ONNX, the graphswap SavedModel, the onnxruntime custom ops).
 
 Modules: paths (validation, default names, atomic writes), keras3 / keras2 / dual_savedmodel /
 load (reading), saving (save_model: .keras, .h5 or a SavedModel directory), convert, lowering
-(swapped layers back to stock ones), signatures, export_result, onnx_export, serving_graph,
+(swapped layers back to stock ones), signatures, export_result, onnx_export, savedmodel_program
+(a SavedModel is a program: checked, from a private copy, before TensorFlow reads it),
 savedmodel, export (dispatch, reading metadata back), onnx_ops.
 """
 

@@ -10,6 +10,9 @@
                                         and their kernel records, the embedded model's SHA-256,
                                         the signature's names, the sample batch of the check)
 
+All of it is read from a private owner-only copy of the directory, taken first, so the bytes
+checked are the bytes loaded (savedmodel_program.private_copy).
+
 `embed_model` writes the graphswap half into a SavedModel being exported; `load_dual_saved_model`
 opens such a directory as the Keras model, after checking that its halves agree:
 
@@ -19,7 +22,8 @@ opens such a directory as the Keras model, after checking that its halves agree:
    the trust gate (kernels.open_record) like any model file - the directory never adds trust;
 4. its swapped layers, their kernel records and backward modes, and its input/output names are the
    manifest's (and the export metadata's);
-5. the serving graph passes graphswap.io.serving_graph (it may only compute), and then its
+5. the serving graph passes graphswap.io.savedmodel_program (it may only compute; skipped with
+   safe_mode=False), and then its
    `serving_default` outputs equal the embedded model's lowered outputs on the manifest's sample
    batch (swap.sample_inputs) to `RELATIVE_TOLERANCE` of the outputs' scale.
 
@@ -38,11 +42,12 @@ import numpy as np
 import tensorflow as tf
 
 from graphswap._version import __version__
-from graphswap.errors import ExportError, ModelLoadError, SavedModelConsistencyError
+from graphswap.errors import (ExportError, GraphswapError, ModelLoadError,
+                              SavedModelConsistencyError)
 from graphswap.io.export_result import ASSET_NAME
 from graphswap.io.keras3 import load_keras_file
 from graphswap.io.lowering import lower_model, swapped_layers
-from graphswap.io.serving_graph import check_serving_graph
+from graphswap.io.savedmodel_program import check_program, private_copy, shown_as
 from graphswap.io.signatures import signature_names
 from graphswap.swap import compare_outputs, run_model, sample_inputs
 
@@ -180,8 +185,20 @@ def load_dual_saved_model(path, custom_objects=None, safe_mode: bool = True,
                           compile: bool = True):  # noqa: A002
     """Open the graphswap SavedModel at `path` as its embedded Keras model, after the checks in the
     module docstring.  Raises ModelLoadError (a missing part, a newer format),
-    SavedModelConsistencyError (halves that disagree) or the trust gate's KernelTrustError."""
+    SavedModelConsistencyError (halves that disagree) or the trust gate's KernelTrustError.
+
+    Everything is read from a private owner-only copy of the directory (savedmodel_program), so
+    what is checked is what is loaded; messages name the original directory."""
     path = Path(path)
+    read_manifest(path)  # the older-graphswap / missing-part messages before anything is copied
+    with private_copy(path) as copy:
+        try:
+            return _load_copy(copy, custom_objects, safe_mode, compile)
+        except GraphswapError as exc:
+            raise shown_as(exc, copy, path) from None
+
+
+def _load_copy(path: Path, custom_objects, safe_mode, compile):  # noqa: A002
     manifest = read_manifest(path)
     model_file = embedded_dir(path) / MODEL_FILE
     for part, what in ((model_file, f"assets/{EMBED_DIR}/{MODEL_FILE} (the embedded model)"),
@@ -204,7 +221,7 @@ def load_dual_saved_model(path, custom_objects=None, safe_mode: bool = True,
             f"the model you trust")
     model = _load_private_copy(path, data, custom_objects, safe_mode, compile)
     _check_layers(path, manifest, model)
-    _check_serving(path, manifest, model)
+    _check_serving(path, manifest, model, safe_mode)
     return model
 
 
@@ -277,10 +294,11 @@ def _serve(serving, feeds: dict) -> dict:
             for name, value in outputs.items()}
 
 
-def _check_serving(path: Path, manifest: dict, model) -> None:
+def _check_serving(path: Path, manifest: dict, model, safe_mode: bool = True) -> None:
     """serving_default equals the embedded model with its swapped layers lowered."""
     batch_size = _check_batch(manifest, path)
-    check_serving_graph(path)  # before tf.saved_model.load runs anything of the file's
+    if safe_mode:  # before tf.saved_model.load runs anything of the file's
+        check_program(path, own_export=True)
     try:
         loaded = tf.saved_model.load(str(path))
     except Exception as exc:  # noqa: BLE001 - TensorFlow raises many types; one clear line

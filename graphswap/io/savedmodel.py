@@ -19,7 +19,7 @@ from graphswap.io.export_result import ASSET_NAME, ExportResult, metadata_docume
 from graphswap.io.lowering import lower_model
 from graphswap.io.onnx_export import PYTHON_OPS
 from graphswap.io.paths import atomic_output, check_output_path
-from graphswap.io.serving_graph import check_serving_graph
+from graphswap.io.savedmodel_program import check_program
 from graphswap.io.signatures import feeds, input_specs, serving_function, signature_names
 from graphswap.swap import run_model, sample_inputs
 
@@ -50,8 +50,8 @@ def export_saved_model(model, path, force: bool = False, check_batch: int = 8) -
     The swapped layers run as standard float32 MatMul/Conv2D (exact arithmetic), so the SavedModel
     needs only TensorFlow.  Refuses (ExportError, nothing written) a model that would still contain
     Python ops.  Verified by loading the written SavedModel and comparing with the lowered Keras
-    model on a sample batch; the serving graph must pass graphswap.io.serving_graph (so graphswap
-    can reopen what it wrote).
+    model on a sample batch; the serving graph must pass graphswap.io.savedmodel_program (so
+    graphswap can reopen what it wrote).
     """
     path = Path(path)
     check_output_path(path, force)
@@ -96,7 +96,7 @@ def export_saved_model(model, path, force: bool = False, check_batch: int = 8) -
             actual = [np.asarray(result[name]) for name in output_names]
             difference = verify_export(reference, actual, 1e-4, "SavedModel")
             try:
-                check_serving_graph(tmp)
+                check_program(tmp, own_export=True)
             except ModelLoadError as exc:
                 raise ExportError(f"the SavedModel could not be reopened by graphswap: "
                                   f"{str(exc).replace(str(tmp), str(path))}; nothing was written") \
