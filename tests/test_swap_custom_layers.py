@@ -198,3 +198,29 @@ def test_tuple_refusal_is_an_unsupported_layer_error():
     block(np.zeros((1, DIM), np.float32))
     with pytest.raises(UnsupportedLayerError, match=r"held in a tuple \(pair\[0\]\)"):
         put(block, [["attr", "pair"], ["item", 0]], keras.layers.Dense(4))
+
+
+def test_lowered_onnx_export_of_the_block_holds_the_stock_layers(tmp_path):
+    import onnxruntime as ort
+
+    from graphswap.errors import ExportError
+    from graphswap.io import lower_model
+    from graphswap.io.export import export_model
+
+    model = transformer_model(4)
+    swapped = rewrite_model(model, "mul8u_drum4")
+    lowered, records = lower_model(swapped)
+    block = lowered.get_layer("block")
+    assert type(block) is TransformerBlock
+    assert type(block.attention) is keras.layers.MultiHeadAttention
+    assert [r.path for r in records] == ["conv", "block/attention", "block/ff1", "block/ff2",
+                                         "head"]
+    x = _inputs(5)
+    np.testing.assert_array_equal(np.asarray(lowered(x)), np.asarray(model(x)))
+    result = export_model(swapped, tmp_path / "block.onnx", "onnx")
+    session = ort.InferenceSession(str(result.path), providers=["CPUExecutionProvider"])
+    (onnx_out,) = session.run(None, {session.get_inputs()[0].name: x})
+    assert_close_to_roundoff(onnx_out, model(x), 3 * FEATURES + DIM + FF + DIM * STEPS)
+    with pytest.raises(ExportError, match="custom layer 'block' holds swapped layers"):
+        export_model(swapped, tmp_path / "kept.onnx", "onnx", keep_kernels=True)
+    assert not (tmp_path / "kept.onnx").exists()

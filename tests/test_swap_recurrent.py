@@ -283,3 +283,61 @@ def test_fit_runs_and_changes_the_swapped_weights():
     history = swapped.fit(_inputs(7), np.ones((BATCH, UNITS), np.float32), epochs=2, verbose=0)
     assert np.isfinite(history.history["loss"]).all()
     assert all(np.abs(a - b).max() > 0 for a, b in zip(before, swapped.get_weights()))
+
+
+# --------------------------------------------------------------------------------------------
+# exports: lowered ONNX and SavedModel hold the stock recurrent layers; kept-kernel refuses
+# --------------------------------------------------------------------------------------------
+
+def _recurrent_stack(seed=8):
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((STEPS, FEATURES))
+    x = keras.layers.Bidirectional(keras.layers.LSTM(UNITS, return_sequences=True))(inputs)
+    x = keras.layers.GRU(UNITS, reset_after=False, return_sequences=True)(x)
+    x = keras.layers.RNN(keras.layers.SimpleRNNCell(UNITS))(x)
+    return keras.Model(inputs, keras.layers.Dense(2)(x))
+
+
+def test_lowering_gives_back_the_stock_layers_with_the_weights():
+    from graphswap.io import lower_model
+
+    model = _recurrent_stack()
+    lowered, records = lower_model(rewrite_model(model, "mul8u_drum4"))
+    assert [type(layer) for layer in lowered.layers] == [type(layer) for layer in model.layers]
+    assert type(lowered.layers[1].forward_layer) is keras.layers.LSTM
+    assert type(lowered.layers[3].cell) is keras.layers.SimpleRNNCell
+    assert [r.layer_type for r in records] == ["Bidirectional", "GRU", "RNN", "Dense"]
+    x = _inputs(9)
+    np.testing.assert_array_equal(np.asarray(lowered(x)), np.asarray(model(x)))
+
+
+def test_lowered_onnx_and_savedmodel_exports_of_a_recurrent_model(tmp_path):
+    import onnxruntime as ort
+
+    from graphswap.io.export import export_model
+
+    model = _recurrent_stack()
+    swapped = rewrite_model(model, "mul8u_drum4")
+    x = _inputs(10)
+    result = export_model(swapped, tmp_path / "rnn.onnx", "onnx")
+    session = ort.InferenceSession(str(result.path), providers=["CPUExecutionProvider"])
+    (onnx_out,) = session.run(None, {session.get_inputs()[0].name: x})
+    assert_close_to_roundoff(onnx_out, model(x), STEPS * (FEATURES + UNITS) * 3)
+    assert [record.layer_type for record in result.layers] == ["Bidirectional", "GRU", "RNN",
+                                                                "Dense"]
+    saved = export_model(swapped, tmp_path / "rnn_savedmodel", "savedmodel")
+    served = tf.saved_model.load(str(saved.path)).signatures["serving_default"]
+    (out,) = served(tf.constant(x)).values()
+    assert_close_to_roundoff(out, model(x), STEPS * (FEATURES + UNITS) * 3)
+
+
+def test_kept_kernel_onnx_refuses_recurrent_layers_and_writes_nothing(tmp_path):
+    from graphswap.errors import ExportError
+    from graphswap.io.export import export_model
+
+    swapped = rewrite_model(_recurrent_stack(), "mul8u_drum4")
+    target = tmp_path / "kept.onnx"
+    with pytest.raises(ExportError, match="layer 'bidirectional.*' \\(Bidirectional\\): the "
+                                          "kept-kernel ONNX export does not cover recurrent"):
+        export_model(swapped, target, "onnx", keep_kernels=True)
+    assert not target.exists() and list(tmp_path.iterdir()) == []

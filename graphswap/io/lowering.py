@@ -20,8 +20,12 @@ import tensorflow as tf
 from graphswap.io.kept_layers import KEPT_CLASSES, conv_attributes
 from graphswap.io.onnx_ops import MATMUL_OP
 from graphswap.native import conv_geometry
+from graphswap.errors import ExportError
 from graphswap.swap import (SWAPPED_CLASSES, SwappedConv2D, SwappedDense,
                             iter_layers, stock_class, transform_model, type_name)
+from graphswap.swap.layers_recurrent import STOCK as RECURRENT_STOCK
+from graphswap.swap.layers_recurrent import stock_config as recurrent_stock_config
+from graphswap.swap.subclassed import held_layers, is_custom_container
 
 MARKER = "graphswap_export_{index}"
 MARKER_RE = re.compile(r"graphswap_export_(\d+)(?![0-9])")
@@ -56,6 +60,8 @@ class SwappedLayer:
 
 
 def _plain_config(layer) -> dict:
+    if type(layer) in RECURRENT_STOCK:
+        return recurrent_stock_config(layer)
     config = layer.get_config()
     config.pop("arithmetic", None)
     config.pop("swap_kernel", None)
@@ -220,12 +226,38 @@ def _is_swapped(layer) -> bool:
 
 
 def swapped_layers(model) -> list[SwappedLayer]:
-    """The swapped layers of `model` (nested models included), in traversal order."""
+    """The swapped layers of `model` (nested models and custom layers included), in traversal
+    order."""
     records = []
     for path, layer in iter_layers(model):
         if _is_swapped(layer):
             records.append(_record(len(records), path, layer))
+        elif _holds_swaps(layer):
+            for inner_path, inner in _swapped_inside(layer, path + "/"):
+                records.append(_record(len(records), inner_path, inner))
     return records
+
+
+def _holds_swaps(layer) -> bool:
+    """A custom layer of a functional model whose held layers were swapped."""
+    return bool(getattr(layer, "graphswap_swaps", None)) and is_custom_container(layer)
+
+
+def _swapped_inside(layer, prefix):
+    """(path, swapped layer) of the swapped layers a custom layer holds, at any depth."""
+    for _, inner in held_layers(layer):
+        path = f"{prefix}{inner.name}"
+        if _is_swapped(inner):
+            yield path, inner
+        elif not isinstance(inner, keras.Model):
+            yield from _swapped_inside(inner, path + "/")
+
+
+def _unswapped_custom_layer(layer):
+    """An unbuilt copy of a custom layer with its own (stock) layers: the class and config it had
+    before its held layers were swapped."""
+    base = type(layer).graphswap_base
+    return base.from_config(base.get_config(layer))
 
 
 def _record(index, path, layer) -> SwappedLayer:
@@ -277,15 +309,32 @@ def kept_kernel_model(model):
             return KeptDense
         if isinstance(layer, SwappedConv2D):
             return KeptConv2D
+        if type(layer) not in KEPT_CLASSES:
+            raise ExportError(
+                f"layer {layer.name!r} ({type_name(layer)}): the kept-kernel ONNX export does not "
+                f"cover recurrent layers yet (their products sit in a while loop); export it "
+                f"lowered (exact float32 arithmetic, without --keep-kernels)")
         return KEPT_CLASSES[type(layer)]
 
-    return _replace_swapped(model, class_of, _config_keeping_arithmetic)
+    def custom(layer):
+        raise ExportError(
+            f"custom layer {layer.name!r} holds swapped layers: the kept-kernel ONNX export does "
+            f"not reach layers inside custom layers yet; export it lowered (exact float32 "
+            f"arithmetic, without --keep-kernels)")
+
+    return _replace_swapped(model, class_of, _config_keeping_arithmetic, custom)
 
 
-def _replace_swapped(model, class_of, config_of):
+def _replace_swapped(model, class_of, config_of, custom=None):
     records: list[SwappedLayer] = []
 
     def replace(path, layer):
+        if _holds_swaps(layer):
+            if custom is not None:
+                return custom(layer)
+            for inner_path, inner in _swapped_inside(layer, path + "/"):
+                records.append(_record(len(records), inner_path, inner))
+            return _unswapped_custom_layer(layer)
         if not _is_swapped(layer):
             return None
         record = _record(len(records), path, layer)

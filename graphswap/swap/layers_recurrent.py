@@ -436,3 +436,27 @@ class SwappedBidirectional(_RecurrentStateMixin, keras.layers.Bidirectional):
 
     def quantized_parts(self) -> dict:
         return {"forward": self.forward_layer.cell, "backward": self.backward_layer.cell}
+
+
+#: swapped class -> the stock class it stands for (cells and layers)
+STOCK = {**{swapped: stock for stock, swapped in CELLS.items()},
+         **{swapped: stock for stock, swapped in RECURRENT.items()},
+         SwappedBidirectional: keras.layers.Bidirectional}
+
+
+def stock_config(layer) -> dict:
+    """The config of the stock cell / layer a swapped recurrent cell or layer stands for (the
+    swap record left out, nested cells and layers lowered too)."""
+    config = {key: value for key, value in layer.get_config().items() if key not in _SWAP_KEYS}
+    if isinstance(layer, SwappedBidirectional):
+        config["layer"] = keras.saving.serialize_keras_object(stock_copy(layer.forward_layer))
+        config["backward_layer"] = keras.saving.serialize_keras_object(
+            stock_copy(layer.backward_layer))
+    elif isinstance(layer, SwappedRNN):
+        config["cell"] = keras.saving.serialize_keras_object(stock_copy(layer.cell))
+    return config
+
+
+def stock_copy(layer):
+    """An unbuilt stock copy (same config) of a swapped recurrent cell or layer."""
+    return STOCK[type(layer)].from_config(stock_config(layer))

@@ -58,7 +58,8 @@ def held_layers(owner):
     steps is the JSON-able path [["attr", name], ["item", index or key], ...]."""
     internal = _internal_attributes()
     for name, value in list(vars(owner).items()):
-        if name in internal or name.startswith("_self_") or name.startswith("_keras"):
+        if name in internal or name.startswith("_self_") or name.startswith("_keras") \
+                or name.startswith("graphswap_"):   # graphswap_swaps: the swaps' record
             continue
         yield from _walk([["attr", name]], value)
 
