@@ -31,8 +31,9 @@ from graphswap.research.loading import load_data
 from graphswap.research.recovery import (AUTO_LEARNING_RATE, DEFAULT_LEARNING_RATE,
                                          DEFAULT_SCHEDULE, auto_learning_rate, has_batchnorm,
                                          loss_name, make_optimizer, recalibrate_batchnorm)
-from graphswap.research.checkpoints import (CHECKPOINT_BEST, CHECKPOINT_LAST, CheckpointTracker,
-                                            read_checkpoint_state)
+from graphswap.research.checkpoints import (CheckpointTracker, clear_checkpoint,
+                                            latest_checkpoint, lock_checkpoint_directory,
+                                            releases_checkpoint_locks)
 from graphswap.research.fingerprints import (check_same_run, restore_rng_state, run_fingerprint,
                                              settings_fingerprint)
 from graphswap.research.strategies import is_chief, patch_multiworker_build, resolve_strategy
@@ -182,6 +183,7 @@ def check_learning_rate(value):
     return rate
 
 
+@releases_checkpoint_locks   # the lock on checkpoint_dir is held while finetune runs
 def finetune(model, data, *, val_data=None, val_split: float | None = None, epochs: int = 1,
              batch_size: int = 128, learning_rate: float | str | None = DEFAULT_LEARNING_RATE,
              optimizer="adam", schedule: str = DEFAULT_SCHEDULE, recalibrate_bn=None,
@@ -245,22 +247,25 @@ def finetune(model, data, *, val_data=None, val_split: float | None = None, epoc
         keras.utils.set_random_seed(seed)
 
     directory = Path(checkpoint_dir) if checkpoint_dir is not None else None
-    state = None
+    state = checkpoint = None
     if directory is not None:
         if directory.exists() and not directory.is_dir():
             raise OutputPathError(f"checkpoint directory {directory} is a file")
-        state = read_checkpoint_state(directory) if directory.exists() else None
+        if chief:   # only the chief writes checkpoints; a second run on the directory is refused
+            lock_checkpoint_directory(directory)
+        checkpoint = latest_checkpoint(directory) if directory.exists() else None
+        state = checkpoint.state if checkpoint is not None else None
         if state is not None and not resume:
             if not force:
                 raise OutputPathError(
                     f"{directory} holds a checkpoint of an earlier run ({state['epoch']} "
                     f"epoch(s) done); pass resume=True (--resume) to continue it, force=True "
                     f"(--force) to start over, or choose another directory")
-            state = None
+            if chief:
+                clear_checkpoint(directory)
+            state = checkpoint = None
         if resume and state is None:
             notes.append(f"no checkpoint in {directory}; starting from epoch 1")
-        if chief:
-            directory.mkdir(parents=True, exist_ok=True)
     elif resume:
         raise GraphswapError("resume needs a checkpoint directory (checkpoint_dir= / "
                              "--checkpoint-dir)")
@@ -271,8 +276,9 @@ def finetune(model, data, *, val_data=None, val_split: float | None = None, epoc
         else:
             user_model = model
         if state is not None:
-            source_model = load_model(directory / CHECKPOINT_LAST,
+            source_model = load_model(checkpoint.last,
                                               custom_objects=custom_objects, safe_mode=safe_mode)
+            checkpoint.verify()   # after the load: a tampered kernel is the trust gate's to name
         else:
             source_model = user_model
         expectation_model = source_model
@@ -291,7 +297,7 @@ def finetune(model, data, *, val_data=None, val_split: float | None = None, epoc
         if state is not None:
             trained = source_model
             if not getattr(trained, "compiled", False):
-                raise GraphswapError(f"checkpoint {directory / CHECKPOINT_LAST} has no compile "
+                raise GraphswapError(f"checkpoint {checkpoint.last} has no compile "
                                      f"settings; delete {directory} to start over")
         else:
             settings = compile_settings(source_model, train.label_format)
@@ -328,13 +334,12 @@ def finetune(model, data, *, val_data=None, val_split: float | None = None, epoc
         seed=seed, val_split=val_split, schedule=schedule))
     if state is not None:
         notes.extend(check_same_run(state.get("fingerprint"), fingerprint, directory))
-        notes.append(f"resumed from {directory / CHECKPOINT_LAST} after epoch {state['epoch']} "
+        notes.append(f"resumed from {checkpoint.last} after epoch {state['epoch']} "
                      f"of {epochs}")
     tracker = CheckpointTracker(monitor, patience, directory, chief, state, run_config,
-                                fingerprint)
-    if state is not None and restore_best and directory is not None \
-            and (directory / CHECKPOINT_BEST).is_file():
-        best_model = load_model(directory / CHECKPOINT_BEST, compile=False,
+                                fingerprint, checkpoint.best if checkpoint is not None else None)
+    if state is not None and restore_best and checkpoint.best is not None:
+        best_model = load_model(checkpoint.best, compile=False,
                                         custom_objects=custom_objects, safe_mode=safe_mode)
         tracker.best_weights = best_model.get_weights()
         tracker.mode = state.get("mode") or ("max" if "acc" in (tracker.monitor or "") else "min")
