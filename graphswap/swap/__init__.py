@@ -5,7 +5,8 @@ a rewrite.
 
 Modules: ops (matmul, conv2d) and ops_layers (depthwise, transposed, einsum), forward_op (the
 compiled op their forwards use), layers (Dense, Conv2D), layers_conv (DepthwiseConv2D,
-SeparableConv2D, Conv1D, Conv2DTranspose) and layers_attention (EinsumDense, MultiHeadAttention),
+SeparableConv2D, Conv1D, Conv2DTranspose), layers_attention (EinsumDense, MultiHeadAttention),
+layers_recurrent and recurrent_cells (LSTM, GRU, SimpleRNN, RNN, Bidirectional),
 quantstate (a swapped layer's quantization state), catalog (stock -> swapped), tracking (replacing
 held sublayers in place), clone (transform_model, iter_layers), subclassed (subclassed models),
 rewrite (rewrite_model, plan, kernel maps), report, compare, calibration (static activation
@@ -31,6 +32,8 @@ from graphswap.swap.layers import SwappedConv2D, SwappedDense, check_conv_option
 from graphswap.swap.layers_attention import SwappedEinsumDense, SwappedMultiHeadAttention
 from graphswap.swap.layers_conv import (SwappedConv1D, SwappedConv2DTranspose,
                                         SwappedDepthwiseConv2D, SwappedSeparableConv2D)
+from graphswap.swap.layers_recurrent import (SwappedBidirectional, SwappedGRU, SwappedLSTM,
+                                             SwappedRNN, SwappedSimpleRNN)
 from graphswap.swap.ops import BACKWARD_MODES, check_backward_mode, swapped_conv2d, swapped_matmul
 from graphswap.swap.report import LayerReport, RewriteReport, layer_macs
 from graphswap.swap.quantstate import legacy_scheme
@@ -40,7 +43,9 @@ from graphswap.swap.rewrite import (QUANTIZATION_PRESETS, SWAPPABLE_TYPES, check
 
 __all__ = ["LAYER_TYPES", "SWAPPED_CLASSES", "SwappedConv1D", "SwappedConv2DTranspose",
            "SwappedDepthwiseConv2D", "SwappedEinsumDense", "SwappedMultiHeadAttention",
-           "SwappedSeparableConv2D", "check_layer_types", "is_swapped", "stock_class", "type_name",
+           "SwappedSeparableConv2D", "SwappedLSTM", "SwappedGRU", "SwappedSimpleRNN",
+           "SwappedRNN", "SwappedBidirectional", "check_layer_types", "is_swapped", "stock_class",
+           "type_name",
            "CALIBRATION_METHODS", "CALIBRATION_SOURCES", "COMPENSATION_METHODS",
            "DEFAULT_CALIBRATION_METHOD", "DEFAULT_CALIBRATION_SAMPLES",
            "DEFAULT_CALIBRATION_SOURCE", "DEFAULT_COMPENSATION", "calibrate_and_compensate",
