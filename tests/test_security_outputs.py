@@ -193,7 +193,8 @@ def test_a_convert_racing_another_writer_never_replaces_its_output(tmp_path, mon
 
 def test_output_paths_are_checked_before_any_work(tmp_path):
     """Each bad -o is refused before MODEL is even opened (MODEL does not exist here: a check
-    after loading would say so instead), by convert, finetune and export alike."""
+    after loading would say so instead), by convert, finetune, export, evaluate, sweep and
+    explore alike."""
     missing_model = str(tmp_path / "nothing.keras")
     (tmp_path / "afile").write_text("x")
     long_name = "m" * 300 + ".keras"
@@ -215,6 +216,14 @@ def test_output_paths_are_checked_before_any_work(tmp_path):
     line = error_line(runner.invoke(main, ["export", missing_model, "-o",
                                            str(tmp_path / long_name.replace(".keras", ".onnx"))]))
     assert "name is too long" in line, line
+    long_json = str(tmp_path / long_name.replace(".keras", ".json"))
+    dotted_json = str(tmp_path / "missing" / ".." / "r.json")
+    for command in (["evaluate"], ["sweep", "-k", "exact"], ["explore", "--library", "x.c"]):
+        for output, expected in ((long_json, "name is too long"),
+                                 (dotted_json, "missing does not exist")):
+            line = error_line(runner.invoke(main, [*command, missing_model, "--data", "d.npz",
+                                                   "-o", output]))
+            assert expected in line, (command, line)
     assert sorted(os.listdir(tmp_path)) == ["afile"]
 
 
