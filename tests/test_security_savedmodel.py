@@ -200,6 +200,30 @@ def test_a_lambda_inside_time_distributed_is_refused_before_tf_keras(hidden_lamb
     assert not (tmp_path / "o.keras").exists()
 
 
+@pytest.mark.parametrize("suffix", [".h5", ".keras"])
+def test_a_lambda_inside_time_distributed_in_a_keras2_file_is_refused(hidden_lambda, suffix,
+                                                                     tmp_path):
+    """The same hidden Lambda in a tf_keras .h5 / Keras 2 .keras: graphswap reads (and
+    translates) their configs before Keras 3 does, so it checks them first."""
+    marker = tmp_path / "file_marker.txt"
+
+    def body(t, marker=str(marker)):
+        with open(marker, "w") as handle:
+            handle.write("the Lambda's bytecode ran")
+        return t * 2.0
+
+    inputs = tf_keras.Input((3, 4), name="frames")
+    wrapped = tf_keras.layers.TimeDistributed(tf_keras.layers.Lambda(body, name="inner"),
+                                              name="per_frame")(inputs)
+    path = tmp_path / f"td_lambda{suffix}"
+    tf_keras.Model(inputs, wrapped).save(str(path))
+    marker.unlink()
+    with pytest.raises(ModelLoadError, match=r"stored Python code \(Lambda 'inner' \(inside "
+                                             r"Functional '.*' > TimeDistributed 'per_frame'\)\)"):
+        graphswap.load_model(path)
+    assert not marker.exists()
+
+
 LAMBDA_K2 = {"class_name": "Lambda", "config": {"name": "lam", "function": ["YWJj", None, None],
                                                 "function_type": "lambda", "module": "__main__"}}
 K3_LAMBDA_FN = {"class_name": "__lambda__", "config": {"code": "YWJj", "defaults": None,

@@ -23,6 +23,7 @@ from graphswap.errors import ModelLoadError
 from graphswap.io import legacy_config
 from graphswap.io.keras3 import load_keras_file
 from graphswap.io.legacy_hdf5 import compile_training_config, emit
+from graphswap.io.stored_code import check_keras_configs
 from graphswap.io.tf_op_layer import LAYER_CLASSES
 
 #: the top-level model classes: (module, class_name, registered_name) as Keras 3 writes them
@@ -84,6 +85,8 @@ def load_keras2_archive(path: Path, custom_objects=None, safe_mode: bool = True,
         except ValueError as exc:
             raise ModelLoadError(f"{path}: its config.json is not JSON ({exc}); re-save the "
                                  f"model") from None
+        if safe_mode:  # stored Python code at any depth, before the translation touches it
+            check_keras_configs([("config.json", config)], path)
         translated, compile_config = translate_archive_config(config, notes)
         objects = {**LAYER_CLASSES, **(custom_objects or {})}
         with tempfile.TemporaryDirectory(prefix="graphswap-keras2-archive-") as scratch:

@@ -19,6 +19,7 @@ import keras
 from graphswap.errors import ModelLoadError
 from graphswap.io import legacy_config
 from graphswap.io.keras3 import describe_load_failure, require_built
+from graphswap.io.stored_code import check_keras_configs
 from graphswap.io.tf_op_layer import LAYER_CLASSES
 
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
@@ -72,6 +73,8 @@ def _load_keras2(handle, custom_objects, safe_mode, compile):  # noqa: A002
 
     notes: list[str] = []
     config = json_utils.decode(_attribute(handle, "model_config"))
+    if safe_mode:  # stored Python code at any depth, before the translation touches it
+        check_keras_configs([("model_config", config)], handle.filename)
     config = legacy_config.translate_model_config(config, notes)
     objects = {**LAYER_CLASSES, **(custom_objects or {})}
     with saving_options.keras_option_scope(use_legacy_config=True), \
