@@ -29,6 +29,10 @@ import dataclasses
 import hashlib
 import itertools
 import json
+import math
+import os
+import sqlite3
+from urllib.parse import quote as urllib_quote
 
 import numpy as np
 
@@ -180,6 +184,61 @@ def data_fingerprint(data) -> str:
     return digest.hexdigest()
 
 
+#: the tables optuna's RDB storage creates (optuna 2.x - 4.x); a study file holds no others
+OPTUNA_TABLES = frozenset({
+    "alembic_version", "studies", "study_directions", "study_user_attributes",
+    "study_system_attributes", "trials", "trial_params", "trial_values",
+    "trial_intermediate_values", "trial_user_attributes", "trial_system_attributes",
+    "trial_heartbeats", "version_info"})
+STUDY_NAME = "graphswap-explore"
+
+
+def check_study_file(path) -> None:
+    """Refuse a --study file that is not a graphswap study, before optuna opens it (optuna adds
+    its tables to any SQLite file): a missing or empty file is a new study; an existing one must be
+    an SQLite database holding only optuna's tables and graphswap's study.  Read-only."""
+    text = os.fspath(path)
+    new_file = "give --study a new file name (graphswap creates it)"
+    if os.path.isdir(text):
+        raise GraphswapError(f"the study {text} is a directory; {new_file}")
+    if not os.path.exists(text) or os.path.getsize(text) == 0:
+        return
+    try:
+        with open(text, "rb") as handle:
+            magic = handle.read(16)
+    except OSError as exc:
+        raise GraphswapError(f"cannot read the study {text}: {exc.strerror or exc}") from None
+    if magic != b"SQLite format 3\x00":
+        raise GraphswapError(f"the study {text} is not an SQLite database (a graphswap study is "
+                             f"one); {new_file}, or delete {text} if it is not needed")
+    try:
+        uri = "file:" + urllib_quote(os.path.abspath(text)) + "?mode=ro"
+        connection = sqlite3.connect(uri, uri=True)
+        try:
+            tables = {row[0] for row in connection.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE "
+                "'sqlite_%'")}
+            studies = ({row[0] for row in connection.execute("SELECT study_name FROM studies")}
+                       if "studies" in tables else set())
+        finally:
+            connection.close()
+    except sqlite3.Error as exc:
+        raise GraphswapError(f"the study {text} cannot be read as an SQLite database ({exc}); "
+                             f"{new_file}") from None
+    foreign = sorted(tables - OPTUNA_TABLES)
+    if foreign:
+        shown = ", ".join(foreign[:6]) + (", ..." if len(foreign) > 6 else "")
+        raise GraphswapError(
+            f"the study {text} is an SQLite database with tables of its own ({shown}), not a "
+            f"graphswap study; graphswap would add optuna's tables to it. {new_file.capitalize()}")
+    if tables and STUDY_NAME not in studies:
+        shown = ", ".join(sorted(map(str, studies))[:6]) or "none"
+        raise GraphswapError(
+            f"the study {text} is an optuna database without graphswap's study "
+            f"{STUDY_NAME!r} (its studies: {shown}); graphswap would add its study to it. "
+            f"{new_file.capitalize()}")
+
+
 class Study:
     """Every measurement of an exploration, kept in an optuna study (SQLite through optuna's own
     storage when a path is given, in memory otherwise): full evaluations as completed trials
@@ -192,17 +251,23 @@ class Study:
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         self.optuna = optuna
+        self.path = path
         self.layers = layers
         self.choices = choices
+        if path is not None:
+            check_study_file(path)  # never add optuna's tables to a file that is not a study
         storage = None if path is None else f"sqlite:///{path}"
         try:
             self.study = optuna.create_study(
-                study_name="graphswap-explore", storage=storage, load_if_exists=True,
+                study_name=STUDY_NAME, storage=storage, load_if_exists=True,
                 directions=["minimize", "minimize"], sampler=sampler)
         except Exception as exc:  # noqa: BLE001 - sqlalchemy/optuna raise many types
             raise GraphswapError(f"cannot open the study database {path}: {type(exc).__name__}: "
                                  f"{str(exc).splitlines()[0] if str(exc) else ''}") from None
         stored = self.study.user_attrs.get("fingerprint")
+        if stored is not None and not (isinstance(stored, dict)
+                                       and all(isinstance(k, str) for k in stored)):
+            raise self._tampered("the study's fingerprint", stored, "an object of named parts")
         if stored is None:
             self.study.set_user_attr("fingerprint", fingerprint)
         elif stored != fingerprint:
@@ -223,8 +288,16 @@ class Study:
                                            states=[self.optuna.trial.TrialState.COMPLETE]):
             if "accuracy" not in trial.user_attrs or trial.user_attrs.get("repeat"):
                 continue
+            where = f"trial {trial.number}"
+            for layer in self.layers:
+                if trial.params.get(layer) not in self.choices:
+                    raise self._tampered(f"{where}'s circuit for layer {layer!r}",
+                                         trial.params.get(layer),
+                                         f"one of {', '.join(map(str, self.choices))}")
             key = tuple(trial.params[layer] for layer in self.layers)
-            found[key] = dict(trial.user_attrs)
+            metrics = dict(trial.user_attrs)
+            self._check_metrics(metrics, where, ("cost",))
+            found[key] = metrics
         return found
 
     def record(self, assignment: dict, metrics: dict, cost: float) -> None:
@@ -235,7 +308,64 @@ class Study:
 
     # -- estimates and fine-tuning ------------------------------------------------------------
     def get(self, key: str):
-        return self.study.user_attrs.get(key)
+        """A stored estimate or fine-tuned measurement, checked to be what graphswap writes
+        (`put`): "estimates" {layer: {circuit: accuracy}}, "estimate_all_exact" an accuracy,
+        "finetuned:..." the metrics of a measurement."""
+        value = self.study.user_attrs.get(key)
+        if value is None:
+            return None
+        if key == "estimate_all_exact":
+            self._check_number(value, -math.inf, 1.0, "the stored all-exact estimate")
+        elif key == "estimates":
+            if not isinstance(value, dict):
+                raise self._tampered("the stored estimates", value,
+                                     "an object {layer: {circuit: accuracy}}")
+            for layer, row in value.items():
+                if layer not in self.layers or not isinstance(row, dict):
+                    raise self._tampered("the stored estimates", {layer: row},
+                                         f"rows for the layers {', '.join(self.layers)}, each "
+                                         f"an object {{circuit: accuracy}}")
+                for name, accuracy in row.items():
+                    if name not in self.choices:
+                        raise self._tampered(f"the estimate of layer {layer!r}", name,
+                                             f"one of {', '.join(map(str, self.choices))}")
+                    self._check_number(accuracy, -math.inf, 1.0,
+                                       f"the estimate of layer {layer!r} on {name}")
+        elif key.startswith("finetuned:"):
+            if not isinstance(value, dict):
+                raise self._tampered(f"the stored {key!r}", value, "an object of metrics")
+            self._check_metrics(value, f"the stored {key!r}")
+        return value
+
+    # -- checks of what the database holds ----------------------------------------------------
+    def _tampered(self, what, value, allowed):
+        shown = repr(value)
+        shown = shown if len(shown) <= 80 else shown[:77] + "..."
+        return GraphswapError(
+            f"the study {self.path} holds a value graphswap did not write: {what} is {shown}; "
+            f"expected {allowed}. The file was edited or written by another program: delete it "
+            f"(or use another --study file) to measure again")
+
+    def _check_number(self, value, low, high, what, finite=True, optional=False):
+        if optional and value is None:
+            return
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                (finite and not math.isfinite(value)) or \
+                (math.isfinite(value) and not low <= value <= high):
+            allowed = (f"a number in [{low:g}, {high:g}]" if math.isfinite(low) else
+                       f"a number up to {high:g}" if math.isfinite(high) else "a number")
+            raise self._tampered(what, value, allowed + (" or null" if optional else ""))
+
+    def _check_metrics(self, metrics: dict, where: str, extra=()):
+        # "accuracy" is the task's score: an accuracy, or R^2 for regression (at most 1)
+        self._check_number(metrics.get("accuracy"), -math.inf, 1.0, f"{where}'s accuracy")
+        self._check_number(metrics.get("drop"), -math.inf, math.inf, f"{where}'s drop")
+        # a loss or an output difference may be NaN/inf for a broken model, or absent
+        for name in ("loss", "agreement"):
+            self._check_number(metrics.get(name), -math.inf, math.inf, f"{where}'s {name}",
+                               finite=False, optional=True)
+        for name in extra:
+            self._check_number(metrics.get(name), 0.0, math.inf, f"{where}'s {name}")
 
     def put(self, key: str, value) -> None:
         self.study.set_user_attr(key, value)

@@ -16,6 +16,7 @@ from graphswap.errors import DataError
 from graphswap.native import missing_reason
 from graphswap.research.data import (CHECK_MARKER, SPLITS, Data, ModelExpectation, check_labels,
                                      model_expectation, parse_scale)
+from graphswap.research.datafiles import check_image_links, open_npz
 
 def _npz_arrays(path: Path, split: str | None) -> tuple[np.ndarray, np.ndarray, str]:
     if not path.exists():
@@ -24,7 +25,7 @@ def _npz_arrays(path: Path, split: str | None) -> tuple[np.ndarray, np.ndarray, 
         raise DataError(f"{path} is not a NumPy .npz archive (np.savez); expected arrays 'x' and "
                         f"'y', or 'x_train'/'y_train' and 'x_test'/'y_test'")
     try:
-        archive = np.load(path, allow_pickle=False)
+        archive = open_npz(path)  # every member's declared size checked first
     except Exception as exc:  # noqa: BLE001 - corrupt archives fail in many ways
         raise DataError(f"cannot read {path}: {type(exc).__name__}: {exc}") from None
     with archive:
@@ -35,11 +36,8 @@ def _npz_arrays(path: Path, split: str | None) -> tuple[np.ndarray, np.ndarray, 
                       else [("x", "y"), ("x_train", "y_train"), ("x_test", "y_test")])
         for x_key, y_key in candidates:
             if x_key in keys and y_key in keys:
-                try:
-                    x, y = archive[x_key], archive[y_key]
-                except ValueError as exc:  # object arrays need pickle
-                    raise DataError(f"{path}: arrays {x_key!r}/{y_key!r} cannot be read without "
-                                    f"pickle ({exc}); save numeric arrays") from None
+                # open_npz refuses object arrays (pickle) and damaged members, naming them
+                x, y = archive[x_key], archive[y_key]
                 return x, y, f"{path} [{x_key}, {y_key}]"
     wanted = (f"'x_{split}'/'y_{split}' or 'x'/'y'" if split
               else "'x'/'y', or 'x_train'/'y_train' and 'x_test'/'y_test'")
@@ -57,6 +55,7 @@ def _directory_dataset(path: Path, expect: ModelExpectation, batch_size_hint: in
     if channels not in modes:
         raise DataError(f"the model takes {channels}-channel images; an image directory gives 1 "
                         f"(grayscale), 3 (rgb) or 4 (rgba) channels")
+    check_image_links(path)  # link loops and broken links named before Keras lists the folder
     subdirs = sorted(p.name for p in path.iterdir() if p.is_dir() and not p.name.startswith("."))
     if not subdirs:
         raise DataError(f"{path} has no class subdirectories; expected one folder of images per "
@@ -226,7 +225,11 @@ def _from_arrays(x, y, origin, expect: ModelExpectation, resize, pad, scale, lab
     x = np.asarray(x)
     y = np.asarray(y)
     notes: list[str] = []
-    if x.ndim == 0 or len(x) == 0:
+    if x.ndim == 0:
+        raise DataError(f"{label} ({origin}): the inputs are a scalar (a 0-d array, shape ()); "
+                        f"expected an array with a batch axis, shape (examples, "
+                        f"{expect.describe_input()}): stack the examples along the first axis")
+    if len(x) == 0:
         raise DataError(f"{label} ({origin}) is empty: 0 examples")
     if x.dtype.kind not in "iuf":
         raise DataError(f"{label}: inputs have dtype {x.dtype}; expected numbers (uint8 pixels "
