@@ -111,6 +111,9 @@ def test_force_never_replaces_a_directory_holding_the_input_or_foreign_files(tmp
     # a file output (.onnx, .json) never replaces a SavedModel directory
     with pytest.raises(OutputPathError, match="and this output is a file"):
         paths.check_output_path(clean, force=True, directory=False)
+    with pytest.raises(OutputPathError, match="and this output is a file"):
+        with paths.atomic_output(clean, force=True) as tmp:   # e.g. an ONNX export aimed at it
+            tmp.write_bytes(b"onnx")
     # a link to a foreign directory is judged by what it points at
     (tmp_path / "link_sm").symlink_to(other)
     with pytest.raises(OutputPathError, match="a link to .*graphswap did not write"):

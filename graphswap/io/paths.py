@@ -250,9 +250,8 @@ def atomic_output(path, force: bool = False, suffix: str | None = None):
     temporary's ending (default: the output's, lower-cased - Keras decides the format by it);
     "" for a directory output.  Without `force` the move never replaces anything: an output
     that appeared meanwhile (another command) is an OutputPathError and stays as it is."""
-    text = os.fspath(path)
-    directory = suffix == "" or _names_directory(text)
-    path = check_output_path(path, force, directory=directory if suffix is not None else None)
+    # the writer makes a directory only when told suffix="": a file never replaces a directory
+    path = check_output_path(path, force, directory=suffix == "")
     target = _resolve(path)
     suffix = suffix if suffix is not None else path.suffix.lower()
     try:
