@@ -115,7 +115,11 @@ class ReportingGroup(click.Group):
     (see report_errors)."""
 
     def invoke(self, ctx):
-        return report_errors(lambda: super(ReportingGroup, self).invoke(ctx))
+        def run():
+            trust_store.config_dir()  # $GRAPHSWAP_CONFIG_DIR naming a file: refused before work
+            return super(ReportingGroup, self).invoke(ctx)
+
+        return report_errors(run)
 
 
 class OutputFile(click.Path):

@@ -81,3 +81,8 @@ class SavedModelConsistencyError(ModelLoadError):
 class QuantizationError(GraphswapError, ValueError):
     """A quantization scheme, calibration or recovery request that is malformed or does not fit
     the model/multiplier (unknown method, wrong-shaped or too little calibration data, ...)."""
+
+
+class CacheSecurityError(KernelTrustError):
+    """graphswap's per-user cache (compiled code it loads) is not private to the user: a folder on
+    its path belongs to another user, is writable by others, or is a symbolic link."""

@@ -22,7 +22,9 @@ Trust sources (any one suffices; trust is always of a content hash, so editing a
   ~/.config/graphswap), owner-only, keyed by SHA-256 and recording the path (like Jupyter's
   notebook signatures or `direnv allow`);
 * the environment variable GRAPHSWAP_TRUSTED_KERNELS: entries separated by os.pathsep, each a
-  SHA-256 hex digest or a file path (a path trusts whatever that path holds).
+  SHA-256 hex digest or a file path (a path trusts whatever that path holds: the file that was
+  read must be the file the path names - same device and inode, compared on the descriptor that
+  was read, never by resolving the recorded path again).
 
 Multiplier tables (.lut/.bin) are data, not code: they need no trust, but they pass the same
 record checks and their hash must match.
@@ -57,11 +59,23 @@ _lock = threading.Lock()
 # --------------------------------------------------------------------------------------------
 
 def config_dir() -> Path:
-    """The user's graphswap configuration directory (not created here)."""
+    """The user's graphswap configuration directory (not created here); KernelTrustError when
+    $GRAPHSWAP_CONFIG_DIR names something that is not a folder (a file)."""
     if os.environ.get(CONFIG_ENV_VAR):
-        return Path(os.environ[CONFIG_ENV_VAR])
+        path = Path(os.environ[CONFIG_ENV_VAR])
+        if os.path.lexists(path) and not path.is_dir():
+            raise KernelTrustError(
+                f"{CONFIG_ENV_VAR}={path} names a file, not a folder; graphswap keeps its trust "
+                f"store ({STORE_NAME}) in that folder. Point {CONFIG_ENV_VAR} at a folder (it is "
+                f"created if missing), or unset it to use ~/.config/graphswap")
+        return path
     base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
-    return Path(base) / "graphswap"
+    path = Path(base) / "graphswap"
+    if os.path.lexists(path) and not path.is_dir():
+        raise KernelTrustError(
+            f"graphswap's configuration folder {path} is a file, not a folder; it keeps the trust "
+            f"store ({STORE_NAME}) there. Move the file away, or set {CONFIG_ENV_VAR} to a folder")
+    return path
 
 
 def store_path() -> Path:
@@ -230,15 +244,27 @@ def _env_entries() -> list[str]:
             if entry.strip()]
 
 
-def trusted_by(sha256: str, path: str) -> str | None:
-    """How (path, sha256) is trusted - 'session', 'trust store', the env var - or None."""
+def trusted_by(sha256: str, path: str, identity: tuple[int, int] | None = None) -> str | None:
+    """How (path, sha256) is trusted - 'session', 'trust store', the env var - or None.
+
+    A path in $GRAPHSWAP_TRUSTED_KERNELS trusts the file it names now: with `identity` (the
+    (device, inode) of the descriptor the bytes were read from, FileContent.identity) the file
+    read must be that very file - compared with a stat of the trusted path, never by resolving
+    `path` again after the read (a symbolic link re-pointed in between would pass that)."""
     with _lock:
         if sha256 in _session:
             return "session"
-    real = os.path.realpath(path)
+    real = os.path.realpath(path) if identity is None else None
     for entry in _env_entries():
         if _HEX.match(entry.lower()):
             if entry.lower() == sha256:
+                return ENV_VAR
+        elif identity is not None:
+            try:
+                info = os.stat(os.path.expanduser(entry))
+            except OSError:
+                continue
+            if (info.st_dev, info.st_ino) == tuple(identity):
                 return ENV_VAR
         elif os.path.realpath(os.path.expanduser(entry)) == real:
             return ENV_VAR
@@ -296,7 +322,7 @@ def admit_recorded_file(path, sha256, what: str, where: str, executable: bool) -
 
 
 def require_trusted(content: FileContent, what: str, where: str) -> None:
-    if trusted_by(content.sha256, content.path) is None:
+    if trusted_by(content.sha256, content.path, content.identity) is None:
         raise KernelTrustError(
             f"{where}: refusing to load the {what} {content.path} (sha256 {content.sha256}): it "
             f"is not trusted. {how_to_trust(content.path)}")

@@ -1,6 +1,7 @@
 """Multipliers written in C (EvoApproxLib style): find the function and its signature by parsing
 the source, generate a wrapper that fills the table, compile both into the per-user cache (keyed
-by the source's hash; a cached binary is reused only if its recorded hash matches), evaluate.
+by the source's hash; a cached binary is reused only if its hash matches the record graphswap wrote
+when it built it, native.cache), evaluate.
 
 Signature generations understood (see graphswap.multipliers for the rules):
   legacy   uint64_t mul8u_X(const uint64_t B, const uint64_t A)  (order B, A)
@@ -21,7 +22,9 @@ from graphswap.multipliers.evaluation import (EvaluationPlan, ResultType, evalua
                                               evaluate_isolated, table_from_raw)
 from graphswap.multipliers.metrics import parse_header_metrics
 from graphswap.multipliers.record import Multiplier
-from graphswap.native import FileContent, cache_dir, compiler, file_sha256, owner_only_directory
+from graphswap.native import (FileContent, cache_dir, compiler, owner_only_directory,
+                              record_artefact, recorded_artefact, remove_stale,
+                              write_atomically)
 
 _C_TYPES = {
     "uint8_t": (8, False), "unsigned char": (8, False), "int8_t": (8, True), "signed char": (8, True),
@@ -187,27 +190,6 @@ def _compile_error(path: str, exc: Exception, copied: Path) -> KernelSpecError:
                            f".lut table")
 
 
-def _hash_record(library_path: Path) -> Path:
-    return library_path.with_name(library_path.name + ".sha256")
-
-
-def _record_binary_hash(library_path: Path) -> None:
-    """Remember the hash of a binary we just built, to detect later tampering with the cache."""
-    record = _hash_record(library_path)
-    tmp = record.with_name(record.name + f".{os.getpid()}.tmp")
-    tmp.write_text(file_sha256(library_path))
-    os.replace(tmp, record)
-
-
-def _cached_binary_intact(library_path: Path) -> bool:
-    """A cached binary is reused only if it is the one we built (its recorded hash matches);
-    anything else - missing record, modified or replaced file - is rebuilt, never trusted."""
-    record = _hash_record(library_path)
-    if not library_path.is_file() or not record.is_file():
-        return False
-    return record.read_text().strip() == file_sha256(library_path)
-
-
 def from_c_source(content: FileContent, function: str | None, isolated: bool = True,
                   row_order=None) -> Multiplier:
     """Compile and evaluate the multiplier in a C source whose bytes were read (and checked) once.
@@ -223,10 +205,7 @@ def from_c_source(content: FileContent, function: str | None, isolated: bool = T
     workdir = owner_only_directory(owner_only_directory(cache_dir() / "multipliers") / sha[:24])
     include_name = "source_" + re.sub(r"[^A-Za-z0-9_.-]", "_", os.path.basename(path))
     copied = workdir / include_name
-    if not copied.is_file() or copied.read_bytes() != raw:
-        tmp = workdir / (include_name + f".{os.getpid()}.tmp")
-        tmp.write_bytes(raw)
-        os.replace(tmp, copied)
+    write_atomically(copied, raw)  # always these bytes (a rename replaces whatever was there)
 
     functions = [f for f in _find_functions(source) if len(f.params) == 2]
     if function is not None:
@@ -258,9 +237,13 @@ def from_c_source(content: FileContent, function: str | None, isolated: bool = T
     wrapper = _wrapper_source(fn, sig, include_name)
     key = hashlib.sha256((sha + fn.name + _WRAPPER_VERSION + wrapper).encode()).hexdigest()[:16]
     library_path = workdir / f"{fn.name}-{key}.so"
-    if not _cached_binary_intact(library_path):
+    # reused only if it is the binary graphswap built (its hash matches graphswap's record in the
+    # cache; a planted file, or a `.sha256` file beside one, counts for nothing): else rebuilt
+    checked = recorded_artefact(library_path)
+    if checked is None:
+        remove_stale(library_path)
         wrapper_path = workdir / f"wrapper-{key}.c"
-        wrapper_path.write_text(wrapper)
+        write_atomically(wrapper_path, wrapper.encode())
         try:
             # portable: the table is filled once, and a cache shared by machines (a home directory
             # on a cluster) must not hold code another CPU cannot run
@@ -268,9 +251,11 @@ def from_c_source(content: FileContent, function: str | None, isolated: bool = T
                                     portable=True)
         except compiler.CompilerError as exc:
             raise _compile_error(path, exc, copied) from None
-        _record_binary_hash(library_path)
+        checked = record_artefact(library_path)
+    checked.close()
+    # the evaluating process loads it only with this hash, checked on the descriptor it loads from
     plan = EvaluationPlan(source=path, name=fn.name, library=str(library_path),
-                          sha256=file_sha256(library_path), mode="wrapper")
+                          sha256=checked.sha256, mode="wrapper")
     if isolated:
         raw = evaluate_isolated(plan, sig.signed)
     else:

@@ -9,7 +9,8 @@ It runs in two places:
 
 So this module imports nothing but the standard library (the child starts without site-packages,
 in milliseconds).  The plan names a private copy in the owner-only cache and the SHA-256 it must
-have; the bytes are hashed again before the library is loaded.
+have; the file is opened once (no symbolic link followed), its bytes are hashed through that
+descriptor, and the library is loaded through the same descriptor.
 
 Output protocol of the script (stdout, binary; what the user's code prints goes to stderr): b"L" once the library is loaded and the function
 found, then for each evaluated row of the table 256 raw results as uint64 little-endian (2 KiB),
@@ -25,6 +26,7 @@ import ctypes
 import hashlib
 import json
 import os
+import stat
 import struct
 import sys
 
@@ -46,23 +48,46 @@ class PlanError(Exception):
         self.kind = kind
 
 
-def _sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
+#: descriptors the libraries were loaded through, open for the process (the dynamic loader
+#: knows a loaded object by its /proc/self/fd/N name: the number must not be reused)
+_loaded_through: list = []
+
+
+def _open_hashed(path: str):
+    """(descriptor, SHA-256 of the bytes read from it): the file opened once, no symbolic link
+    followed, a regular file."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise PlanError("hash", f"{path} is not a regular file")
+        digest = hashlib.sha256()
+        for block in iter(lambda: os.read(fd, 1 << 20), b""):
             digest.update(block)
-    return digest.hexdigest()
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, digest.hexdigest()
 
 
 def open_plan(plan: dict):
-    """The callable that fills one row: row(x) -> list of 256 raw uint64 results."""
+    """The callable that fills one row: row(x) -> list of 256 raw uint64 results.
+
+    The library is loaded through the descriptor whose bytes were hashed (/proc/self/fd/N), so
+    what runs is exactly what matched the plan's SHA-256."""
     path = plan["library"]
-    if _sha256(path) != plan["sha256"]:
-        raise PlanError("hash", f"{path} does not have the SHA-256 graphswap checked")
     try:
-        library = ctypes.CDLL(path)
+        fd, digest = _open_hashed(path)
     except OSError as exc:
-        raise PlanError("load", str(exc)) from None
+        raise PlanError("hash", f"{path} cannot be opened as a regular file: {exc}") from None
+    if digest != plan["sha256"]:
+        os.close(fd)
+        raise PlanError("hash", f"{path} does not have the SHA-256 graphswap checked")
+    through = f"/proc/self/fd/{fd}"
+    _loaded_through.append(fd)  # never closed: the loader knows the library by that name
+    try:
+        library = ctypes.CDLL(through if os.path.exists(through) else path)
+    except OSError as exc:
+        raise PlanError("load", str(exc).replace(through, path)) from None
     if plan["mode"] == "wrapper":
         try:
             fill = library.graphswap_fill_multiplier_row

@@ -10,10 +10,15 @@ Nothing here imports TensorFlow.  Layers above use:
     FileContent, read_file, file_sha256             - files read once, with the hash of the bytes
     missing_reason                                  - why a path cannot be opened (link loops too)
     cache_dir, private_copy                         - the owner-only cache
+    record_artefact, recorded_artefact, open_checked - compiled code reused only as it was built,
+                                                      loaded through the descriptor it was hashed on
 """
 
-from graphswap.native.cache import cache_dir, owner_only_directory, private_copy, write_atomically
-from graphswap.native.files import FileContent, file_sha256, missing_reason, read_file, sha256_of
+from graphswap.native.cache import (cache_dir, configured_cache_root, owner_only_directory,
+                                    private_copy, record_artefact, recorded_artefact, remove_stale,
+                                    write_atomically)
+from graphswap.native.files import (CheckedFile, FileContent, file_sha256, missing_reason,
+                                    open_checked, read_file, sha256_of)
 from graphswap.native.geometry import ConvGeometry, conv_geometry
 from graphswap.native.library import (ABI_VERSION, ISA_PATHS, LUT_SIGNED, LUT_UNSIGNED,
                                       QUANT_DYNAMIC, QUANT_PER_CHANNEL, QUANT_PER_TENSOR,
@@ -32,4 +37,6 @@ __all__ = ["ISA_PATHS", "LUT_SIGNED", "LUT_UNSIGNED", "LutQuant", "QUANT_DYNAMIC
            "unflipped_filter", "FileContent", "KernelLibrary", "cache_dir", "col2im",
            "conv_geometry", "conv_gradients_via_matmul", "conv_via_matmul", "file_sha256",
            "im2col", "load_library", "missing_reason", "owner_only_directory", "private_copy", "read_file",
-           "sha256_of", "shipped_library", "shipped_library_path", "write_atomically"]
+           "sha256_of", "shipped_library", "shipped_library_path", "write_atomically",
+           "CheckedFile", "configured_cache_root", "open_checked", "record_artefact",
+           "recorded_artefact", "remove_stale"]

@@ -22,8 +22,9 @@ import numpy as np
 
 from graphswap.errors import GraphswapError, KernelExecutionError, KernelLoadError
 from graphswap.native import compiler
-from graphswap.native.cache import cache_dir
-from graphswap.native.files import file_sha256
+from graphswap.native.cache import (cache_dir, owner_only_directory, record_artefact,
+                                    recorded_artefact, remove_stale)
+from graphswap.native.files import file_sha256, open_checked
 from graphswap.native.geometry import ConvGeometry
 
 ABI_VERSION = 1
@@ -127,16 +128,20 @@ class KernelLibrary:
 
     REQUIRED = ("graphswap_abi_version", "graphswap_matmul_f32")
 
-    def __init__(self, path: str | os.PathLike, sha256: str | None = None):
+    def __init__(self, path: str | os.PathLike, sha256: str | None = None,
+                 load_from: str | None = None):
+        """`load_from`: what dlopen opens (the descriptor whose bytes hashed to `sha256`, see
+        load_library); `path` names the library in messages."""
         self.path = str(Path(path).resolve())
-        if not os.path.isfile(self.path):
+        if load_from is None and not os.path.isfile(self.path):
             raise KernelLoadError(f"kernel library not found: {self.path}")
         self.sha256 = sha256 or file_sha256(self.path)
         try:
-            self._lib = _load_quietly(self.path)
+            self._lib = _load_quietly(load_from or self.path)
         except OSError as exc:
+            reason = str(exc).replace(load_from, self.path) if load_from else exc
             raise KernelLoadError(
-                f"cannot load kernel library {self.path}: {exc}. It must be a shared library "
+                f"cannot load kernel library {self.path}: {reason}. It must be a shared library "
                 f"(.so) built for this machine, e.g. 'cc -O3 -shared -fPIC mykernel.c -o libmykernel.so'"
             ) from None
         missing = [name for name in self.REQUIRED if not hasattr(self._lib, name)]
@@ -457,8 +462,11 @@ _lock = threading.Lock()
 def load_library(path: str | os.PathLike, sha256: str | None = None) -> KernelLibrary:
     """Load (once per resolved path and content hash) an operation-level kernel library.
 
-    `sha256`, when given, is the hash of the file's content as already verified by the caller
-    (a private copy made by private_copy()); it is not hashed again.
+    The file is opened once (the last component not followed if it is a link: callers pass a real
+    file), its bytes are hashed through that descriptor and the library is loaded through the same
+    descriptor (/proc/self/fd/N), so what loads is what was hashed.  `sha256`, when given, is the
+    hash the caller checked (a private copy made by private_copy(), a cache record): another hash
+    is refused (KernelTrustError) and nothing is loaded.
     """
     resolved = str(Path(path).resolve())
     with _lock:
@@ -466,12 +474,18 @@ def load_library(path: str | os.PathLike, sha256: str | None = None) -> KernelLi
         if library is not None and os.path.isfile(resolved) and \
                 (sha256 or file_sha256(resolved)) == library.sha256:
             return library
-        library = KernelLibrary(resolved, sha256)
+        if not os.path.isfile(resolved):
+            raise KernelLoadError(f"kernel library not found: {resolved}")
+        checked = open_checked(resolved, sha256)
+        # kept open even when a check after the load fails: the loader knows the loaded object
+        # by its /proc/self/fd/N name, which must never name another file in this process
+        checked.keep_open()
+        library = KernelLibrary(resolved, checked.sha256, load_from=checked.load_path)
         _libraries[resolved] = library
         return library
 
 
-_shipped_path: Path | None = None
+_shipped: tuple[Path, str | None] | None = None
 
 
 def shipped_library_path() -> Path:
@@ -479,21 +493,27 @@ def shipped_library_path() -> Path:
 
     An installed package carries the library built by `pip install`; a source checkout (tests run
     from the repository) builds native_kernels/ into the user cache, keyed by the sources' hash and
-    the build's fingerprint (compiler, flags, OpenBLAS): a changed toolchain builds anew.  Found
-    once per process (again only if the file went away): in a source checkout the lookup hashes
-    every source and runs the compiler for its version, ~1.5 ms that every lut_grad gradient call
-    paid.
+    the build's fingerprint (compiler, flags, OpenBLAS): a changed toolchain builds anew.  A cached
+    build is reused only if its SHA-256 matches the record graphswap wrote when it built it
+    (native.cache); anything else at its place is rebuilt, never loaded.  Found once per process
+    (again only if the file went away): in a source checkout the lookup hashes every source and
+    runs the compiler for its version, ~1.5 ms that every lut_grad gradient call paid.
     """
-    global _shipped_path
-    if _shipped_path is None or not _shipped_path.is_file():
-        _shipped_path = _locate_shipped_library()
-    return _shipped_path
+    return _shipped_location()[0]
 
 
-def _locate_shipped_library() -> Path:
+def _shipped_location() -> tuple[Path, str | None]:
+    """(path, the SHA-256 graphswap recorded when it built it - None for the installed one)."""
+    global _shipped
+    if _shipped is None or not _shipped[0].is_file():
+        _shipped = _locate_shipped_library()
+    return _shipped
+
+
+def _locate_shipped_library() -> tuple[Path, str | None]:
     packaged = Path(__file__).resolve().parent.parent / compiler.LIBRARY_NAME
     if packaged.is_file():
-        return packaged
+        return packaged, None
     native_dir = compiler.native_source_dir()
     if native_dir is None:
         raise KernelLoadError(
@@ -504,18 +524,25 @@ def _locate_shipped_library() -> Path:
                           *native_dir.glob("include/*.h")]):
         digest.update(source.name.encode())
         digest.update(source.read_bytes())
-    target = cache_dir() / "shipped" / f"{digest.hexdigest()[:16]}-{compiler.LIBRARY_NAME}"
-    if not target.is_file():
+    target = owner_only_directory(cache_dir() / "shipped") / \
+        f"{digest.hexdigest()[:16]}-{compiler.LIBRARY_NAME}"
+    checked = recorded_artefact(target)
+    if checked is None:
+        remove_stale(target)
         try:
             compiler.build_shipped_library(native_dir, target)
         except compiler.CompilerError as exc:
             raise KernelLoadError(f"building graphswap's kernel library from {native_dir} "
                                   f"failed: {exc}") from None
-    return target
+        checked = record_artefact(target)
+    checked.close()
+    return target, checked.sha256
 
 
 def shipped_library() -> KernelLibrary:
-    """graphswap's own kernel library (its forced instruction-set path checked on first load)."""
-    library = load_library(shipped_library_path())
+    """graphswap's own kernel library (its forced instruction-set path checked on first load);
+    a library built into the cache is loaded only with the hash graphswap recorded for it."""
+    path, sha256 = _shipped_location()
+    library = load_library(path, sha256)
     library.check_isa()
     return library

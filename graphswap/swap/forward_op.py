@@ -6,7 +6,9 @@ tf.numpy_function costs every call a trip through Python (the GIL, array wrappin
 handling): about 100-200 us per swapped layer call on the development VM, which on a small network
 is a tenth of the training step.  The op (graphswap/native/tf_op/forward_op.cc) is compiled on first
 use against the installed TensorFlow's headers, into the per-user cache (keyed by its source, the
-TensorFlow version and the compiler), and loaded with tf.load_op_library.  When it cannot be built
+TensorFlow version and the compiler), and loaded with tf.load_op_library - only if its hash
+matches the record graphswap wrote when it built it, through the descriptor that was hashed
+(graphswap/native/cache.py: a cache is code).  When it cannot be built
 (no C++ compiler, headers missing) the swapped layers keep the numpy_function bridge - same results,
 slower - and say why once.
 
@@ -29,7 +31,7 @@ from pathlib import Path
 import tensorflow as tf
 
 from graphswap import native
-from graphswap.errors import KernelLoadError
+from graphswap.errors import CacheSecurityError, KernelLoadError
 from graphswap.kernels.base import SchemeBoundKernel
 from graphswap.kernels.float_kernels import LibraryKernel
 from graphswap.kernels.quantized import LutKernel, fused_quant
@@ -53,16 +55,20 @@ class ForwardCall(ctypes.Structure):
 
 
 class _OpLibrary:
-    """The loaded op: its TensorFlow module (the op wrapper) and its registry (through ctypes)."""
+    """The loaded op: its TensorFlow module (the op wrapper) and its registry (through ctypes).
 
-    def __init__(self, path: Path):
-        self.path = path
-        self.module = tf.load_op_library(str(path))
-        self._lib = ctypes.CDLL(str(path))  # the same loaded object: registry shared with the op
+    `checked` is the compiled op opened once and hashed (native.open_checked): both loads go
+    through that descriptor, which stays open for the process."""
+
+    def __init__(self, checked: native.CheckedFile):
+        self.path = Path(checked.path)
+        checked.keep_open()  # the loader knows the object by /proc/self/fd/N: never reused
+        self.module = tf.load_op_library(checked.load_path)
+        self._lib = ctypes.CDLL(checked.load_path)  # the same loaded object: shared registry
         self._lib.graphswap_forward_abi.restype = ctypes.c_int32
         if self._lib.graphswap_forward_abi() != ctypes.sizeof(ForwardCall):
-            raise KernelLoadError(f"{path} was built with another ForwardCall layout; delete it "
-                                  f"so graphswap rebuilds it")
+            raise KernelLoadError(f"{self.path} was built with another ForwardCall layout; delete "
+                                  f"it so graphswap rebuilds it")
         self._register = self._lib.graphswap_forward_register
         self._register.restype = ctypes.c_int64
         self._register.argtypes = [ctypes.POINTER(ForwardCall)]
@@ -79,10 +85,21 @@ _unavailable: str | None = None
 def bridge_mode() -> str:
     mode = os.environ.get("GRAPHSWAP_BRIDGE", "auto").strip().lower() or "auto"
     if mode not in BRIDGE_MODES:
-        raise KernelLoadError(f"GRAPHSWAP_BRIDGE={mode!r} is not one of {BRIDGE_MODES}: 'auto' "
-                              f"uses the compiled op where it can, 'op' insists on it, 'numpy' "
-                              f"always uses tf.numpy_function")
+        raise _one_line(KernelLoadError(
+            f"GRAPHSWAP_BRIDGE={mode!r} is not one of {BRIDGE_MODES}: 'auto' uses the compiled "
+            f"op where it can, 'op' insists on it, 'numpy' always uses tf.numpy_function; set "
+            f"GRAPHSWAP_BRIDGE to {'|'.join(BRIDGE_MODES)} or unset it"))
     return mode
+
+
+def _one_line(error: Exception) -> Exception:
+    """`error`, marked so that TensorFlow's autograph and Keras' layer call re-raise it as it is:
+    these errors arise while a model is traced, and autograph would prepend its "in user code:"
+    stack and Keras its "Exception encountered when calling ..." to the message (the CLI's one
+    `Error:` line became a dozen)."""
+    error.ag_pass_through = True
+    error._keras_call_info_injected = True
+    return error
 
 
 def _header_dir() -> Path:
@@ -96,20 +113,35 @@ def _header_dir() -> Path:
     return source / "include"
 
 
-def op_library_path() -> Path:
-    """The compiled op for this TensorFlow, built into the cache if it is not there yet."""
+def _build_flags() -> list[str]:
+    return [f"-I{_header_dir()}", *tf.sysconfig.get_compile_flags(),
+            *tf.sysconfig.get_link_flags()]
+
+
+def op_library_target() -> Path:
+    """Where the compiled op for this TensorFlow, toolchain and source lives in the cache (keyed
+    by their hash); nothing is built or checked here."""
     header_dir = _header_dir()
-    flags = [f"-I{header_dir}", *tf.sysconfig.get_compile_flags(),
-             *tf.sysconfig.get_link_flags()]
     toolchain = compiler.compiler_identity(compiler.find_cxx_compiler())
-    digest = hashlib.sha256("|".join([*toolchain, tf.__version__, *flags]).encode())
+    digest = hashlib.sha256("|".join([*toolchain, tf.__version__, *_build_flags()]).encode())
     digest.update(SOURCE.read_bytes())
     digest.update((header_dir / "graphswap_kernels.h").read_bytes())
-    target = native.cache_dir() / "tf_op" / f"{digest.hexdigest()[:16]}-graphswap_forward_op.so"
-    if not target.is_file():
-        native.owner_only_directory(target.parent)
-        compiler.compile_cxx_shared(SOURCE, target, flags)
-    return target
+    return native.cache_dir() / "tf_op" / f"{digest.hexdigest()[:16]}-graphswap_forward_op.so"
+
+
+def op_library_path() -> native.CheckedFile:
+    """The compiled op for this TensorFlow, opened and hashed: the one graphswap built (its hash
+    matches graphswap's record in the cache), else built into the cache now.  A file at its place
+    that graphswap did not build - planted, replaced, with or without a hash file beside it - is
+    rebuilt, never loaded."""
+    target = op_library_target()
+    native.owner_only_directory(target.parent)
+    checked = native.recorded_artefact(target)
+    if checked is None:
+        native.remove_stale(target)
+        compiler.compile_cxx_shared(SOURCE, target, _build_flags())
+        checked = native.record_artefact(target)
+    return checked
 
 
 def op_library() -> _OpLibrary | None:
@@ -123,6 +155,8 @@ def op_library() -> _OpLibrary | None:
         if _loaded is None and _unavailable is None:
             try:
                 _loaded = _OpLibrary(op_library_path())
+            except CacheSecurityError as exc:
+                raise _one_line(exc)  # an unsafe cache is refused, not worked around
             except (compiler.CompilerError, KernelLoadError, OSError,
                     tf.errors.NotFoundError) as exc:
                 _unavailable = str(exc)
@@ -131,8 +165,8 @@ def op_library() -> _OpLibrary | None:
                                   f"call their kernels through tf.numpy_function (same results, "
                                   f"slower): {exc}", RuntimeWarning, stacklevel=3)
         if _loaded is None and mode == "op":
-            raise KernelLoadError(f"GRAPHSWAP_BRIDGE=op, but graphswap's TensorFlow op is not "
-                                  f"available: {_unavailable}")
+            raise _one_line(KernelLoadError(f"GRAPHSWAP_BRIDGE=op, but graphswap's TensorFlow "
+                                            f"op is not available: {_unavailable}"))
         return _loaded
 
 
