@@ -106,6 +106,9 @@ def _bad_archives(folder):
         ("zero_d_inputs", _npz(folder / "scalar.npz", {"x": _npy(np.float32(3.0)), "y": y}),
          ("inputs are a scalar (a 0-d array, shape ())", "batch axis",
           "shape (examples, 4)")),
+        ("zero_d_labels", _npz(folder / "scalar_y.npz", {"x": _npy(X), "y": _npy(np.int64(2))}),
+         ("the labels are a scalar (a 0-d array, shape ())", "one label per example",
+          "length 12")),
     ]
 
 
@@ -119,13 +122,13 @@ def _cli_error(args):
 
 
 def test_damaged_npz_members_are_named_before_anything_is_allocated(dense, tmp_path):
-    """9 damaged archives: one clear line each from `evaluate`, and a DataError from load_data;
+    """10 damaged archives: one clear line each from `evaluate`, and a DataError from load_data;
     the size checks come before any allocation (a 10^12-element header used to be a
     MemoryError, an overflowing one was blamed on pickle, CRC and zlib errors were unexpected,
-    a 0-d input was "empty")."""
+    a 0-d input was "empty", 0-d labels an unexpected TypeError)."""
     model, model_path = dense
     cases = _bad_archives(tmp_path)
-    assert len(cases) == 9
+    assert len(cases) == 10
     for name, path, parts in cases:
         line = _cli_error(["evaluate", model_path, "--data", path])
         for part in parts:
@@ -374,3 +377,45 @@ def test_explore_refuses_a_foreign_or_tampered_study_in_one_line(dense, tmp_path
     line = _cli_error(args + ["--study", study, "-o", tmp_path / "c.json", "--budget", "80"])
     assert "holds a value graphswap did not write" in line and "drop is [0.5]" in line
     assert not (tmp_path / "c.json").exists()
+
+
+KILLED_WRITER = """
+import sys
+from graphswap.research import design_space
+study = design_space.Study(sys.argv[1], {"model": "m", "data": "d"}, ["out"],
+                           ["exact", "mul8u_drum4"])
+for i in range(100000):
+    study.put(f"finetuned:{i}", {"accuracy": 0.5, "loss": 1.0, "agreement": 1.0, "drop": 0.0})
+    if i == 20:
+        print("writing", flush=True)
+"""
+
+
+def test_a_study_killed_while_writing_reopens_whole_and_leaves_no_temporary(tmp_path):
+    """The study is the only file these modules write (SQLite, through optuna): a writer killed
+    (SIGKILL) mid-transaction leaves at most SQLite's journal, which the next open rolls back and
+    removes; the study reopens with every value it committed readable."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    path = tmp_path / "study.db"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "2"}
+    child = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(path)],
+                             stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert child.stdout.readline().strip() == "writing"
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=60)
+    assert child.returncode == -signal.SIGKILL
+    study = _study(path)
+    stored = [key for key in study.study.user_attrs if key.startswith("finetuned:")]
+    assert len(stored) >= 21
+    for key in stored:
+        assert study.get(key)["accuracy"] == 0.5
+    study.put("after", 1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["study.db"]

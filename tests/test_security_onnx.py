@@ -339,7 +339,7 @@ def _malformed_cases():
 
 
 def test_every_node_and_attribute_is_checked_before_the_session(canary, tmp_path):
-    """47 attacks, all in one fresh interpreter: each refused with one line naming the node (and
+    """39 attacks, all in one fresh interpreter: each refused with one line naming the node (and
     where it sits) and the attribute; the interpreter never aborts, the canary never runs."""
     cases = _trust_cases(canary) + _domain_cases(canary) + _malformed_cases()
     outcomes = _run_cases(tmp_path, cases)

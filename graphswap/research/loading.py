@@ -231,6 +231,9 @@ def _from_arrays(x, y, origin, expect: ModelExpectation, resize, pad, scale, lab
                         f"{expect.describe_input()}): stack the examples along the first axis")
     if len(x) == 0:
         raise DataError(f"{label} ({origin}) is empty: 0 examples")
+    if isinstance(y, (np.ndarray, np.generic, int, float)) and np.ndim(y) == 0:
+        raise DataError(f"{label} ({origin}): the labels are a scalar (a 0-d array, shape ()); "
+                        f"expected one label per example, an array of length {len(x)}")
     if x.dtype.kind not in "iuf":
         raise DataError(f"{label}: inputs have dtype {x.dtype}; expected numbers (uint8 pixels "
                         f"or floats)")
