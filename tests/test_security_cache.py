@@ -221,6 +221,30 @@ def test_a_planted_compiled_op_is_rebuilt_never_loaded(attacker, entry, when):
     assert native.recorded_artefact(target).sha256 == _sha(a.honest_op)
 
 
+def test_a_planted_shipped_library_is_rebuilt_never_loaded(attacker, monkeypatch):
+    """The shipped library a source checkout builds into the cache: replaced by the attacker's
+    (with its `.sha256` file), it is rebuilt (a fake build copying graphswap's own, for speed)."""
+    from graphswap.native import compiler, library
+
+    a = attacker
+    honest = native.shipped_library_path()          # this process's, as graphswap built it
+    target = a.cache / "shipped" / honest.name
+    assert target.read_bytes() == honest.read_bytes()  # the seeded cache holds the same build
+    _plant(target, a.canary)
+    builds = []
+
+    def fake_build(native_dir, output, portable=None):
+        builds.append(output)
+        shutil.copy(honest, output)
+        return output
+
+    monkeypatch.setattr(compiler, "build_shipped_library", fake_build)
+    monkeypatch.setattr(library, "_shipped", None)  # found anew, in the attacker's cache
+    assert native.shipped_library_path() == target
+    assert builds == [target] and target.read_bytes() == honest.read_bytes()
+    assert native.recorded_artefact(target).sha256 == _sha(honest)
+
+
 # --------------------------------------------------------------------------------------------
 # planted compiled multiplier (with a matching .sha256 file)
 # --------------------------------------------------------------------------------------------
@@ -418,6 +442,29 @@ def test_a_cache_that_is_not_the_users_alone_is_refused(attacker, honest_c, case
     if case.startswith(("cache", "parent", "the cache")):
         assert len(refusals) == 6  # every use of the cache is refused, not only the first
     assert _fsnapshot(offending) == before  # nothing was chmod-ed or chown-ed behind the user
+
+
+def test_xdg_cache_home_on_a_shared_disk_is_refused(attacker, honest_c, monkeypatch):
+    """No GRAPHSWAP_CACHE_DIR: $XDG_CACHE_HOME/graphswap, where another user made it first on a
+    shared, world-writable disk and planted a multiplier."""
+    a = attacker
+    shared = a.tmp / "shared-disk"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    planted = shared / "graphswap" / "multipliers"
+    planted.mkdir(parents=True)
+    shutil.copy(a.canary, planted / "mul8u_mine-0000000000000000.so")
+    for folder in (shared / "graphswap", planted):
+        os.chown(folder, OTHER_UID, -1)
+        os.chmod(folder, 0o777)
+    monkeypatch.delenv("GRAPHSWAP_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(shared))
+    with pytest.raises(CacheSecurityError) as refused:
+        kernels.evaluate_anew(str(honest_c))
+    message = str(refused.value)
+    assert "\n" not in message and str(shared) in message and "GRAPHSWAP_CACHE_DIR" in message
+    assert "writable by others" in message  # the shared disk itself, first on the way
+    assert _fsnapshot(shared / "graphswap") == (OTHER_UID, 0o777)
 
 
 def test_an_unsafe_cache_is_one_error_line_from_the_cli_and_nothing_loads(attacker, honest_c):
