@@ -389,3 +389,20 @@ def test_checked_models_run_the_kernel_wherever_the_node_sits(tmp_path):
 
     reference = tf.nn.conv2d(XC, FILTERS, strides=1, padding="SAME").numpy()
     assert_close_to_roundoff(np.array(outcomes["conv_exact"]["output"]), reference, 4)
+
+
+def test_a_model_with_external_weights_opens_from_the_checked_bytes(tmp_path, monkeypatch):
+    """onnxruntime gets the checked bytes, not the path: weights stored beside the file are still
+    found (from its folder, whatever the working directory)."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    weights = np.random.default_rng(4).standard_normal((3, 2)).astype(np.float32)
+    model = main_graph(_matmul_attrs())
+    model.graph.initializer[0].CopyFrom(onnx.numpy_helper.from_array(weights, "W"))
+    onnx.save(model, str(folder / "m.onnx"), save_as_external_data=True,
+              all_tensors_to_one_file=True, location="weights.bin", size_threshold=0)
+    assert (folder / "weights.bin").stat().st_size == weights.nbytes
+    monkeypatch.chdir(tmp_path)
+    session = onnx_ops.session(folder / "m.onnx")
+    (out,) = session.run(None, {"X": X})
+    assert_close_to_roundoff(out, X.astype(np.float64) @ weights, 3)
