@@ -604,6 +604,23 @@ def _data_options(command):
     return command
 
 
+def _task_options(metrics_option="--metrics"):
+    """--loss and --metrics (explore: --task-metrics): override the task the saved loss implies
+    (graphswap.research.task), shared by finetune, evaluate, sweep and explore."""
+    def decorate(command):
+        command = click.option(
+            metrics_option, "task_metrics", default=None, metavar="NAME[,NAME...]",
+            help="Metrics to report (and compile with): accuracy, top5_accuracy, agreement, "
+                 "loss, mse, mae, psnr, r2, max_abs_diff; the first is the score compared "
+                 "[default: the task's: accuracy for classifiers, r2 for regression].")(command)
+        return click.option(
+            "--loss", default=None, metavar="NAME",
+            help="The loss that decides the task, instead of the one saved with the model: "
+                 "sparse_categorical_crossentropy, categorical_crossentropy, "
+                 "binary_crossentropy, mse, mae, huber, ...")(command)
+    return decorate
+
+
 def _echo_notes(notes, err=False):
     for note in notes:
         click.echo(f"  {note}", err=err)
@@ -646,6 +663,11 @@ def _echo_notes(notes, err=False):
 @click.option("--monitor", default=None,
               help="Metric choosing the best epoch [default: val accuracy, else val_loss].")
 @click.option("--seed", default=0, show_default=True, help="Seed for weights, shuffling, splits.")
+@click.option("--teacher", default=None, metavar="original|MODEL",
+              help="Fine-tune by distillation, without labels: reproduce the outputs of "
+                   "'original' (the float model MODEL was made from: its swapped layers "
+                   "lowered to exact arithmetic) or of another model file, on --data's inputs.")
+@_task_options()
 @_data_options
 @click.option("-o", "--output", type=ModelOutput(),
               help=f"Where to write the fine-tuned model: {MODEL_OUTPUT_HELP} [default: MODEL's "
@@ -657,7 +679,8 @@ def _echo_notes(notes, err=False):
 @model_loading_options
 def finetune(model_path, data_path, val_data, val_split, epochs, batch_size, learning_rate,
              schedule, recalibrate_bn, strategy, checkpoint_dir, resume, patience, monitor, seed,
-             scale, pad, resize, output, force, as_json, custom_objects, unsafe):
+             scale, pad, resize, output, force, as_json, custom_objects, unsafe, loss=None,
+             task_metrics=None, teacher=None):
     """Fine-tune MODEL (e.g. written by convert) with its kernels in the loop; save the result.
 
     Uses the loss/metrics saved with the model (else a stated classifier default), keeps the
@@ -676,7 +699,8 @@ def finetune(model_path, data_path, val_data, val_split, epochs, batch_size, lea
         seed=seed, verbose=2 if as_json or not sys.stdout.isatty() else 1,
         resize=resize, pad=pad, scale=scale, custom_objects=custom_objects,
         safe_mode=not unsafe, force=force, output=output,
-        log=None if as_json else (lambda note: click.echo(f"  {note}")))
+        log=None if as_json else (lambda note: click.echo(f"  {note}")), loss=loss,
+        metrics=task_metrics, teacher=teacher)
     if not result.chief:  # a non-chief worker of a multi-worker run: the chief saves
         click.echo(f"worker done (epochs {result.epochs_run}); the chief writes {output}")
         return
@@ -709,6 +733,7 @@ def finetune(model_path, data_path, val_data, val_split, epochs, batch_size, lea
 @click.option("--seed", default=0, show_default=True)
 @click.option("--include", multiple=True, metavar="REGEX", help="As for convert.")
 @click.option("--exclude", multiple=True, metavar="REGEX", help="As for convert.")
+@_task_options()
 @_data_options
 @click.option("-o", "--output", type=OutputFile((".json", ".csv")),
               help="Write the results as JSON or CSV (by the file's suffix).")
@@ -724,7 +749,8 @@ def finetune(model_path, data_path, val_data, val_split, epochs, batch_size, lea
 @click.pass_context
 def evaluate_command(ctx, model_path, data_path, kernel_specs, finetune_data, epochs, batch_size,
                      learning_rate, seed, include, exclude, scale, pad, resize, output, plot,
-                     force, json_target, custom_objects, unsafe, rewrite):
+                     force, json_target, custom_objects, unsafe, rewrite, loss=None,
+                     task_metrics=None):
     """Evaluate MODEL and one rewritten copy per --kernel on the same data, side by side."""
     as_json = json_target == "-"
     if json_target not in (None, "-"):
@@ -743,7 +769,8 @@ def evaluate_command(ctx, model_path, data_path, kernel_specs, finetune_data, ep
                                include=list(include) or None, exclude=list(exclude) or None,
                                resize=resize, pad=pad, scale=scale,
                                custom_objects=custom_objects, safe_mode=not unsafe,
-                               rewrite_options=_rewrite_options(rewrite, ctx=ctx))
+                               rewrite_options=_rewrite_options(rewrite, ctx=ctx), loss=loss,
+                               metrics=task_metrics)
     if output is not None:
         result.write(output, force=force)
     if plot is not None:
@@ -779,6 +806,7 @@ def evaluate_command(ctx, model_path, data_path, kernel_specs, finetune_data, ep
 @layer_types_option("sweep")
 @click.option("--batch-size", default=128, show_default=True,
               help="Evaluation batch size (as evaluate's, so the numbers compare).")
+@_task_options()
 @_data_options
 @click.option("-o", "--output", type=OutputFile((".json",)),
               help="Where to write the kernel map for 'convert --kernel-map' "
@@ -792,7 +820,8 @@ def evaluate_command(ctx, model_path, data_path, kernel_specs, finetune_data, ep
 @click.pass_context
 def sweep_command(ctx, model_path, data_path, kernel_spec, power_options, reference_power,
                   max_drop, include, exclude, layer_types, batch_size, scale, pad, resize, output,
-                  plot, force, as_json, custom_objects, unsafe, rewrite):
+                  plot, force, as_json, custom_objects, unsafe, rewrite, loss=None,
+                  task_metrics=None):
     """Swap one layer at a time to KERNEL: accuracy drop, MACs, energy, Pareto plot, kernel map.
 
     On a terminal a progress bar (click's) on stderr counts the evaluated models: one per
@@ -815,7 +844,8 @@ def sweep_command(ctx, model_path, data_path, kernel_spec, power_options, refere
                                 batch_size=batch_size, resize=resize, pad=pad, scale=scale,
                                 custom_objects=custom_objects, safe_mode=not unsafe,
                                 progress=progress,
-                                rewrite_options=_rewrite_options(rewrite, ctx=ctx))
+                                rewrite_options=_rewrite_options(rewrite, ctx=ctx), loss=loss,
+                                metrics=task_metrics)
     finally:
         progress.close()
     result.write_kernel_map(output, force=force)
@@ -868,6 +898,7 @@ def sweep_command(ctx, model_path, data_path, kernel_spec, power_options, refere
 @click.option("--exclude", multiple=True, metavar="REGEX", help="As for convert.")
 @click.option("--batch-size", default=128, show_default=True, type=click.IntRange(min=1))
 @click.option("--seed", default=0, show_default=True)
+@_task_options("--task-metrics")
 @_data_options
 @click.option("-o", "--output", type=OutputFile((".json",)),
               help="Write the front as JSON [default: MODEL's name + .front.json]; each point's "
@@ -880,7 +911,8 @@ def sweep_command(ctx, model_path, data_path, kernel_spec, power_options, refere
 def explore_command(model_path, data_path, library_sources, metrics_table, budget, objective,
                     trials, exhaustive_limit, estimate_samples, finetune_data, finetune_epochs,
                     finetune_points, study, include, exclude, batch_size, seed, scale, pad,
-                    resize, output, plot, force, as_json, custom_objects, unsafe):
+                    resize, output, plot, force, as_json, custom_objects, unsafe, loss=None,
+                    task_metrics=None):
     """Choose a multiplier per layer from a library of circuits: the measured Pareto front of
     accuracy against hardware cost, the cheapest assignment within the budget, and (with
     --finetune-data) how far retraining recovers it."""
@@ -898,7 +930,8 @@ def explore_command(model_path, data_path, library_sources, metrics_table, budge
         exclude=list(exclude) or None, batch_size=batch_size, seed=seed, resize=resize,
         pad=pad, scale=scale, custom_objects=custom_objects, safe_mode=not unsafe,
         progress=not as_json and sys.stderr.isatty(),
-        log=None if as_json else (lambda note: click.echo(f"  {note}")))
+        log=None if as_json else (lambda note: click.echo(f"  {note}")), loss=loss,
+        task_metrics=task_metrics)
     result.write(output, force=force)
     if plot is not None:
         result.plot(plot, force=force)

@@ -80,7 +80,10 @@ def test_missing_keys_name_what_was_found_and_what_is_expected(tmp_path, model):
                                         r"or 'x_train'/'y_train'"):
         load_data(tmp_path / "d.npz", model)
     np.savez(tmp_path / "e.npz", x_train=np.zeros((3, 8, 8, 1)))
-    with pytest.raises(DataError, match=r"expected 'x_train'/'y_train' or 'x'/'y'"):
+    # inputs without labels: the model's task says it needs them, and how to do without
+    with pytest.raises(DataError, match=r"e\.npz \[x_train\]\) holds inputs but no labels; the "
+                                        r"model's task \(multiclass\) needs them: save them as "
+                                        r"'y'.*--teacher original"):
         load_data(tmp_path / "e.npz", model, split="train")
 
 
@@ -119,8 +122,11 @@ def test_fractional_labels_and_bad_label_shapes(model):
 def test_one_hot_labels_are_recognised(model):
     x, y = arrays()
     data = load_data((x, np.eye(3)[y]), model)
-    assert data.label_format == "one_hot"
-    np.testing.assert_array_equal(data.labels().argmax(1), y)
+    # the model's task (no saved loss, softmax output: sparse cross-entropy) takes class
+    # indices: exact one-hot rows are converted, and a note says so
+    assert data.label_format == "sparse"
+    np.testing.assert_array_equal(data.labels(), y)
+    assert any("one-hot labels converted to class indices" in note for note in data.notes)
 
 
 def test_shape_mismatch_says_what_the_model_expects_and_offers_resize(model):

@@ -97,7 +97,8 @@ def test_evaluate_json_schema_csv_and_plot(tmp_path):
                       epochs=1, batch_size=8, learning_rate=1e-3)
     payload = json.loads(result.to_json())
     assert set(payload) == {"schema", "model", "data", "loss", "top5", "finetune", "rows",
-                            "notes"}
+                            "notes", "task", "score"}
+    assert payload["task"] == "multiclass" and payload["score"] == "accuracy"
     assert payload["schema"] == EVALUATE_SCHEMA
     assert payload["data"] == {"source": "arrays", "examples": 40, "classes": 3}
     assert payload["finetune"] == {"data": "arrays", "examples": 32, "epochs": 1,
@@ -159,7 +160,8 @@ def test_sweep_matches_single_layer_swaps_macs_and_energy(tmp_path):
     assert payload["schema"] == SWEEP_SCHEMA
     assert set(payload) == {"schema", "model", "kernel", "data", "baseline", "layers",
                             "configurations", "recommended", "kernel_map",
-                            "max_accuracy_drop", "energy", "notes"}
+                            "max_accuracy_drop", "energy", "notes", "score"}
+    assert payload["score"] == "accuracy"
     assert payload["energy"] == {"power_mw": 0.2, "power_source": "--power",
                                  "reference_power_mw": EXACT_POWER_UNSIGNED_MW,
                                  "reference_source": "EvoApproxLib mul8u_1JFF (exact 8x8 "

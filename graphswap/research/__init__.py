@@ -4,9 +4,11 @@ and saliency maps.
 
 Modules: data (what a model expects, the Data container), loading (reading .npz / image folders /
 tf.data / arrays), recovery (calibration data, BN re-estimation, bias compensation, the fine-tuning
-recipe), scoring, strategies, checkpoints, finetuning, evaluation, sweeping, circuits, design_space
-and exploration (design-space exploration over a library of circuits), saliency (it reads
-images and writes PNGs, so it sits here rather than in surgery/, whose `override` it uses).
+recipe), task and output_task (what a model is for, derived once from its saved loss: labels,
+metrics, score), distillation (fine-tuning without labels), scoring, strategies, checkpoints,
+finetuning, evaluation, sweeping, circuits, design_space and exploration (design-space
+exploration over a library of circuits), saliency (it reads images and writes PNGs, so it sits
+here rather than in surgery/, whose `override` it uses).
 """
 
 from graphswap.research.circuits import Circuit, CircuitLibrary, load_library
@@ -26,6 +28,7 @@ from graphswap.research.saliency import (SaliencyResult, input_gradients, load_s
                                          saliency_map, write_saliency_png)
 from graphswap.research.strategies import STRATEGIES, is_chief, resolve_strategy
 from graphswap.research.sweeping import SweepResult, parse_power_options, sweep
+from graphswap.research.task import Task, derive_task
 
 __all__ = ["Circuit", "CircuitLibrary", "ExploreResult", "explore", "load_library",
            "AUTO_LEARNING_RATE", "DEFAULT_BIAS_CORRECTION", "DEFAULT_LEARNING_RATE",
@@ -35,4 +38,5 @@ __all__ = ["Circuit", "CircuitLibrary", "ExploreResult", "explore", "load_librar
            "SaliencyResult", "SweepResult", "check_learning_rate", "compile_settings", "evaluate",
            "finetune", "format_history", "input_gradients", "is_chief", "load_data",
            "load_sample", "model_expectation", "parse_power_options", "resolve_strategy",
-           "saliency_map", "swapped_layers", "sweep", "write_saliency_png"]
+           "saliency_map", "swapped_layers", "sweep", "write_saliency_png", "Task",
+           "derive_task"]

@@ -9,8 +9,11 @@ one DataError that says what was found, what the model expects and what to do:
   - sample shape against the model's input (a missing trailing channel axis is added; images of
     another height/width are refused unless `resize=True` (bilinear) or `pad=True` (zero padding,
     centred) was asked for);
-  - labels against the model's output: integer class indices in 0..classes-1 (or 0/1 for a single
-    sigmoid/logit output), or one-hot rows of the output's width.
+  - labels against the model's task (graphswap.research.task, derived once from the loss saved
+    with the model or --loss): class indices or one-hot rows (converted to what the loss takes),
+    0/1 labels of shape (N,) or (N, 1) for a binary output, targets of the output's shape for
+    regression; a reconstruction model's labels default to its inputs, and commands that use
+    only inputs (calibration, distillation) read data without labels.
 
 Scaling is never guessed: integer pixels are passed unchanged, and the notes say whether the model's
 own Rescaling layer scales them (the sample LeNet-5 does) or that nothing does (then `scale=1/255`
@@ -49,7 +52,7 @@ class ModelExpectation:
 
     input_shape: tuple          # per-sample shape, None for free dimensions
     input_dtype: str
-    classes: int                # width of the (single) output's last axis
+    classes: int                # width of the (first) output's last axis
     rescaling: tuple | None     # (layer name, scale, offset) of an input Rescaling layer, if any
     input_key: str | None = None  # the input's name when the model takes its input as a dict
 
@@ -85,10 +88,6 @@ def model_expectation(model) -> ModelExpectation:
             f"model {model.name!r} has {len(model.inputs)} inputs; graphswap's data loading "
             f"supports single-input models. From Python, call model.fit/evaluate with your own "
             f"tf.data pipeline instead")
-    if len(model.outputs) != 1:
-        raise DataError(
-            f"model {model.name!r} has {len(model.outputs)} outputs; graphswap's fine-tuning and "
-            f"evaluation support single-output classifiers")
     tensor = model.inputs[0]
     shape = tuple(None if d is None else int(d) for d in tensor.shape[1:])
     output_shape = model.outputs[0].shape
@@ -131,10 +130,17 @@ class Data:
     y: np.ndarray | None = None
     dataset: object = None               # tf.data.Dataset of (x, y) single examples
     count: int | None = None             # number of examples (None: unknown for a dataset)
-    label_format: str = "sparse"         # "sparse" (class indices), "one_hot", "binary"
+    label_format: str = "sparse"         # "sparse" (class indices), "one_hot", "binary",
+    #                                      "multilabel", "values" (regression), "none" (no labels:
+    #                                      zeros stand in), "+"-joined for several outputs
     scale: float | None = None
     notes: list = dataclasses.field(default_factory=list)
     directory: str | None = None         # the image folder the dataset reads, if any
+    task: object = None                  # the graphswap.research.task.Task the labels are for
+
+    @property
+    def has_labels(self) -> bool:
+        return self.label_format != "none"
 
     def __len__(self) -> int:
         return int(self.count or 0)
@@ -206,14 +212,15 @@ class Data:
         count = len(self.x)
         orders = np.stack([np.random.default_rng([base, epoch]).permutation(count)
                            for epoch in range(initial_epoch, epochs)]).astype(np.int64)
-        x_all, y_all = tf.constant(self.x), tf.constant(self.y)
+        x_all, y_all = tf.constant(self.x), tf.nest.map_structure(tf.constant, self.y)
         scale = self.scale
 
         def gather(indices):
             x = tf.cast(tf.gather(x_all, indices), tf.float32)
             if scale is not None:
                 x = x * scale
-            return self.expectation.feed(x), tf.gather(y_all, indices)
+            return self.expectation.feed(x), tf.nest.map_structure(lambda y: tf.gather(y, indices),
+                                                                   y_all)
 
         dataset = tf.data.Dataset.from_tensor_slices(orders).flat_map(
             lambda order: tf.data.Dataset.from_tensor_slices(order).batch(batch_size))
@@ -225,7 +232,8 @@ class Data:
         if self.y is not None:
             return self.y
         with translate_errors(self):
-            return np.concatenate([np.asarray(y) for _, y in self.as_dataset(1024)], axis=0)
+            batches = [tf.nest.map_structure(np.asarray, y) for _, y in self.as_dataset(1024)]
+        return tf.nest.map_structure(lambda *parts: np.concatenate(parts, axis=0), *batches)
 
     def split(self, fraction: float, seed: int = 0) -> tuple["Data", "Data"]:
         """(rest, held-out fraction), a seeded random split (for --val-split)."""
@@ -245,7 +253,8 @@ class Data:
             held = int(round(len(self.x) * fraction))
             order = np.random.default_rng(seed).permutation(len(self.x))
             rest, val = order[held:], order[:held]
-            pieces = [dataclasses.replace(self, x=self.x[idx], y=self.y[idx], count=len(idx),
+            pieces = [dataclasses.replace(self, x=self.x[idx], count=len(idx),
+                                          y=tf.nest.map_structure(lambda y: y[idx], self.y),
                                           notes=list(self.notes)) for idx in (rest, val)]
         if held == 0 or held == self.count:
             raise DataError(

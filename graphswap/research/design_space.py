@@ -38,7 +38,7 @@ import numpy as np
 
 from graphswap.errors import GraphswapError
 from graphswap.research.circuits import EXACT, CircuitLibrary
-from graphswap.research.scoring import classification_metrics, predict, takes_logits
+from graphswap.research.scoring import predict
 from graphswap.swap import rewrite_model
 
 
@@ -55,23 +55,24 @@ def relative_cost(assignment: dict, macs: dict, library: CircuitLibrary, objecti
 
 
 class Evaluator:
-    """Measures assignments of `library` circuits to `layers` of `model` on `data`."""
+    """Measures assignments of `library` circuits to `layers` of `model` on `data`, scored by
+    `task` (graphswap.research.task.Task; "accuracy" holds its score - accuracy for classifiers,
+    R^2 for regression - and "drop" the score lost against the model)."""
 
-    def __init__(self, model, data, layers: list, library: CircuitLibrary, settings,
+    def __init__(self, model, data, layers: list, library: CircuitLibrary, task,
                  batch_size: int, backward: str = "native", rewrite_options=None):
         self.model = model
         self.data = data
         self.layers = list(layers)
         self.library = library
-        self.settings = settings
+        self.task = task
         self.batch_size = batch_size
         self.backward = backward
         self.rewrite_options = dict(rewrite_options or {})
         self.labels = data.labels()
-        self.from_logits = takes_logits(settings.loss)
         self.reference = predict(model, data, batch_size)
-        self.baseline = classification_metrics(self.reference, self.labels, data.label_format,
-                                               settings.loss, self.reference, self.from_logits)
+        self.baseline = task.evaluate(self.reference, self.labels, self.reference)
+        self.baseline["accuracy"] = self.baseline["score"]
         self.evaluations = 0
 
     def kernel_map(self, assignment: dict) -> dict:
@@ -83,11 +84,10 @@ class Evaluator:
 
     def measure_model(self, model) -> dict:
         outputs = predict(model, self.data, self.batch_size)
-        metrics = classification_metrics(outputs, self.labels, self.data.label_format,
-                                         self.settings.loss, self.reference, self.from_logits)
-        return {"accuracy": metrics["accuracy"], "loss": metrics["loss"],
-                "agreement": metrics["agreement"],
-                "drop": self.baseline["accuracy"] - metrics["accuracy"]}
+        metrics = self.task.evaluate(outputs, self.labels, self.reference)
+        return {"accuracy": metrics["score"], "loss": metrics.get("loss"),
+                "agreement": metrics.get("agreement", metrics.get("max_abs_diff")),
+                "drop": self.task.drop(self.baseline, metrics)}
 
     def measure(self, assignment: dict) -> dict:
         self.evaluations += 1

@@ -37,8 +37,9 @@ from graphswap.research.design_space import (ERROR_MODELS, ErrorModel, Evaluator
                                              assignment_key, data_fingerprint, every_assignment,
                                              model_fingerprint, relative_cost, single, uniform)
 from graphswap.research.explore_result import ExploreResult, pareto_front
-from graphswap.research.finetuning import compile_settings, finetune
+from graphswap.research.finetuning import finetune
 from graphswap.research.loading import load_data
+from graphswap.research.task import derive_task
 from graphswap.swap import plan
 
 def _progress(iterable, total, description, enabled):
@@ -74,7 +75,7 @@ def explore(model, data, library, *, budget: float = 0.01, objective: str = "pow
             include=None, exclude=None, backward: str = "native", batch_size: int = 128,
             seed: int = 0, split: str | None = "test", resize: bool = False, pad: bool = False,
             scale=None, custom_objects=None, safe_mode: bool = True, progress: bool = True,
-            log=None) -> ExploreResult:
+            log=None, loss=None, task_metrics=None) -> ExploreResult:
     """Explore per-layer multiplier assignments of `model` on validation `data` (module docstring).
 
     Args:
@@ -91,6 +92,10 @@ def explore(model, data, library, *, budget: float = 0.01, objective: str = "pow
       study: a path to the SQLite study database (resumable); None keeps it in memory.
       error_model: "multiplicative" or "additive" (graphswap.research.design_space).
       log: called with each note as it is made.
+      loss / task_metrics: override the task the saved loss implies (graphswap.research.task;
+        `metrics` is the circuits' table here).  The "accuracy" explore compares is the task's
+        score - accuracy for classifiers, R^2 for regression and reconstruction, or the first
+        of `task_metrics`, which must be one where higher is better.
     """
     started = time.perf_counter()
     if not 0 <= budget <= 1:
@@ -114,13 +119,20 @@ def explore(model, data, library, *, budget: float = 0.01, objective: str = "pow
 
     if isinstance(model, (str, os.PathLike)):
         model = load_model(model, custom_objects=custom_objects, safe_mode=safe_mode)
+    task = derive_task(model, loss, task_metrics)
+    if not task.higher_is_better:
+        raise GraphswapError(
+            f"explore compares a score where higher is better and budgets its drop; "
+            f"{task.score_metric} is lower-is-better - put accuracy, r2, psnr, agreement or "
+            f"top5_accuracy first in the task metrics (--task-metrics)")
+    note(task.note)
     if not isinstance(library, CircuitLibrary):
         library = load_library(library, metrics)
     library.require_metric(objective)
     for source, reason in library.skipped:
         note(f"skipped circuit {source}: {reason}")
     validation = load_data(data, model, split=split, resize=resize, pad=pad, scale=scale,
-                           name="validation data")
+                           name="validation data", task=task)
     report = plan(model, kernel=library.exact.spec, include=include, exclude=exclude,
                   layer_types=tuple(layer_types), backward=backward)
     layers = [entry.path for entry in report.swapped]
@@ -128,11 +140,10 @@ def explore(model, data, library, *, budget: float = 0.01, objective: str = "pow
         raise GraphswapError(f"no layer of {model.name!r} can be swapped with the given selection; "
                              f"see 'graphswap inspect'")
     macs = {entry.path: max(entry.macs, 1) for entry in report.swapped}
-    settings = compile_settings(model, validation.label_format)
-    evaluator = Evaluator(model, validation, layers, library, settings, batch_size, backward)
+    evaluator = Evaluator(model, validation, layers, library, task, batch_size, backward)
     subset = _subset(validation, estimate_samples, seed)
     estimator = evaluator if subset is validation else Evaluator(
-        model, subset, layers, library, settings, batch_size, backward)
+        model, subset, layers, library, task, batch_size, backward)
     choices = [EXACT, *library.names()]
     space = len(choices) ** len(layers)
 
@@ -303,7 +314,7 @@ def _retrain(front, budget, points, finetune_data, epochs, batch_size, seed, eva
         if stored is None:
             swapped = evaluator.rewrite(point["assignment"])
             tuned = finetune(swapped, finetune_data, epochs=epochs, batch_size=batch_size,
-                             seed=seed, verbose=0)
+                             seed=seed, verbose=0, task=evaluator.task)
             stored = evaluator.measure_model(tuned.model)
             database.put(key, stored)
         point["finetuned_accuracy"] = stored["accuracy"]

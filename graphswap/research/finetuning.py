@@ -27,7 +27,9 @@ import tensorflow as tf
 from graphswap.errors import DataError, GraphswapError, OutputPathError
 from graphswap.io import check_model_output_path, load_model, save_model
 from graphswap.research.data import translate_errors
+from graphswap.research.distillation import distillation_data, resolve_teacher, target_entropy
 from graphswap.research.loading import load_data
+from graphswap.research.task import derive_task, output_activation
 from graphswap.research.recovery import (AUTO_LEARNING_RATE, DEFAULT_LEARNING_RATE,
                                          DEFAULT_SCHEDULE, auto_learning_rate, has_batchnorm,
                                          loss_name, make_optimizer, recalibrate_batchnorm)
@@ -41,22 +43,6 @@ from graphswap.swap import copy_model, iter_layers
 from graphswap.tables import format_table
 
 
-def _output_activation(model) -> str | None:
-    """Name of the activation the model applies last ('softmax', 'sigmoid', ...), if visible."""
-    try:
-        layer = model.outputs[0]._keras_history.operation
-    except (AttributeError, IndexError):
-        layer = model.layers[-1] if model.layers else None
-    while isinstance(layer, keras.Model) and layer.layers:
-        layer = layer.layers[-1]
-    if isinstance(layer, keras.layers.Softmax):
-        return "softmax"
-    if isinstance(layer, keras.layers.Activation):
-        return getattr(layer.activation, "__name__", None)
-    activation = getattr(layer, "activation", None)
-    return getattr(activation, "__name__", None)
-
-
 @dataclasses.dataclass
 class CompileSettings:
     loss: object
@@ -68,51 +54,31 @@ class CompileSettings:
         return loss_name(self.loss)
 
 
-def compile_settings(model, label_format: str = "sparse") -> CompileSettings:
-    """Loss and metrics for `model`: its saved compile settings, else a classifier default."""
-    config = None
-    if getattr(model, "compiled", False):
-        try:
-            config = model.get_compile_config()
-        except Exception:  # noqa: BLE001 - a model without a compile config gets the default
-            config = None
-    if config and config.get("loss") is not None:
-        loss = config["loss"]
-        if isinstance(loss, dict):
-            loss = keras.saving.deserialize_keras_object(loss)
-        if isinstance(loss, (list, tuple, dict)):
-            raise GraphswapError("the model was compiled with several losses; graphswap fine-tunes "
-                                 "single-output classifiers")
-        metrics = [keras.saving.deserialize_keras_object(m) if isinstance(m, dict) else m
-                   for m in (config.get("metrics") or [])]
-        settings = CompileSettings(loss, metrics, "")
-        name = settings.loss_name.lower()
-        if label_format == "one_hot" and "sparse" in name:
-            raise DataError(f"the labels are one-hot rows but the model's loss "
-                            f"({settings.loss_name}) expects class indices; pass "
-                            f"y.argmax(axis=1) as labels")
-        if label_format == "sparse" and "categorical" in name and "sparse" not in name:
-            raise DataError(f"the labels are class indices but the model's loss "
-                            f"({settings.loss_name}) expects one-hot rows; pass one-hot labels")
-        shown = ", ".join([settings.loss_name] + [m if isinstance(m, str) else
-                                                  getattr(m, "name", str(m)) for m in metrics])
-        settings.note = f"compiled with the loss/metrics saved in the model: {shown}"
-        return settings
-    activation = _output_activation(model)
-    if label_format == "binary":
-        from_logits = activation != "sigmoid"
-        loss = keras.losses.BinaryCrossentropy(from_logits=from_logits)
-        metrics = [keras.metrics.BinaryAccuracy(name="accuracy",
-                                                threshold=0.0 if from_logits else 0.5)]
+def compile_settings(model, label_format: str = "sparse", task=None) -> CompileSettings:
+    """Loss and metrics for `model` from its task (graphswap.research.task.derive_task: the loss
+    saved with the model, else the one its output implies).  `label_format` is kept for older
+    callers: the task converts labels to what its loss takes, so it no longer decides."""
+    task = task if task is not None else derive_task(model)
+    if len(task.outputs) == 1 and task.source == "the model's output" and \
+            label_format == "one_hot" and task.single.kind == "multiclass":
+        task = dataclasses.replace(task, outputs=(dataclasses.replace(
+            task.single, loss=keras.losses.CategoricalCrossentropy(
+                from_logits=task.single.from_logits), target="one_hot"),))
+    loss, metrics = task.keras_loss(), task.keras_metrics()
+    if task.source == "the model's output":
+        output = task.single
+        note = (f"the model carries no loss; using {type(output.loss).__name__}(from_logits="
+                f"{output.from_logits}) and {'accuracy' if task.is_classifier else 'mae'} "
+                f"(output activation: {output_activation(model) or 'none'}; {task.kind})")
     else:
-        from_logits = activation != "softmax"
-        if label_format == "one_hot":
-            loss = keras.losses.CategoricalCrossentropy(from_logits=from_logits)
-        else:
-            loss = keras.losses.SparseCategoricalCrossentropy(from_logits=from_logits)
-        metrics = ["accuracy"]
-    note = (f"the model carries no loss; using {type(loss).__name__}(from_logits={from_logits}) "
-            f"and accuracy (output activation: {activation or 'none'})")
+        shown = ", ".join([task.loss_name()] + [m if isinstance(m, str) else
+                                                getattr(m, "name", str(m))
+                                                for m in (metrics if isinstance(metrics, list) and metrics
+                                                          and not isinstance(metrics[0], list)
+                                                          else [])])
+        where = ("the loss/metrics saved in the model" if task.source.startswith("the loss")
+                 else "the loss given by --loss")
+        note = f"compiled with {where}: {shown}"
     return CompileSettings(loss, metrics, note)
 
 
@@ -193,7 +159,7 @@ def finetune(model, data, *, val_data=None, val_split: float | None = None, epoc
              split: str | None = "train", val_split_name: str | None = "test",
              resize: bool = False, pad: bool = False, scale=None, custom_objects=None,
              safe_mode: bool = True, force: bool = False, output=None,
-             log=None) -> FinetuneResult:
+             log=None, loss=None, metrics=None, teacher=None, task=None) -> FinetuneResult:
     """Fine-tune `model` (a keras.Model or a .keras path) on `data`, swapped kernels in the loop.
 
     Args:
@@ -224,6 +190,15 @@ def finetune(model, data, *, val_data=None, val_split: float | None = None, epoc
         output).  Only the chief of a multi-worker run saves.
       log: called with each note (what was loaded, how it is compiled, ...) as it is made;
         the notes are also returned in the result.
+      loss / metrics: override the task the saved loss implies (graphswap.research.task:
+        a loss name such as "mse" or "binary_crossentropy", graphswap metric names).
+      teacher: fine-tune by distillation instead of on labels: "original" (the float model
+        this swapped model was made from, its swapped layers lowered to exact arithmetic), a
+        model file or a keras.Model.  The model learns to reproduce the teacher's outputs on
+        the data's inputs (labels are not read; an .npz with only `x` will do): cross-entropy
+        against the teacher's probabilities for classifiers, MSE for regression outputs.
+      task: a graphswap.research.task.Task (derive_task) to use instead of deriving one from
+        the model and loss/metrics (evaluate passes the one it evaluates with).
 
     Returns a FinetuneResult; raises DataError for data problems, GraphswapError otherwise.
     """
@@ -282,15 +257,29 @@ def finetune(model, data, *, val_data=None, val_split: float | None = None, epoc
         else:
             source_model = user_model
         expectation_model = source_model
+        if task is None:
+            task = derive_task(user_model, loss, metrics)
+        labels = "unused" if teacher is not None else "required"
         train = load_data(data, expectation_model, split=split, resize=resize,
-                                      pad=pad, scale=scale, name="training data")
+                                      pad=pad, scale=scale, name="training data", task=task,
+                                      labels=labels)
         validation = None
         if val_data is not None:
             validation = load_data(val_data, expectation_model, split=val_split_name,
                                                resize=resize, pad=pad, scale=scale,
-                                               name="validation data")
+                                               name="validation data", task=task, labels=labels)
         elif val_split is not None:
             train, validation = train.split(val_split, seed=seed or 0)
+        if teacher is not None:
+            teacher_model, teacher_what = resolve_teacher(teacher, user_model, custom_objects,
+                                                          safe_mode)
+            notes.append(f"distillation: the model learns to reproduce {teacher_what}; loss "
+                         f"{task.distillation_name()}")
+            train = distillation_data(train, teacher_model, task, batch_size, "training data")
+            if validation is not None:
+                validation = distillation_data(validation, teacher_model, task, batch_size,
+                                               "validation data")
+        notes.append(task.note)
         notes.extend(train.notes)
         if validation is not None:
             notes.extend(n for n in validation.notes if n not in train.notes)
@@ -300,12 +289,18 @@ def finetune(model, data, *, val_data=None, val_split: float | None = None, epoc
                 raise GraphswapError(f"checkpoint {checkpoint.last} has no compile "
                                      f"settings; delete {directory} to start over")
         else:
-            settings = compile_settings(source_model, train.label_format)
-            notes.append(settings.note)
+            if teacher is not None:
+                settings = CompileSettings(task.distillation_loss(), task.distillation_metrics(),
+                                           "")
+            else:
+                settings = compile_settings(source_model, task=task)
+                notes.append(settings.note)
             trained = copy_model(source_model)
             rate = learning_rate   # the run's fingerprint keeps what was asked ("auto")
             if rate == AUTO_LEARNING_RATE:
-                rate, note = auto_learning_rate(trained, train, settings.loss, batch_size)
+                offset = target_entropy(task, train) if teacher is not None else 0.0
+                rate, note = auto_learning_rate(trained, train, settings.loss, batch_size,
+                                                offset=offset)
                 notes.append(note)
             steps = -(-len(train) // batch_size) * epochs if len(train) else None
             trained.compile(optimizer=make_optimizer(optimizer, rate, schedule, steps),
@@ -381,6 +376,10 @@ def finetune(model, data, *, val_data=None, val_split: float | None = None, epoc
     if epochs > 0 and with_bn and recalibrate_bn is not False and tracker.epochs_run:
         notes.extend(f"after training: {line}"
                      for line in recalibrate_batchnorm(trained, train).lines())
+    if teacher is not None and getattr(trained, "compiled", False):
+        # the saved model carries its task's loss, not the distillation loss it trained with
+        trained.compile(optimizer=trained.optimizer, loss=task.keras_loss(),
+                        metrics=task.keras_metrics())
     if output is not None and chief:
         save_model(trained, output, force=force)
     return FinetuneResult(

@@ -95,7 +95,11 @@ def data_fingerprint(data) -> dict | None:
         return None
     described = {"source": data.source, "count": data.count, "scale": data.scale}
     if data.x is not None:
-        x, y = np.ascontiguousarray(data.x), np.ascontiguousarray(data.y)
+        y = data.y
+        if isinstance(y, (tuple, list)):  # several outputs: their labels side by side
+            y = np.concatenate([np.asarray(part, np.float64).reshape(len(part), -1)
+                                for part in y], axis=1)
+        x, y = np.ascontiguousarray(data.x), np.ascontiguousarray(y)
         rows = np.unique(np.linspace(0, len(x) - 1, min(len(x), SAMPLE_ROWS)).astype(np.int64))
         digest = hashlib.sha256(f"{x.shape}{x.dtype}{y.shape}{y.dtype}".encode())
         digest.update(np.ascontiguousarray(x[rows]).tobytes())

@@ -14,11 +14,16 @@ import tensorflow as tf
 
 from graphswap.errors import DataError
 from graphswap.native import missing_reason
-from graphswap.research.data import (CHECK_MARKER, SPLITS, Data, ModelExpectation, check_labels,
+from graphswap.research.data import (CHECK_MARKER, SPLITS, Data, ModelExpectation,
                                      model_expectation, parse_scale)
 from graphswap.research.datafiles import check_image_links, open_npz
+from graphswap.research.task import derive_task
 
-def _npz_arrays(path: Path, split: str | None) -> tuple[np.ndarray, np.ndarray, str]:
+#: load_data's `labels`: required, optional (inputs alone are accepted), unused (never read)
+LABEL_MODES = ("required", "optional", "unused")
+
+def _npz_arrays(path: Path, split: str | None,
+                labels: str = "required") -> tuple[np.ndarray, np.ndarray, str]:
     if not path.exists():
         raise DataError(f"data file not found: {path}")
     if path.stat().st_size == 0 or not zipfile.is_zipfile(path):
@@ -39,6 +44,16 @@ def _npz_arrays(path: Path, split: str | None) -> tuple[np.ndarray, np.ndarray, 
                 # open_npz refuses object arrays (pickle) and damaged members, naming them
                 x, y = archive[x_key], archive[y_key]
                 return x, y, f"{path} [{x_key}, {y_key}]"
+        if labels != "required" or any(key.startswith("y_") and key not in ("y_train", "y_test")
+                                       for key in keys):
+            for x_key, _ in candidates:
+                if x_key in keys:
+                    x = archive[x_key]  # open_npz refuses object arrays, names damage
+                    outputs = {key[2:]: archive[key] for key in keys if key.startswith("y_")
+                               and key not in ("y_train", "y_test")}
+                    if outputs:
+                        return x, outputs, f"{path} [{x_key}, {', '.join(sorted(outputs))}]"
+                    return x, None, f"{path} [{x_key}]"
     wanted = (f"'x_{split}'/'y_{split}' or 'x'/'y'" if split
               else "'x'/'y', or 'x_train'/'y_train' and 'x_test'/'y_test'")
     raise DataError(f"{path} has arrays {keys or '(none)'}; expected {wanted} "
@@ -72,7 +87,7 @@ def _directory_dataset(path: Path, expect: ModelExpectation, batch_size_hint: in
 
 
 def load_data(source, model, split: str | None = None, resize: bool = False, pad: bool = False,
-              scale=None, name: str | None = None) -> Data:
+              scale=None, name: str | None = None, task=None, labels: str = "required") -> Data:
     """Load and validate data for `model`.
 
     Args:
@@ -85,6 +100,11 @@ def load_data(source, model, split: str | None = None, resize: bool = False, pad
       resize / pad: fit images of another height/width to the model's input by bilinear
         resizing, or by centred zero padding (only to enlarge).
       scale: multiply inputs by this (e.g. 1/255) - for models without their own Rescaling.
+      task: the graphswap.research.task.Task the labels are read for [default: derived from the
+        model's saved loss]; labels: "required", "optional" (inputs alone accepted: an .npz
+        with only `x`; a reconstruction model's labels are then its inputs) or "unused"
+        (labels are not read; zeros stand in).  A multi-output model's labels: a list or dict of
+        arrays, or .npz arrays `y_<output name>`.
 
     Raises DataError naming the problem, the model's expectation, and the fix.
     """
@@ -92,6 +112,9 @@ def load_data(source, model, split: str | None = None, resize: bool = False, pad
         return source
     if resize and pad:
         raise DataError("choose one of resize and pad, not both")
+    if labels not in LABEL_MODES:
+        raise DataError(f"labels must be one of {', '.join(LABEL_MODES)}, got {labels!r}")
+    task = task if task is not None else derive_task(model)
     expect = model_expectation(model)
     scale = parse_scale(scale)
     label = name or "data"
@@ -108,8 +131,16 @@ def load_data(source, model, split: str | None = None, resize: bool = False, pad
                     f"{expect.classes} output classes; the folders (sorted: "
                     f"{', '.join(class_names[:12])}{', ...' if len(class_names) > 12 else ''}) "
                     f"must map onto classes 0..{expect.classes - 1}")
+            if not task.single.kind == "multiclass" and labels == "required":
+                raise DataError(f"{path}: an image directory gives class labels, but the model's "
+                                f"task is {task.kind}; pass a .npz file")
+            label_format = "sparse"
+            if task.single.target == "one_hot":
+                width = task.single.classes
+                dataset = dataset.map(lambda x, y: (x, tf.one_hot(tf.cast(y, tf.int32), width)))
+                label_format = "one_hot"
             data = Data(str(path), expect, dataset=dataset, count=count, scale=scale,
-                        directory=str(path))
+                        directory=str(path), task=task, label_format=label_format)
             data.notes.append(
                 f"{label}: {count} images in {len(class_names)} class folders of {path}, "
                 f"resized to {expect.input_shape[0]}x{expect.input_shape[1]} "
@@ -126,19 +157,24 @@ def load_data(source, model, split: str | None = None, resize: bool = False, pad
         if path.suffix != ".npz":
             raise DataError(f"{path}: unsupported data file; expected a NumPy .npz archive "
                             f"(arrays x/y or x_train/y_train/x_test/y_test) or an image directory")
-        x, y, origin = _npz_arrays(path, split)
-        return _from_arrays(x, y, origin, expect, resize, pad, scale, label)
+        # inputs alone are read here; _from_arrays says whether the task can do without labels
+        x, y, origin = _npz_arrays(path, split, "optional")
+        return _from_arrays(x, y, origin, expect, resize, pad, scale, label, task, labels)
+    if isinstance(source, np.ndarray) and labels != "required":
+        return _from_arrays(source, None, "arrays", expect, resize, pad, scale, label, task,
+                            labels)
     if isinstance(source, dict):
-        missing = [k for k in ("x", "y") if k not in source]
+        wanted = ("x",) if labels != "required" else ("x", "y")
+        missing = [k for k in wanted if k not in source]
         if missing:
             raise DataError(f"a data dict needs keys 'x' and 'y'; missing {missing}")
-        return _from_arrays(np.asarray(source["x"]), np.asarray(source["y"]), "arrays", expect,
-                            resize, pad, scale, label)
+        return _from_arrays(np.asarray(source["x"]), source.get("y"), "arrays", expect,
+                            resize, pad, scale, label, task, labels)
     if isinstance(source, (tuple, list)) and len(source) == 2:
-        return _from_arrays(np.asarray(source[0]), np.asarray(source[1]), "arrays", expect,
-                            resize, pad, scale, label)
+        return _from_arrays(np.asarray(source[0]), source[1], "arrays", expect,
+                            resize, pad, scale, label, task, labels)
     if isinstance(source, tf.data.Dataset):
-        return _from_dataset(source, expect, resize, pad, scale, label)
+        return _from_dataset(source, expect, resize, pad, scale, label, task, labels)
     raise DataError(
         f"unsupported data {type(source).__name__}; pass a .npz path, an image directory, a "
         f"tf.data.Dataset of (x, y), or a tuple (x, y) of arrays")
@@ -221,9 +257,9 @@ def _fit_shape(x: np.ndarray, expect: ModelExpectation, resize: bool, pad: bool,
         f"({', '.join('None' if d is None else str(d) for d in want)}); supply data of that shape")
 
 
-def _from_arrays(x, y, origin, expect: ModelExpectation, resize, pad, scale, label) -> Data:
+def _from_arrays(x, y, origin, expect: ModelExpectation, resize, pad, scale, label, task=None,
+                 labels="required") -> Data:
     x = np.asarray(x)
-    y = np.asarray(y)
     notes: list[str] = []
     if x.ndim == 0:
         raise DataError(f"{label} ({origin}): the inputs are a scalar (a 0-d array, shape ()); "
@@ -237,7 +273,15 @@ def _from_arrays(x, y, origin, expect: ModelExpectation, resize, pad, scale, lab
     if x.dtype.kind not in "iuf":
         raise DataError(f"{label}: inputs have dtype {x.dtype}; expected numbers (uint8 pixels "
                         f"or floats)")
-    y, label_format = check_labels(y, len(x), expect.classes, label)
+    if labels == "unused":
+        y = None
+    elif y is None and not (labels == "optional" or task.single.kind == "reconstruction"):
+        raise DataError(f"{label} ({origin}) holds inputs but no labels; the model's task "
+                        f"({task.kind}) needs them: save them as 'y' (np.savez(path, x=..., "
+                        f"y=...)), or fine-tune without labels by distillation (--teacher "
+                        f"original)")
+    if y is not None:
+        y, label_format = task.prepare_labels(y, len(x), label, notes)
     integer = x.dtype.kind in "iu"
     if not integer and not np.all(np.isfinite(x)):
         bad = int(np.size(x) - np.count_nonzero(np.isfinite(x)))
@@ -245,16 +289,33 @@ def _from_arrays(x, y, origin, expect: ModelExpectation, resize, pad, scale, lab
                         f"first")
     value_range = (float(x.min()), float(x.max()))
     x = _fit_shape(x, expect, resize, pad, label, notes)
+    if y is None and labels != "unused" and task.single.kind == "reconstruction" \
+            and len(task.outputs) == 1:
+        y = x.astype(np.float32) * np.float32(scale if scale is not None else 1.0)
+        y, label_format = task.prepare_labels(y, len(x), label)
+        notes.append(f"{label}: no labels; the reconstruction targets are the inputs")
+    if y is None:
+        y, label_format = np.zeros(len(x), np.float32), "none"
+    described = {"one_hot": "one-hot", "sparse": "class indices", "binary": "0/1",
+                 "multilabel": "0/1 rows", "values": "target values", "none": "none (not used)"}
     notes.insert(0, f"{label}: {len(x)} examples from {origin}, inputs "
                     f"{expect.describe_input()} {x.dtype}, labels "
-                    f"{'one-hot' if label_format == 'one_hot' else 'class indices'}")
+                    f"{described.get(label_format, label_format)}")
     notes.append(_scaling_note(expect, integer, scale, label, value_range))
     return Data(origin, expect, x=x, y=y, count=len(x), label_format=label_format, scale=scale,
-                notes=notes)
+                notes=notes, task=task)
 
 
-def _from_dataset(dataset, expect: ModelExpectation, resize, pad, scale, label) -> Data:
+def _from_dataset(dataset, expect: ModelExpectation, resize, pad, scale, label, task=None,
+                  labels="required") -> Data:
     spec = dataset.element_spec
+    inputs_only = isinstance(spec, tf.TensorSpec)
+    if inputs_only and (labels != "required" or task.single.kind == "reconstruction"):
+        reconstruction = labels != "unused" and task.single.kind == "reconstruction"
+        dataset = dataset.map(lambda x: (x, tf.cast(x, tf.float32) if reconstruction
+                                         else tf.zeros([tf.shape(x)[0]] if x.shape.rank ==
+                                                       len(expect.input_shape) + 1 else [])))
+        spec = dataset.element_spec
     if not (isinstance(spec, tuple) and len(spec) == 2):
         raise DataError(f"{label}: a tf.data dataset must yield (x, y) pairs; its elements are "
                         f"{spec}")
@@ -292,7 +353,69 @@ def _from_dataset(dataset, expect: ModelExpectation, resize, pad, scale, label) 
                     and mismatched in ([0], [1], [0, 1]) else "")
             raise DataError(f"{label}: dataset samples have shape {have} but the model expects "
                             f"{expect.describe_input()}{hint}")
-    classes = expect.classes
+    if inputs_only and labels != "required" and task.single.kind != "reconstruction" \
+            or labels == "unused":
+        label_format = "none"
+    elif inputs_only:
+        label_format = "values"
+    elif task.single.kind != "multiclass" or len(task.outputs) > 1:
+        dataset, label_format = _task_labels(dataset, y_spec, task, label)
+    else:
+        dataset, label_format = _class_labels(dataset, y_spec, task, label)
+    cardinality = int(dataset.cardinality().numpy())
+    count = cardinality if cardinality >= 0 else None
+    if count == 0:
+        raise DataError(f"{label}: the dataset is empty (0 examples)")
+    notes.append(_scaling_note(expect, x_spec.dtype.is_integer, scale, label))
+    return Data("tf.data dataset", expect, dataset=dataset, count=count,
+                label_format=label_format, scale=scale, notes=notes, task=task)
+
+
+def _task_labels(dataset, y_spec, task, label):
+    """A dataset's labels for a binary / multi-label / regression / multi-output task: float32
+    in each output's shape (checked on the element spec), 0..1 for sigmoid outputs (checked
+    while it runs)."""
+    specs = tf.nest.flatten(y_spec)
+    if len(specs) != len(task.outputs):
+        raise DataError(f"{label}: the dataset yields {len(specs)} label tensor(s) for the "
+                        f"model's {len(task.outputs)} output(s)")
+    for spec, output in zip(specs, task.outputs):
+        if not (spec.dtype.is_integer or spec.dtype.is_floating):
+            raise DataError(f"{label}: dataset labels have dtype {spec.dtype.name}; expected "
+                            f"numbers")
+        have = [d for d in spec.shape if d != 1] if spec.shape.rank is not None else None
+        if have is not None and None not in have and have != [d for d in output.shape
+                                                              if d != 1]:
+            raise DataError(f"{label}: dataset labels have shape {spec.shape}; "
+                            f"{output.describe_labels(1).replace('(1, ', '(').replace('(1,)', '()')}")
+    outputs = task.outputs
+
+    def convert(x, y):
+        parts = tf.nest.flatten(y)
+        converted = []
+        for part, output in zip(parts, outputs):
+            value = tf.reshape(tf.cast(part, tf.float32), output.shape)
+            if output.kind in ("binary", "multilabel"):
+                ok = tf.reduce_all((value >= 0) & (value <= 1))
+                assertion = tf.debugging.Assert(
+                    ok, [f"{CHECK_MARKER} {label}: found label", value,
+                         "but sigmoid outputs take labels 0 and 1"], summarize=3)
+                with tf.control_dependencies([assertion]):
+                    value = tf.identity(value)
+            converted.append(value)
+        return x, (converted[0] if len(converted) == 1 else tuple(converted))
+
+    formats = {"binary": "binary", "multilabel": "multilabel"}
+    label_format = "+".join(formats.get(o.kind, "values") if o.kind != "multiclass" else "sparse"
+                            for o in outputs)
+    return dataset.map(convert), label_format
+
+
+def _class_labels(dataset, y_spec, task, label):
+    """A dataset's class labels, checked against the output's classes while it runs and
+    converted to what the loss takes (indices <-> one-hot rows)."""
+    output = task.single
+    classes = output.classes
     if not (y_spec.dtype.is_integer or y_spec.dtype.is_floating):
         raise DataError(f"{label}: dataset labels have dtype {y_spec.dtype.name}; expected "
                         f"integer class indices")
@@ -316,10 +439,10 @@ def _from_dataset(dataset, expect: ModelExpectation, resize, pad, scale, label) 
                 return tf.identity(x), tf.identity(flat[0])
 
         dataset = dataset.map(check)
-    cardinality = int(dataset.cardinality().numpy())
-    count = cardinality if cardinality >= 0 else None
-    if count == 0:
-        raise DataError(f"{label}: the dataset is empty (0 examples)")
-    notes.append(_scaling_note(expect, x_spec.dtype.is_integer, scale, label))
-    return Data("tf.data dataset", expect, dataset=dataset, count=count,
-                label_format=label_format, scale=scale, notes=notes)
+        if output.target == "one_hot":
+            dataset = dataset.map(lambda x, y: (x, tf.one_hot(tf.cast(y, tf.int32), classes)))
+            label_format = "one_hot"
+    elif output.target == "indices":
+        dataset = dataset.map(lambda x, y: (x, tf.argmax(y, axis=-1)))
+        label_format = "sparse"
+    return dataset, label_format

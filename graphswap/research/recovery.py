@@ -58,7 +58,8 @@ def calibration_arrays(source, model, samples: int = DEFAULT_CALIBRATION_SAMPLES
     (graphswap.research.load_data); arrays of the model's input shape pass through."""
     if isinstance(source, np.ndarray):
         return source[:samples]
-    data = load_data(source, model, split=split, resize=resize, pad=pad, scale=scale, name=name)
+    data = load_data(source, model, split=split, resize=resize, pad=pad, scale=scale, name=name,
+                     labels="unused")
     if data.x is not None:
         x = np.asarray(data.x[:samples], dtype=np.float32)
         return x * np.float32(data.scale) if data.scale is not None else x
@@ -119,21 +120,31 @@ def loss_name(loss) -> str:
     return getattr(loss, "name", None) or getattr(loss, "__name__", None) or type(loss).__name__
 
 
-def auto_learning_rate(model, data, loss, batch_size: int = 128) -> tuple[float, str]:
+def auto_learning_rate(model, data, loss, batch_size: int = 128,
+                       offset: float = 0.0) -> tuple[float, str]:
     """(learning rate, note) for learning_rate="auto": FITTED_LEARNING_RATE when `model`'s
-    start_training_loss is at most FITTED_LOSS, else UNFITTED_LEARNING_RATE; losses other than
-    cross-entropies (whose scale the threshold does not fit) get UNFITTED_LEARNING_RATE."""
-    name = loss_name(loss)
-    if "crossentropy" not in name.lower().replace("_", ""):
+    start_training_loss (less `offset`: for distillation the targets' own entropy, so that what
+    is compared is the KL divergence to the teacher) is at most FITTED_LOSS, else
+    UNFITTED_LEARNING_RATE; losses other than cross-entropies (whose scale the threshold does
+    not fit) get UNFITTED_LEARNING_RATE."""
+    names = [loss_name(item) for item in (loss if isinstance(loss, (list, tuple)) else [loss])]
+    name = ", ".join(names)
+    if not all("crossentropy" in item.lower().replace("_", "") for item in names):
         return UNFITTED_LEARNING_RATE, (
             f"learning rate auto: {UNFITTED_LEARNING_RATE:g} (the loss {name} is not a "
             f"cross-entropy, whose scale the automatic choice is measured for)")
+    if len(names) > 1:
+        return UNFITTED_LEARNING_RATE, (
+            f"learning rate auto: {UNFITTED_LEARNING_RATE:g} (a model of several outputs; the "
+            f"automatic choice is measured for one)")
     mean, count = start_training_loss(model, data, loss, batch_size)
+    mean -= offset
     fitted = mean <= FITTED_LOSS
     rate = FITTED_LEARNING_RATE if fitted else UNFITTED_LEARNING_RATE
     reason = ("the model still fits its training data" if fitted else
               "the products cost the model its fit")
-    return rate, (f"learning rate auto: {rate:g} (training loss {mean:.4f} at the start on "
+    what = "distillation loss less the targets' entropy" if offset else "training loss"
+    return rate, (f"learning rate auto: {rate:g} ({what} {mean:.4f} at the start on "
                   f"{count} examples, {'<=' if fitted else '>'} {FITTED_LOSS:g}: {reason})")
 
 

@@ -1,66 +1,57 @@
-"""Scoring a classifier on data: its outputs in batches, accuracy / top-5 / loss / agreement with
-a reference, shared by evaluate and sweep."""
+"""Scoring a model on data: its outputs in batches, and the metrics of its task
+(graphswap.research.task: accuracy / top-5 / loss / agreement for classifiers, MSE / MAE / PSNR /
+R^2 / max |diff| for regression and reconstruction), shared by evaluate, sweep and explore."""
 
 from __future__ import annotations
 
-import keras
 import numpy as np
+import tensorflow as tf
 
 from graphswap.errors import DataError
 from graphswap.research.data import translate_errors
+from graphswap.research.task import OutputTask, takes_logits
+
+__all__ = ["classification_metrics", "predict", "score", "takes_logits"]
 
 
-def predict(model, data, batch_size: int = 256) -> np.ndarray:
-    """The model's outputs on all of `data` (a graphswap.research.data.Data), as float32 numpy."""
+def predict(model, data, batch_size: int = 256):
+    """The model's outputs on all of `data` (a graphswap.research.data.Data), as float32 numpy
+    (a list of arrays, one per output, for a multi-output model)."""
     outputs = []
     with translate_errors(data):
         for x, _ in data.as_dataset(batch_size, feed=True):
-            outputs.append(np.asarray(model(x, training=False), dtype=np.float32))
+            value = model(x, training=False)
+            outputs.append(tf.nest.map_structure(lambda v: np.asarray(v, dtype=np.float32),
+                                                 value))
     if not outputs:
         raise DataError(f"{data.source}: the data set is empty (0 examples)")
+    if isinstance(outputs[0], (list, tuple, dict)):
+        return [np.concatenate(parts, axis=0) for parts in zip(*[
+            list(o.values()) if isinstance(o, dict) else list(o) for o in outputs])]
     return np.concatenate(outputs, axis=0)
 
 
-def _loss_value(loss, labels, outputs) -> float:
-    function = keras.losses.get(loss) if isinstance(loss, (str, dict)) else loss
-    value = function(labels, outputs)
-    return float(np.mean(keras.ops.convert_to_numpy(value)))
+def score(task, outputs, labels=None, reference=None) -> dict:
+    """The task's metrics of `outputs` against `labels` and the `reference` model's outputs,
+    with `score` (graphswap.research.task.Task.evaluate)."""
+    return task.evaluate(outputs, labels, reference)
 
 
 def classification_metrics(outputs: np.ndarray, labels: np.ndarray, label_format: str,
                            loss=None, reference: np.ndarray | None = None,
                            from_logits: bool = False) -> dict:
-    """accuracy, top5_accuracy (None for <= 10 classes), loss, agreement with `reference`."""
-    if label_format == "one_hot":
-        targets = labels.argmax(axis=1)
-    else:
-        targets = labels.reshape(-1).astype(np.int64)
+    """accuracy, top5_accuracy (None for <= 10 classes), loss, agreement with `reference`, of a
+    single-output classifier (the task's metrics without a Task; kept for callers that have
+    only the label format)."""
     classes = outputs.shape[-1]
-    if classes == 1:
-        threshold = 0.0 if from_logits else 0.5
-        predicted = (outputs[:, 0] > threshold).astype(np.int64)
-    else:
-        predicted = outputs.argmax(axis=1)
-    result = {"accuracy": float(np.mean(predicted == targets)), "top5_accuracy": None}
-    if classes > 10:
-        top5 = np.argsort(-outputs, axis=1)[:, :5]
-        result["top5_accuracy"] = float(np.mean(np.any(top5 == targets[:, None], axis=1)))
-    result["loss"] = _loss_value(loss, labels, outputs) if loss is not None else None
-    if reference is not None:
-        if classes == 1:
-            reference_predicted = (reference[:, 0] > (0.0 if from_logits else 0.5)).astype(int)
-        else:
-            reference_predicted = reference.argmax(axis=1)
-        result["agreement"] = float(np.mean(predicted == reference_predicted))
+    kind = "binary" if classes == 1 else "multiclass"
+    target = "one_hot" if label_format == "one_hot" else ("indices" if kind == "multiclass"
+                                                         else "values")
+    output = OutputTask("output", kind, tuple(outputs.shape[1:]), loss, from_logits, target)
+    if kind == "binary":
+        labels = np.asarray(labels, dtype=np.float32).reshape(outputs.shape)
+    result = output.evaluate(outputs, labels, reference)
+    if loss is None:
+        result["loss"] = None
+    result.setdefault("top5_accuracy", None)
     return result
-
-
-def takes_logits(loss) -> bool:
-    """Whether a loss object takes logits (from_logits=True in its config)."""
-    config = getattr(loss, "get_config", None)
-    if callable(config):
-        try:
-            return bool(config().get("from_logits", False))
-        except Exception:  # noqa: BLE001
-            return False
-    return False

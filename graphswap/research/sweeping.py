@@ -19,6 +19,11 @@ with P from the kernel's hardware metrics (EvoApproxLib's `// PDK45_PWR = ... mW
 the user's `power`, and P_exact the exact 8-bit multiplier's power: EvoApproxLib's mul8u_1JFF
 (exact 8x8 unsigned, PDK45_PWR = 0.391 mW) or, for signed kernels, mul8s_1KV6 (exact 8x8 signed,
 PDK45_PWR = 0.425 mW); overridable with `reference_power`.
+
+The sweep compares the score of the model's task (graphswap.research.task: accuracy for
+classifiers, R^2 for regression and reconstruction, or the first --metrics name); classifiers'
+results keep their accuracy fields.  The module is longer than 450 lines because the result's
+table, kernel map and Pareto plot sit with the sweep that fills them.
 """
 
 from __future__ import annotations
@@ -33,10 +38,10 @@ import numpy as np
 from graphswap.errors import GraphswapError
 from graphswap.io import atomic_output, load_model
 from graphswap.kernels import resolve_kernel
-from graphswap.research.finetuning import compile_settings
 from graphswap.research.loading import load_data
 from graphswap.research.recovery import prepared_rewrite_options
-from graphswap.research.scoring import classification_metrics, predict, takes_logits
+from graphswap.research.scoring import predict
+from graphswap.research.task import derive_task
 from graphswap.swap import plan, rewrite_model
 from graphswap.tables import format_table
 
@@ -153,6 +158,21 @@ class SweepResult:
     reference_power: float
     reference_source: str
     notes: list = dataclasses.field(default_factory=list)
+    score_name: str = "accuracy"   # what "score" holds (graphswap.research.task); drops are
+    #                                in the worse direction of that metric
+    higher_is_better: bool = True
+
+    def _score_text(self, value) -> str:
+        if value is None:
+            return ""
+        if self.score_name in ("accuracy", "top5_accuracy", "agreement"):
+            return f"{100 * value:.2f}%"
+        return f"{value:.4g}"
+
+    def _drop_text(self, value) -> str:
+        if self.score_name in ("accuracy", "top5_accuracy", "agreement"):
+            return f"{100 * value:.2f}"
+        return f"{value:.4g}"
 
     @property
     def energy_available(self) -> bool:
@@ -169,7 +189,9 @@ class SweepResult:
         rec = self.recommended
         return {"kernel_map": self.kernel_map(), "kernel": self.kernel,
                 "model": self.model_name, "max_accuracy_drop": self.max_accuracy_drop,
-                "baseline_accuracy": self.baseline["accuracy"], "accuracy": rec["accuracy"],
+                "baseline_accuracy": self.baseline.get("accuracy"),
+                "accuracy": rec["accuracy"], "score": self.score_name,
+                "baseline_score": self.baseline["score"], "score_value": rec["score"],
                 "relative_energy": rec["relative_energy"],
                 "swapped_mac_share": rec["swapped_mac_share"],
                 "generated_by": "graphswap sweep"}
@@ -177,7 +199,7 @@ class SweepResult:
     def to_dict(self) -> dict:
         return {"schema": SWEEP_SCHEMA, "model": self.model_name, "kernel": self.kernel,
                 "data": {"source": self.data_source, "examples": self.examples},
-                "baseline": self.baseline, "layers": self.layers,
+                "score": self.score_name, "baseline": self.baseline, "layers": self.layers,
                 "configurations": self.configurations, "recommended": self.recommended,
                 "kernel_map": self.kernel_map(), "max_accuracy_drop": self.max_accuracy_drop,
                 "energy": {"power_mw": self.power, "power_source": self.power_source,
@@ -189,17 +211,23 @@ class SweepResult:
         return json.dumps(self.to_dict(), indent=2)
 
     def format_table(self) -> str:
-        headers = ["layer", "type", "MACs/sample", "MAC share", "accuracy", "drop (pt)",
-                   "agreement", "rel. energy"]
+        percent = self.score_name in ("accuracy", "top5_accuracy", "agreement")
+        classifier = self.baseline.get("agreement") is not None
+        headers = ["layer", "type", "MACs/sample", "MAC share", self.score_name,
+                   "drop (pt)" if percent else "drop",
+                   "agreement" if classifier else "max |diff|", "rel. energy"]
         rows = []
         for entry in self.layers:
             rows.append([entry["layer"], entry["type"], f"{entry['macs']:,}",
-                         f"{100 * entry['mac_share']:.1f}%", f"{100 * entry['accuracy']:.2f}%",
-                         f"{100 * entry['accuracy_drop']:.2f}", f"{100 * entry['agreement']:.2f}%",
+                         f"{100 * entry['mac_share']:.1f}%", self._score_text(entry["score"]),
+                         self._drop_text(entry["score_drop"]),
+                         f"{100 * entry['agreement']:.2f}%" if classifier
+                         else f"{entry.get('max_abs_diff') or 0:.4g}",
                          "" if entry["relative_energy"] is None
                          else f"{entry['relative_energy']:.3f}"])
-        lines = [f"kernel {self.kernel}: one layer at a time (others original); original accuracy "
-                 f"{100 * self.baseline['accuracy']:.2f}% on {self.examples} examples",
+        lines = [f"kernel {self.kernel}: one layer at a time (others original); original "
+                 f"{self.score_name} {self._score_text(self.baseline['score'])} on "
+                 f"{self.examples} examples",
                  *format_table(headers, rows)]
         lines.append("")
         lines.append("cumulative assignments (least harmful layers first):")
@@ -208,8 +236,9 @@ class SweepResult:
                       else f", rel. energy {config['relative_energy']:.3f}")
             flag = " [pareto]" if config["pareto"] else ""
             chosen = " <- kernel map" if config["name"] == self.recommended["name"] else ""
-            lines.append(f"  {config['name']:<22} accuracy {100 * config['accuracy']:.2f}% "
-                         f"({100 * (config['accuracy'] - self.baseline['accuracy']):+.2f}), "
+            lines.append(f"  {config['name']:<22} {self.score_name} "
+                         f"{self._score_text(config['score'])} "
+                         f"(drop {self._drop_text(config['score_drop'])}), "
                          f"{100 * config['swapped_mac_share']:.1f}% of MACs approximate"
                          f"{energy}{flag}{chosen}")
         if self.energy_available:
@@ -242,7 +271,8 @@ class SweepResult:
         figure, axes = plt.subplots(figsize=(6.4, 4.4))
         singles_x = [entry[key] if self.energy_available else entry["mac_share"]
                      for entry in self.layers]
-        singles_y = [100 * entry["accuracy"] for entry in self.layers]
+        factor = 100.0 if self.score_name in ("accuracy", "top5_accuracy", "agreement") else 1.0
+        singles_y = [factor * entry["score"] for entry in self.layers]
         axes.scatter(singles_x, singles_y, marker="o", color="tab:gray", s=12 if len(
             self.layers) > LABEL_ALL else 30, label="one layer approximate")
         # with many layers only the most sensitive ones are named, so the plot stays readable
@@ -252,19 +282,22 @@ class SweepResult:
                 axes.annotate(entry["layer"].split("/")[-1], (x, y), fontsize=7,
                               xytext=(3, 3), textcoords="offset points")
         xs = [c[key] for c in self.configurations]
-        ys = [100 * c["accuracy"] for c in self.configurations]
+        ys = [factor * c["score"] for c in self.configurations]
         axes.plot(xs, ys, "-", color="tab:blue", alpha=0.5, label="cumulative (greedy)")
         pareto = [c for c in self.configurations if c["pareto"]]
-        axes.scatter([c[key] for c in pareto], [100 * c["accuracy"] for c in pareto],
+        axes.scatter([c[key] for c in pareto], [factor * c["score"] for c in pareto],
                      color="tab:blue", zorder=3, label="Pareto-optimal")
         rec = self.recommended
-        axes.scatter([rec[key]], [100 * rec["accuracy"]], s=160, facecolors="none",
+        axes.scatter([rec[key]], [factor * rec["score"]], s=160, facecolors="none",
                      edgecolors="tab:red", linewidths=2, zorder=4, label="kernel map")
-        axes.axhline(100 * (self.baseline["accuracy"] - self.max_accuracy_drop), color="tab:red",
+        sign = 1.0 if self.higher_is_better else -1.0
+        axes.axhline(factor * (self.baseline["score"] - sign * self.max_accuracy_drop),
+                     color="tab:red",
                      linestyle=":", linewidth=1,
                      label=f"max drop {100 * self.max_accuracy_drop:g} pt")
         axes.set_xlabel(label)
-        axes.set_ylabel("top-1 accuracy (%)")
+        axes.set_ylabel("top-1 accuracy (%)" if self.score_name == "accuracy" else
+                        self.score_name + (" (%)" if factor == 100.0 else ""))
         title = f"{self.model_name}: {os.path.basename(self.kernel)}"
         if len(labelled) < len(self.layers):
             title += f"\n(names: the {len(labelled)} most sensitive of {len(self.layers)} layers)"
@@ -286,17 +319,17 @@ def labelled_layers(layers: list) -> set:
     """The layers the Pareto plot names: all of a small model, else the most sensitive."""
     if len(layers) <= LABEL_ALL:
         return {entry["layer"] for entry in layers}
-    worst = sorted(layers, key=lambda e: (-e["accuracy_drop"], -e["macs"]))[:LABEL_TOP]
+    worst = sorted(layers, key=lambda e: (-e["score_drop"], -e["macs"]))[:LABEL_TOP]
     return {entry["layer"] for entry in worst}
 
 
 def _mark_pareto(configurations: list, key: str) -> None:
-    """Mark configurations no other beats on both lower `key` and higher accuracy."""
+    """Mark configurations no other beats on both lower `key` and lower score drop."""
     for config in configurations:
         dominated = any(
             other is not config
-            and other[key] <= config[key] and other["accuracy"] >= config["accuracy"]
-            and (other[key] < config[key] or other["accuracy"] > config["accuracy"])
+            and other[key] <= config[key] and other["score_drop"] <= config["score_drop"]
+            and (other[key] < config[key] or other["score_drop"] < config["score_drop"])
             for other in configurations)
         config["pareto"] = not dominated
 
@@ -306,7 +339,7 @@ def sweep(model, data, kernel, *, power=None, reference_power=None,
           exclude=None, backward: str = "native", batch_size: int = 128,
           split: str | None = "test", resize: bool = False, pad: bool = False, scale=None,
           custom_objects=None, safe_mode: bool = True, progress=None,
-          rewrite_options=None) -> SweepResult:
+          rewrite_options=None, loss=None, metrics=None) -> SweepResult:
     """Per-layer sensitivity of `model` to `kernel` on `data`, with MACs and multiply energy.
 
     Args:
@@ -317,7 +350,9 @@ def sweep(model, data, kernel, *, power=None, reference_power=None,
         PDK45_PWR hardware metric when its source carries one.
       reference_power: the exact multiplier's power in mW [default: 0.391 (mul8u_1JFF) or, for
         signed multipliers, 0.425 (mul8s_1KV6)].
-      max_accuracy_drop: accuracy budget (fraction, 0.01 = 1 point) for the kernel map.
+      max_accuracy_drop: the budget for the kernel map: the largest drop of the task's score
+        (graphswap.research.task: accuracy for classifiers, R^2 for regression - fractions, 0.01
+        = 1 point - or the first of `metrics`, in its own unit).
       layer_types / include / exclude: which layers are candidates (as for rewrite_model; all
         swappable types by default).
       batch_size: evaluation batch size; it matters for multipliers whose activations are
@@ -326,6 +361,7 @@ def sweep(model, data, kernel, *, power=None, reference_power=None,
         layer, then one per cumulative step), e.g. to drive a progress bar.
       rewrite_options: rewrite_model's quantization, calibration and folding arguments, as for
         evaluate (graphswap.research.recovery.REWRITE_OPTIONS).
+      loss / metrics: override the task the saved loss implies, as for evaluate.
     """
     if not 0 <= max_accuracy_drop <= 1:
         raise GraphswapError(f"max accuracy drop is a fraction between 0 and 1 (0.01 = one "
@@ -341,21 +377,18 @@ def sweep(model, data, kernel, *, power=None, reference_power=None,
     if reference == 0:
         raise GraphswapError("the reference (exact multiplier) power must be greater than 0")
 
+    task = derive_task(model, loss, metrics)
     test = load_data(data, model, split=split, resize=resize, pad=pad, scale=scale,
-                     name="evaluation data")
+                     name="evaluation data", task=task)
     options = prepared_rewrite_options(rewrite_options, model, resize, pad, scale)
     labels = test.labels()
-    settings = compile_settings(model, test.label_format)
-    from_logits = takes_logits(settings.loss)
     original = predict(model, test, batch_size)
 
     def measure(candidate):
         outputs = predict(candidate, test, batch_size)
-        return classification_metrics(outputs, labels, test.label_format, settings.loss,
-                                      original, from_logits)
+        return task.evaluate(outputs, labels, original)
 
-    baseline = classification_metrics(original, labels, test.label_format, settings.loss,
-                                      original, from_logits)
+    baseline = task.evaluate(original, labels, original)
     report = plan(model, kernel=spec, include=include, exclude=exclude,
                   layer_types=None if layer_types is None else tuple(layer_types),
                   backward=backward)
@@ -387,12 +420,14 @@ def sweep(model, data, kernel, *, power=None, reference_power=None,
                                                 kernel_map={entry.path: spec}, backward=backward,
                                                 return_report=True, **options)
         metrics = measure(swapped)
+        accuracy = metrics.get("accuracy")
         layers.append({
             "layer": entry.path, "type": entry.layer_type, "macs": entry.macs,
-            "mac_share": entry.macs / total_macs, "accuracy": metrics["accuracy"],
-            "accuracy_drop": baseline["accuracy"] - metrics["accuracy"],
-            "top5_accuracy": metrics["top5_accuracy"], "loss": metrics["loss"],
-            "agreement": metrics["agreement"],
+            "mac_share": entry.macs / total_macs, "accuracy": accuracy,
+            "accuracy_drop": None if accuracy is None else baseline["accuracy"] - accuracy,
+            "score": metrics["score"], "score_drop": task.drop(baseline, metrics),
+            "top5_accuracy": metrics.get("top5_accuracy"), "loss": metrics.get("loss"),
+            "agreement": metrics.get("agreement"), "max_abs_diff": metrics.get("max_abs_diff"),
             "relative_energy": relative_energy(all_macs, {entry.path}, watts, reference)})
         advance(entry.path)
 
@@ -400,20 +435,22 @@ def sweep(model, data, kernel, *, power=None, reference_power=None,
         paths = list(paths)
         share = sum(all_macs[p] for p in paths) / total_macs
         energy = relative_energy(all_macs, set(paths), watts, reference)
-        return {"name": name, "layers": paths, "accuracy": metrics["accuracy"],
-                "loss": metrics["loss"], "agreement": metrics["agreement"],
+        return {"name": name, "layers": paths, "accuracy": metrics.get("accuracy"),
+                "score": metrics["score"], "score_drop": task.drop(baseline, metrics),
+                "loss": metrics.get("loss"), "agreement": metrics.get("agreement"),
                 "swapped_mac_share": share,
                 "relative_energy": energy, "pareto": False}
 
-    # greedy: least accuracy lost first; among equals, the layer with more MACs (saves more)
-    order = sorted(layers, key=lambda e: (-e["accuracy"], -e["macs"]))
+    # greedy: least score lost first; among equals, the layer with more MACs (saves more)
+    order = sorted(layers, key=lambda e: (e["score_drop"], -e["macs"]))
     configurations = [configuration("original (all exact)", [], baseline)]
     chosen: list[str] = []
     single = {e["layer"]: e for e in layers}
     for step, entry in enumerate(order, start=1):
         chosen.append(entry["layer"])
         if step == 1:
-            metrics = {k: single[entry["layer"]][k] for k in ("accuracy", "loss", "agreement")}
+            metrics = {k: single[entry["layer"]][k]
+                       for k in ("accuracy", "score", "loss", "agreement")}
         else:
             swapped = rewrite_model(model, kernel=None, kernel_map={p: spec for p in chosen},
                                     backward=backward, **options)
@@ -428,10 +465,10 @@ def sweep(model, data, kernel, *, power=None, reference_power=None,
     for config, marked in zip(configurations, scored):
         config["pareto"] = marked["pareto"]
     within = [(c, s["_cost"]) for c, s in zip(configurations, scored)
-              if baseline["accuracy"] - c["accuracy"] <= max_accuracy_drop + 1e-12]
-    recommended = min(within, key=lambda item: (item[1], -item[0]["accuracy"]))[0]
+              if c["score_drop"] <= max_accuracy_drop + 1e-12]
+    recommended = min(within, key=lambda item: (item[1], item[0]["score_drop"]))[0]
 
-    notes = list(test.notes)
+    notes = [task.note, *test.notes]
     notes.extend(note for note in rewrite_report.notes
                  if note.startswith(("quantization", "folded", "--fold", "not folded")))
     if watts is None:
@@ -440,4 +477,5 @@ def sweep(model, data, kernel, *, power=None, reference_power=None,
                      f"MACs on the approximate multiplier instead")
     return SweepResult(model.name, spec, test.source, len(test), baseline, layers, configurations,
                        recommended, max_accuracy_drop, watts, power_source, reference,
-                       reference_source, notes)
+                       reference_source, notes, score_name=task.score_metric,
+                       higher_is_better=task.higher_is_better)
