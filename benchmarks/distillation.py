@@ -18,8 +18,6 @@ import platform
 import subprocess
 import time
 
-import numpy as np
-
 from graphswap import kernels
 from graphswap.io import load_model
 from graphswap.research import DEFAULT_BIAS_CORRECTION, calibration_arrays, finetune, load_data

@@ -3,8 +3,8 @@ same data, in one table - the metrics of the model's task (graphswap.research.ta
 classifiers top-1 accuracy (and top-5 when there are more than 10 classes), loss, agreement with
 the original's predictions; for regression and reconstruction MSE, MAE, PSNR (image outputs),
 R^2, loss and the largest |difference| from the original's outputs - and optionally the same
-after fine-tuning each rewritten copy.  Results serialise to JSON (schema "graphswap.evaluate/1") and CSV, and plot as a
-bar chart.
+after fine-tuning each rewritten copy.  Results serialise to JSON (schema "graphswap.evaluate/1")
+and CSV, and plot as a bar chart.
 
 Metrics are computed here from the models' predictions (not with model.evaluate), so accuracy,
 top-5, loss and agreement all come from the same forward pass and can be checked by hand.
@@ -20,7 +20,7 @@ import os
 
 import numpy as np
 
-from graphswap.errors import DataError, GraphswapError
+from graphswap.errors import GraphswapError
 from graphswap.io import atomic_output, load_model
 from graphswap.research.finetuning import check_learning_rate, finetune, swapped_layers
 from graphswap.research.loading import load_data

@@ -2,10 +2,11 @@
 gradients train the float weights (the straight-through estimator), so the network learns to live
 with its arithmetic.
 
-`finetune` compiles with the loss/metrics the model was saved with (or a stated default for a
-classifier's output), trains on validated data (graphswap.research.data), keeps the best weights by a
-validation metric, stops early on request, checkpoints every epoch and resumes from its own
-checkpoint, and runs under tf.distribute strategies:
+`finetune` compiles with the loss of the model's task (graphswap.research.task: the loss saved
+with the model, --loss, or a stated default for its output) - or, with a teacher, the distillation
+loss (graphswap.research.distillation) -, trains on validated data (graphswap.research.data), keeps
+the best weights by a validation metric, stops early on request, checkpoints every epoch and
+resumes from its own checkpoint, and runs under tf.distribute strategies:
 
   - "mirrored":    MirroredStrategy over the local GPUs, or over the logical CPU devices when there
                    are several and no GPU;
@@ -73,7 +74,8 @@ def compile_settings(model, label_format: str = "sparse", task=None) -> CompileS
     else:
         shown = ", ".join([task.loss_name()] + [m if isinstance(m, str) else
                                                 getattr(m, "name", str(m))
-                                                for m in (metrics if isinstance(metrics, list) and metrics
+                                                for m in (metrics if isinstance(metrics, list)
+                                                          and metrics
                                                           and not isinstance(metrics[0], list)
                                                           else [])])
         where = ("the loss/metrics saved in the model" if task.source.startswith("the loss")

@@ -387,7 +387,7 @@ def _task_labels(dataset, y_spec, task, label):
         if have is not None and None not in have and have != [d for d in output.shape
                                                               if d != 1]:
             raise DataError(f"{label}: dataset labels have shape {spec.shape}; "
-                            f"{output.describe_labels(1).replace('(1, ', '(').replace('(1,)', '()')}")
+                            + output.describe_labels(1).replace("(1, ", "(").replace("(1,)", "()"))
     outputs = task.outputs
 
     def convert(x, y):

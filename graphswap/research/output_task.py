@@ -135,12 +135,14 @@ class OutputTask:
                     y.ndim == 1 or y.shape[1:] == (1,) * (y.ndim - 1) or self.kind == "binary"):
                 y = y.reshape(want)
             if y.shape != want:
-                raise DataError(f"{label}: labels have shape {y.shape}; {self.describe_labels(count)}")
+                raise DataError(f"{label}: labels have shape {y.shape}; "
+                                f"{self.describe_labels(count)}")
             if y.min() < 0 or y.max() > 1:
+                outputs = ("a single sigmoid output (binary classifier)" if self.kind == "binary"
+                           else "sigmoid outputs (multi-label)")
                 raise DataError(f"{label}: labels range from {y.min():g} to {y.max():g}, but "
-                                f"{'a single sigmoid output (binary classifier)' if self.kind == 'binary' else 'sigmoid outputs (multi-label)'} "
-                                f"take labels 0 and 1 (or probabilities in [0, 1]); check that "
-                                f"the data belongs to this model")
+                                f"{outputs} take labels 0 and 1 (or probabilities in [0, 1]); "
+                                f"check that the data belongs to this model")
             return y.astype(np.float32), "binary" if self.kind == "binary" else "multilabel"
         want = (count, *self.shape)
         if y.shape != want and y.size == int(np.prod(want)) and self._squeezable(y.shape, want):
@@ -179,7 +181,8 @@ class OutputTask:
             raise DataError(f"{label}: labels have shape {y.shape}; {self.describe_labels(count)}")
         if y.dtype.kind == "f" and np.any(y != np.round(y)):
             raise DataError(f"{label}: labels are floats with fractional or non-finite values; "
-                            f"expected integer class indices 0..{classes - 1} (a regression model? pass "
+                            f"expected integer class indices 0..{classes - 1} (a regression model? "
+                            f"pass "
                             f"--loss mse)")
         y = y.astype(np.int64)
         low, high = int(y.min()), int(y.max())
