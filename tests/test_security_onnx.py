@@ -335,16 +335,37 @@ def _malformed_cases():
          ("ModelLoadError", ("attribute 'dilation_w' is missing",))),
         ("conv_quant_not_json", conv_model(kernel=DRUM, quant="{"),
          ("ModelLoadError", ("GraphswapConv2D", "attribute 'quant' is not valid JSON"))),
+        ("matmul_weights_of_rank_3", _model(
+            [_custom(MATMUL, ["X", "W"], _matmul_attrs())],
+            initializers=[onnx.numpy_helper.from_array(W[None], "W")]),
+         ("ModelLoadError", ("custom node 'gs'", "has weights 'W' of shape (1, 3, 2)",
+                             "have 2 dimensions"))),
+        ("conv_weights_of_rank_2_in_if_branch", _conv_in_if_with_flat_filters(),
+         ("ModelLoadError", ("attribute 'then_branch'", "has weights 'W' of shape (2, 2)",
+                             "have 4 dimensions"))),
     ]
 
 
+def _conv_in_if_with_flat_filters():
+    """A Conv node in an If branch whose filters (an initializer of the enclosing graph) are 2-D."""
+    attrs = [_attribute(k, v) for k, v in {"kernel": EXACT, "quant": "", "padding": "same",
+                                           "stride_h": 1, "stride_w": 1, "dilation_h": 1,
+                                           "dilation_w": 1, "groups": 1}.items()]
+    node = _custom(CONV, ["X", "W"], attrs)
+    node.output[0] = "T"
+    return _model([_if_node(node)],
+                  inputs=[helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, 4, 4, 1])],
+                  initializers=[onnx.numpy_helper.from_array(np.ones((2, 2), np.float32), "W"),
+                                onnx.numpy_helper.from_array(np.array(True), "C")])
+
+
 def test_every_node_and_attribute_is_checked_before_the_session(canary, tmp_path):
-    """39 attacks, all in one fresh interpreter: each refused with one line naming the node (and
+    """41 attacks, all in one fresh interpreter: each refused with one line naming the node (and
     where it sits) and the attribute; the interpreter never aborts, the canary never runs."""
     cases = _trust_cases(canary) + _domain_cases(canary) + _malformed_cases()
     outcomes = _run_cases(tmp_path, cases)
     _check(outcomes, cases)
-    assert len(cases) == 39
+    assert len(cases) == 41
 
 
 def test_the_api_raises_graphswap_errors_naming_node_and_attribute(canary, tmp_path):

@@ -28,7 +28,8 @@ trusted: the ONNX file never adds trust), onnxruntime and onnxruntime-extensions
 onnxruntime sees it (:func:`read_checked_model`): every node of the main graph, of every If/Loop/Scan
 body at any depth and of every model-local function (called or not); every attribute a body reads
 (type, UTF-8, size, JSON, the QuantScheme and whether the kernel runs it, padding, strides,
-dilations, groups; no attribute passed by reference from a calling node); every kernel through the
+dilations, groups; no attribute passed by reference from a calling node; weights stored in the
+file of the rank the body takes); every kernel through the
 trust gate; no other operator in graphswap's domain.  onnxruntime then gets the checked bytes, not
 the path.  The check matters twice: a refused kernel must never load, and onnxruntime-extensions'
 Python bridge ends the process (SIGABRT) on any exception raised inside an operator body, so
@@ -177,25 +178,32 @@ def _subgraphs(node, location: str):
             yield (where if len(graphs) == 1 else f"{where}[{i}]"), graph
 
 
-def walk_nodes(model):
+def walk_nodes(model, constants: bool = False):
     """(location, node) of every node of `model`: the main graph, every subgraph at any depth,
-    every model-local function (called or not) and the subgraphs inside them."""
-    pending = [("the main graph", model.graph.node)]
-    pending.extend((f"model-local function {function.domain}:{function.name}", function.node)
+    every model-local function (called or not) and the subgraphs inside them.  With `constants`,
+    (location, node, {name: initializer} visible to the node) (a subgraph sees its own and the
+    enclosing graphs'; a function's nodes see none)."""
+    def named(graph, outer):
+        return {**outer, **{tensor.name: tensor for tensor in graph.initializer}}
+
+    pending = [("the main graph", model.graph.node, named(model.graph, {}))]
+    pending.extend((f"model-local function {function.domain}:{function.name}", function.node, {})
                    for function in model.functions)
     while pending:
-        location, nodes = pending.pop(0)
+        location, nodes, visible = pending.pop(0)
         for node in nodes:
-            yield location, node
-            pending.extend((where, graph.node) for where, graph in _subgraphs(node, location))
+            yield (location, node, visible) if constants else (location, node)
+            pending.extend((where, graph.node, named(graph, visible))
+                           for where, graph in _subgraphs(node, location))
 
 
 class _NodeCheck:
     """The checks of one custom node's attributes, each failure one ModelLoadError naming the
     file, the node, where it sits and the attribute."""
 
-    def __init__(self, path, location, node):
+    def __init__(self, path, location, node, constants=None):
         self.node = node
+        self.constants = constants or {}
         name = repr(node.name) if node.name else "(unnamed)"
         self.where = (f"custom node {name} ({node.op_type}) in {location} of the ONNX "
                       f"model {path}")
@@ -259,6 +267,11 @@ class _NodeCheck:
                             f"output(s)", f"a {node.op_type} node takes 2 inputs and gives 1 "
                             f"output")
         values = self.attributes()
+        weights = self.constants.get(node.input[1])
+        rank = 2 if node.op_type == MATMUL_OP else 4
+        if weights is not None and len(weights.dims) != rank:
+            raise self.fail(None, f"has weights {node.input[1]!r} of shape {tuple(weights.dims)}",
+                            f"a {node.op_type} node's weights have {rank} dimensions")
         self.json("kernel", values["kernel"])  # a clear error before the gate's
         kernel = _kernel(values["kernel"], self.where)
         quant = values["quant"]
@@ -313,7 +326,7 @@ def read_checked_model(path):
                 f"the ONNX model {path} defines the function {function.name!r} in graphswap's "
                 f"domain {DOMAIN}, which holds only {', '.join(CUSTOM_OPS)}; {_REEXPORT}")
     found = []
-    for location, node in walk_nodes(model):
+    for location, node, constants in walk_nodes(model, constants=True):
         if node.domain != DOMAIN:
             continue
         if node.op_type not in CUSTOM_OPS:
@@ -321,7 +334,7 @@ def read_checked_model(path):
                 f"node {node.name!r} in {location} of the ONNX model {path} uses the operator "
                 f"{DOMAIN}.{node.op_type}; graphswap runs only {', '.join(CUSTOM_OPS)} in that "
                 f"domain; {_REEXPORT}")
-        found.append(_NodeCheck(path, location, node).check())
+        found.append(_NodeCheck(path, location, node, constants).check())
         if not any(a.name == "quant" for a in node.attribute):
             node.attribute.append(onnx.helper.make_attribute("quant", ""))
     return model, found
