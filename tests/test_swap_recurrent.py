@@ -14,6 +14,7 @@ import tensorflow as tf
 
 import reference
 from conftest import assert_close_to_roundoff
+from test_kernels_security import attack  # noqa: F401 - the fixture of the tampering test
 from graphswap.errors import UnsupportedLayerError
 from graphswap.swap import rewrite_model
 from graphswap.swap.layers_recurrent import (SwappedBidirectional, SwappedGRU, SwappedLSTM,
@@ -341,3 +342,118 @@ def test_kept_kernel_onnx_refuses_recurrent_layers_and_writes_nothing(tmp_path):
                                           "kept-kernel ONNX export does not cover recurrent"):
         export_model(swapped, target, "onnx", keep_kernels=True)
     assert not target.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_convert_to_keras_and_savedmodel_reloads_in_a_fresh_process(tmp_path):
+    """convert (the CLI's path) on a saved LSTM text model, to a .keras file and to a graphswap
+    SavedModel; both reopen in a fresh interpreter with the recurrent layers still swapped and
+    the same outputs; converting the SavedModel again keeps what a kernel map leaves out."""
+    from conftest import run_python
+    from graphswap.io.convert import convert
+
+    keras.utils.set_random_seed(9)
+    inputs = keras.Input((STEPS,), name="tokens")
+    x = keras.layers.Embedding(20, FEATURES, mask_zero=True)(inputs)
+    x = keras.layers.Bidirectional(keras.layers.LSTM(UNITS, return_sequences=True),
+                                   name="bidirectional")(x)
+    x = keras.layers.GRU(UNITS, name="gru")(x)
+    model = keras.Model(inputs, keras.layers.Dense(2, activation="softmax", name="dense")(x))
+    model.compile("adam", "sparse_categorical_crossentropy")
+    model.save(tmp_path / "text.keras")
+    tokens = np.random.default_rng(11).integers(0, 20, (8, STEPS)).astype(np.float32)
+    tokens[0, -2:] = 0
+    np.save(tmp_path / "tokens.npy", tokens)
+    outputs = {}
+    for name in ("converted.keras", "converted_savedmodel"):
+        result = convert(str(tmp_path / "text.keras"), "mul8u_drum4",
+                         output=str(tmp_path / name))
+        assert [e.path for e in result.report.swapped] == ["bidirectional", "gru", "dense"]
+        outputs[name] = np.asarray(result.model(tokens))
+        np.save(tmp_path / f"{name}.npy", outputs[name])
+    np.testing.assert_array_equal(outputs["converted.keras"], outputs["converted_savedmodel"])
+    done = run_python(f"""
+        import numpy as np
+        import graphswap
+        tokens = np.load({str(tmp_path / 'tokens.npy')!r})
+        for name in ("converted.keras", "converted_savedmodel"):
+            model = graphswap.load_model({str(tmp_path)!r} + "/" + name)
+            kinds = [type(layer).__name__ for layer in model.layers]
+            assert kinds[2:5] == ["SwappedBidirectional", "SwappedGRU", "SwappedDense"], kinds
+            want = np.load({str(tmp_path)!r} + "/" + name + ".npy")
+            np.testing.assert_array_equal(np.asarray(model(tokens)), want)
+        print("reloaded")
+    """)
+    assert done.returncode == 0 and "reloaded" in done.stdout, done.stderr[-3000:]
+    again = convert(str(tmp_path / "converted_savedmodel"), None,
+                    kernel_map={"gru": "mul8u_drum3"}, output=str(tmp_path / "again.keras"))
+    layers = {layer.name: layer for layer in again.model.layers}
+    assert layers["gru"].arithmetic.spec == "mul8u_drum3"
+    assert layers["bidirectional"].arithmetic.spec == "mul8u_drum4"
+    assert type(layers["bidirectional"]).__name__ == "SwappedBidirectional"
+
+
+def test_stateful_layer_carries_its_state_like_the_stock_one():
+    keras.utils.set_random_seed(10)
+    inputs = keras.Input((STEPS, FEATURES), batch_size=2)
+    model = keras.Model(inputs, keras.layers.LSTM(UNITS, stateful=True)(inputs))
+    swapped = rewrite_model(model)
+    x = _inputs(12, batch=2)
+    first, second = np.asarray(model(x)), np.asarray(model(x))
+    assert np.abs(first - second).max() > 1e-3       # the state carried over
+    terms = STEPS * (FEATURES + UNITS)
+    assert_close_to_roundoff(swapped(x), first, terms)
+    assert_close_to_roundoff(swapped(x), second, terms)
+    swapped.layers[1].reset_states()
+    assert_close_to_roundoff(swapped(x), first, terms)
+
+
+# --------------------------------------------------------------------------------------------
+# the trust gate: a recurrent layer's kernel records, wherever its config holds them
+# --------------------------------------------------------------------------------------------
+
+RECURRENT_RECORDS = {
+    # where the record sits in the saved config of layer "fc"
+    "LSTM: the layer's record": (lambda: keras.layers.LSTM(UNITS, name="fc"),
+                                 lambda c: [c]),
+    "RNN: the cell's record": (lambda: keras.layers.RNN(keras.layers.GRUCell(UNITS), name="fc"),
+                               lambda c: [c["cell"]["config"]]),
+    "Bidirectional: each direction's record": (
+        lambda: keras.layers.Bidirectional(keras.layers.SimpleRNN(UNITS), name="fc"),
+        lambda c: [c["layer"]["config"], c["backward_layer"]["config"]]),
+    "Bidirectional: a record beside the wrapped layers": (
+        lambda: keras.layers.Bidirectional(keras.layers.SimpleRNN(UNITS), name="fc"),
+        lambda c: [c]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(RECURRENT_RECORDS))
+def test_tampered_recurrent_record_is_refused(attack, tmp_path, case):
+    """An attacker's library named in any kernel record of a saved recurrent layer never loads:
+    every loader refuses the file with KernelTrustError (the fixture checks the canary)."""
+    import graphswap
+    from graphswap.kernels import trust as kernel_trust
+    from graphswap.errors import KernelTrustError
+    from test_kernels_security import _rewrite_config, _variants
+
+    a = attack
+    make, records = RECURRENT_RECORDS[case]
+    graphswap.trust(a.honest)
+    swapped = rewrite_model(_model(make()), kernel=str(a.honest))
+    path = tmp_path / "user" / "recurrent.keras"
+    swapped.save(path)
+    kernel_trust.clear_session_trust()
+    graphswap.trust(a.honest)
+    untrusted = _variants(a)["complete record, untrusted"]
+
+    def replace(config):
+        for holder in records(config):
+            holder["arithmetic"] = untrusted
+
+    bad = _rewrite_config(path, tmp_path / "tampered.keras", replace)
+    for load in (graphswap.load_model, keras.models.load_model):
+        with pytest.raises(KernelTrustError, match="not trusted|untrusted|trust"):
+            load(bad)
+    assert not a.marker.exists(), "the attacker's library was loaded"
+    x = _inputs(13)
+    np.testing.assert_array_equal(np.asarray(graphswap.load_model(path)(x)),
+                                  np.asarray(swapped(x)))

@@ -25,9 +25,12 @@ products).  The layer holds the cell's record in its config ("arithmetic", "back
 
 from __future__ import annotations
 
+import copy
+
 import keras
 
 from graphswap.errors import UnsupportedLayerError
+from graphswap.kernels import Kernel, open_record, resolve_kernel
 from graphswap.swap.layers import SwappedMixin
 from graphswap.swap.recurrent_cells import CELLS, SWAP_KEYS, SWAPPED_CELLS, swapped_cell
 from graphswap.swap.tracking import replace_attribute
@@ -220,14 +223,39 @@ class SwappedBidirectional(_RecurrentStateMixin, keras.layers.Bidirectional):
 
     lut_grad_supported = False
 
-    def __init__(self, layer, merge_mode="concat", weights=None, backward_layer=None, **kwargs):
+    def __init__(self, layer, merge_mode="concat", weights=None, backward_layer=None,
+                 arithmetic=None, backward="native", quantization=None, **kwargs):
+        # stock layers given (a lowered model swapped again): swapped with `arithmetic`
+        if type(layer) in RECURRENT:
+            layer = swapped_recurrent(layer, resolve_kernel(arithmetic or "exact"), backward,
+                                      quantization)
+        if type(backward_layer) in RECURRENT:
+            backward_layer = swapped_recurrent(backward_layer,
+                                               resolve_kernel(arithmetic or "exact"), backward,
+                                               quantization)
         super().__init__(layer, merge_mode=merge_mode, weights=weights,
                          backward_layer=backward_layer, **kwargs)
         for inner in (self.forward_layer, self.backward_layer):
             if not isinstance(inner, SWAPPED_RECURRENT):
                 raise UnsupportedLayerError(
-                    f"layer {self.name!r}: SwappedBidirectional wraps swapped recurrent layers; "
-                    f"got {type(inner).__name__}")
+                    f"layer {self.name!r}: SwappedBidirectional wraps LSTM, GRU, SimpleRNN or RNN "
+                    f"layers of their cells; got {type(inner).__name__}")
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        """Bidirectional's from_config; an "arithmetic" beside the wrapped layers (which carry
+        their own) swaps stock wrapped layers - a record from a file through the trust gate."""
+        swap = {key: config[key] for key in ("arithmetic", "backward", "quantization")
+                if key in config}
+        config = copy.deepcopy({key: value for key, value in config.items() if key not in swap})
+        arithmetic = swap.get("arithmetic")
+        if arithmetic is not None and not isinstance(arithmetic, Kernel):
+            swap["arithmetic"] = open_record(arithmetic, f"layer {config.get('name')!r}")
+        for key in ("layer", "backward_layer"):
+            if config.get(key) is not None:
+                config[key] = keras.saving.deserialize_keras_object(
+                    config[key], custom_objects=custom_objects)
+        return cls(**config, **swap)
 
     @property
     def arithmetic(self):
