@@ -296,6 +296,19 @@ def test_sweep_of_a_regression_model_scores_r2(tmp_path):
         assert entry["score"] == pytest.approx(expected, rel=1e-5)
         assert entry["score_drop"] == pytest.approx(r2 - expected, rel=1e-5, abs=1e-9)
     assert "r2" in result.format_table()
+    # the CLI, from the file, with --metrics naming the score
+    np.savez(tmp_path / "r.npz", x=x, y=y)
+    out = invoke(["sweep", saved(model, tmp_path), "--data", tmp_path / "r.npz", "-k",
+                  APPROXIMATE, "--batch-size", "64", "--metrics", "mae", "--max-drop", "50",
+                  "-o", tmp_path / "map.json", "--json"])
+    assert out.exit_code == 0, out.output
+    payload = json.loads(out.output)
+    assert payload["score"] == "mae"
+    assert payload["baseline"]["score"] == pytest.approx(np.mean(np.abs(reference - y)),
+                                                         rel=1e-5)
+    for entry in payload["layers"]:   # mae: lower is better, the drop is its increase
+        assert entry["score_drop"] == pytest.approx(entry["score"] - payload["baseline"]["score"],
+                                                    abs=1e-9)
 
 
 def test_labels_missing_for_a_classifier_say_what_to_do(tmp_path):
@@ -405,6 +418,14 @@ def test_teacher_original_distillation_reduces_the_distillation_loss_without_lab
                for note in result.notes)
     # the saved compile settings are the task's again, not the distillation loss
     assert derive_task(result.model).single.target == "indices"
+    # --lr auto compares the KL divergence to the teacher (the loss less the targets' entropy)
+    auto = finetune(swapped, x, epochs=1, batch_size=16, teacher="original", verbose=0)
+    note = next(n for n in auto.notes if n.startswith("learning rate auto:"))
+    assert "distillation loss less the targets' entropy" in note and "on 64 examples" in note
+    measured = float(note.split("entropy ")[1].split()[0])
+    assert measured == pytest.approx(before, abs=2e-4)
+    assert note.startswith("learning rate auto: 0.0001" if before <= 0.03 else
+                           "learning rate auto: 0.001 ")
     # the data's labels are not read: a teacher works on any inputs
     data = load_data((x, np.full(64, 99)), swapped, labels="unused")
     targets = distillation_data(data, teacher, derive_task(swapped)).labels()
