@@ -231,3 +231,218 @@ def test_keras2_saved_model_loads_with_equal_outputs(name, originals, saved):
     model = _load_quietly(path)
     _assert_same_model(model, originals[name], name)
     assert model.compiled and model.loss
+
+
+def _tf24_layout(saved_model, target):
+    """The TF 2.0-2.4 layout of a tf_keras SavedModel: each Keras object's metadata inside
+    saved_model.pb (SavedUserObject.metadata), no keras_metadata.pb."""
+    from tensorflow.core.protobuf import saved_model_pb2
+    from tf_keras.protobuf import saved_metadata_pb2
+
+    shutil.copytree(saved_model, target)
+    metadata = saved_metadata_pb2.SavedMetadata()
+    metadata.ParseFromString((target / "keras_metadata.pb").read_bytes())
+    proto = saved_model_pb2.SavedModel()
+    proto.ParseFromString((target / "saved_model.pb").read_bytes())
+    nodes = proto.meta_graphs[0].object_graph_def.nodes
+    for node in metadata.nodes:
+        assert nodes[node.node_id].user_object.identifier == node.identifier
+        nodes[node.node_id].user_object.metadata = node.metadata
+    (target / "saved_model.pb").write_bytes(proto.SerializeToString())
+    (target / "keras_metadata.pb").unlink()
+    return target
+
+
+def test_tf24_saved_model_with_metadata_in_the_object_graph_loads(originals, saved, tmp_path):
+    path = _tf24_layout(saved / "mobilenet_savedmodel", tmp_path / "mobilenet_tf24")
+    assert not (path / "keras_metadata.pb").exists()
+    assert legacy.is_keras2_saved_model(path)
+    assert "DepthwiseConv2D" in legacy.saved_model_layer_classes(path)
+    _assert_same_model(_load_quietly(path), originals["mobilenet"], "mobilenet")
+    result = CliRunner().invoke(main, ["inspect", str(path), "--json"])
+    assert result.exit_code == 0, result.output
+    assert "inference-only" not in result.output
+
+
+def test_hdf5_named_keras_loads_as_hdf5(originals, saved, tmp_path):
+    path = tmp_path / "resnet8.keras"
+    shutil.copy(saved / "resnet8.h5", path)
+    _assert_same_model(_load_quietly(path), originals["resnet8"], "resnet8")
+    result = CliRunner().invoke(main, ["inspect", str(path), "--json"])
+    assert result.exit_code == 0, result.output
+    assert "not found" not in result.output
+
+
+@pytest.mark.parametrize("name", ["mobilenet", "transformer", "tf_ops", "ds_cnn"])
+def test_cli_convert_keras2_h5_exact_equals_tf_keras(name, originals, saved, tmp_path):
+    output = tmp_path / f"{name}.swapped.keras"
+    result = CliRunner().invoke(main, ["convert", str(saved / f"{name}.h5"), "--kernel", "exact",
+                                       "-o", str(output), "--json"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output[result.output.index("{"):])
+    assert report["swapped"] >= 2
+    swapped = gsio.load_model(output)
+    assert any(type(layer).__name__.startswith("Swapped") for layer in swapped.layers)
+    x = _sample(originals[name])
+    assert_close_to_roundoff(np.asarray(swapped(x, training=False)),
+                             originals[name](x, training=False).numpy(), terms=64)
+
+
+# -- TFOpLambda: only allow-listed TensorFlow functions -------------------------------------------
+
+def _with_function(source, target, function):
+    """A copy of an .h5 file whose first TFOpLambda layer names `function`."""
+    shutil.copy(source, target)
+    with h5py.File(target, "r+") as handle:
+        config = json.loads(handle.attrs["model_config"])
+        for layer in config["config"]["layers"]:
+            if layer["class_name"] == "TFOpLambda":
+                layer["config"]["function"] = function
+                break
+        handle.attrs["model_config"] = json.dumps(config)
+    return target
+
+
+@pytest.mark.parametrize("function", [
+    "io.write_file", "py_function", "numpy_function", "compat.v1.py_func", "print",
+    "io.gfile.remove", "math.add.__globals__", "__builtins__.eval", "raw_ops.WriteFile",
+    "saved_model.load", "", {"class_name": "py_function"}])
+def test_tf_op_layer_refuses_functions_off_the_allow_list(function, saved, tmp_path):
+    path = _with_function(saved / "tf_ops.h5", tmp_path / "attack.h5", function)
+    with pytest.raises(ModelLoadError, match="not one of the .* pure TensorFlow functions"):
+        gsio.load_model(path)
+    result = CliRunner().invoke(main, ["convert", str(path), "-o", str(tmp_path / "out.keras")])
+    assert result.exit_code == 1
+    assert result.output.startswith("Error: ") and result.output.count("\n") == 1
+    assert len(result.output) < 600 and "Traceback" not in result.output
+    assert not (tmp_path / "out.keras").exists()
+
+
+def test_tf_op_layer_refuses_a_tampered_function_in_a_saved_model(saved, tmp_path):
+    """A model graphswap saved (a Keras 3 .keras holding TFOpLambda) whose config was edited."""
+    model = _load_quietly(saved / "tf_ops.h5")
+    path = tmp_path / "tf_ops.keras"
+    model.save(path)
+    assert isinstance(gsio.load_model(path).get_layer("tf.reshape"), TFOpLambda)
+    import zipfile
+
+    with zipfile.ZipFile(path) as archive:
+        members = {name: archive.read(name) for name in archive.namelist()}
+    config = members["config.json"].decode().replace('"function": "reshape"',
+                                                     '"function": "io.write_file"')
+    members["config.json"] = config.encode()
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, data in members.items():
+            archive.writestr(name, data)
+    with pytest.raises(ModelLoadError, match="tf.io.write_file"):
+        gsio.load_model(path)
+    with pytest.raises(ModelLoadError, match="not one of"):
+        TFOpLambda(function="io.write_file")
+
+
+def test_tf_op_layer_calls_the_function_with_its_saved_arguments():
+    x = np.arange(12, dtype=np.float32).reshape(2, 6)
+    layer = TFOpLambda(function="reshape", arguments={"shape": [-1, 3, 2]})
+    np.testing.assert_array_equal(np.asarray(layer(x)), x.reshape(-1, 3, 2))
+    rebuilt = TFOpLambda.from_config(layer.get_config())
+    np.testing.assert_array_equal(np.asarray(rebuilt(x)), x.reshape(-1, 3, 2))
+
+
+# -- options Keras 3 cannot express are refused by name ------------------------------------------
+
+def _edited_layer(source, target, class_name, **options):
+    shutil.copy(source, target)
+    with h5py.File(target, "r+") as handle:
+        config = json.loads(handle.attrs["model_config"])
+        for layer in config["config"]["layers"]:
+            if layer["class_name"] == class_name:
+                layer["config"].update(options)
+                break
+        handle.attrs["model_config"] = json.dumps(config)
+    return target
+
+
+@pytest.mark.parametrize("model,class_name,option,value", [
+    ("lstm", "LSTM", "time_major", True),
+    ("mobilenet", "DepthwiseConv2D", "groups", 2),
+    ("decoder", "Conv2DTranspose", "groups", 2),
+    ("resnet8", "BatchNormalization", "renorm", True),
+    ("resnet8", "BatchNormalization", "virtual_batch_size", 4),
+    ("resnet8", "Conv2D", "keras2_only_option", "x"),
+])
+def test_untranslatable_options_are_named_in_one_line(model, class_name, option, value, saved,
+                                                       tmp_path):
+    path = _edited_layer(saved / f"{model}.h5", tmp_path / "edited.h5", class_name,
+                         **{option: value})
+    with pytest.raises(ModelLoadError, match=f"{option}={value!r}") as info:
+        gsio.load_model(path)
+    assert f"({class_name})" in str(info.value) and "Rebuild the layer" in str(info.value)
+    result = CliRunner().invoke(main, ["inspect", str(path)])
+    assert result.exit_code == 1 and result.output.startswith("Error: ")
+    assert result.output.count("\n") == 1 and len(result.output) < 600
+
+
+# -- legacy training configurations --------------------------------------------------------------
+
+def test_legacy_training_configs_are_rebuilt(tmp_path):
+    inputs = tf_keras.Input((5,), name="features")
+    hidden = L.Dense(4, activation="relu")(inputs)
+    classes = L.Dense(3, name="classes")(hidden)
+    score = L.Dense(1, activation="sigmoid", name="score")(hidden)
+    model = tf_keras.Model(inputs, [classes, score])
+    model.compile(
+        tf_keras.optimizers.legacy.SGD(learning_rate=0.05, decay=0.01, momentum=0.9),
+        loss=[tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+              "binary_crossentropy"],
+        loss_weights=[1.0, 0.25],
+        metrics=[["accuracy"], ["accuracy", tf_keras.metrics.AUC(name="auc")]])
+    path = tmp_path / "two_heads.h5"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model.save(str(path), save_format="h5")
+    loaded = _load_quietly(path)
+    assert loaded.compiled
+    losses = loaded.loss
+    assert isinstance(losses[0], keras.losses.SparseCategoricalCrossentropy)
+    assert losses[0].get_config()["from_logits"] is True
+    assert losses[1] == "binary_crossentropy"
+    assert list(loaded.get_compile_config()["loss_weights"]) == [1.0, 0.25]
+    optimizer = loaded.optimizer
+    assert isinstance(optimizer, keras.optimizers.SGD)
+    assert optimizer.momentum == pytest.approx(0.9)
+    schedule = keras.optimizers.schedules.deserialize(optimizer.get_config()["learning_rate"])
+    for step in (0, 10, 1000):  # Keras 2's decay: lr / (1 + decay * iterations)
+        assert float(schedule(step)) == pytest.approx(0.05 / (1 + 0.01 * step), rel=1e-6)
+    x = np.random.default_rng(0).normal(size=(16, 5)).astype(np.float32)
+    y = (np.arange(16) % 3, (np.arange(16) % 2).astype(np.float32))
+    history = loaded.fit(x, y, epochs=1, verbose=0)
+    assert np.isfinite(history.history["loss"][0])
+
+
+def test_metric_keras3_lacks_is_left_out_with_a_note(saved, tmp_path):
+    path = tmp_path / "odd_metric.h5"
+    shutil.copy(saved / "autoencoder.h5", path)
+    with h5py.File(path, "r+") as handle:
+        training = json.loads(handle.attrs["training_config"])
+        training["metrics"] = [["mae", "keras2_only_metric"]]
+        handle.attrs["training_config"] = json.dumps(training)
+    with pytest.warns(LegacyModelWarning, match="'keras2_only_metric' does not exist in Keras 3"):
+        model = gsio.load_model(path)
+    assert model.compiled and model.loss == "mse"
+
+
+def test_cli_finetune_legacy_h5_compiled_with_accuracy(saved, tmp_path):
+    """metrics=['accuracy'] as Keras 2 saved it (a MeanMetricWrapper) used to stop finetune with
+    "MeanMetricWrapper.__init__() missing ... 'fn'"."""
+    rng = np.random.default_rng(3)
+    data = tmp_path / "data.npz"
+    np.savez(data, x_train=rng.normal(size=(32, 12, 12, 3)).astype(np.float32),
+             y_train=rng.integers(0, 2, 32), x_test=rng.normal(size=(16, 12, 12, 3)).astype(
+                 np.float32), y_test=rng.integers(0, 2, 16))
+    output = tmp_path / "tuned.keras"
+    result = CliRunner().invoke(main, ["finetune", str(saved / "mobilenet.h5"), "--data",
+                                       str(data), "--epochs", "1", "--batch-size", "16",
+                                       "--lr", "0.001", "-o", str(output)])
+    assert result.exit_code == 0, result.output
+    assert "MeanMetricWrapper" not in result.output
+    assert output.is_file()

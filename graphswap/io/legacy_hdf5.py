@@ -84,11 +84,22 @@ def _load_keras2(handle, custom_objects, safe_mode, compile):  # noqa: A002
     training = _attribute(handle, "training_config")
     if compile and training:
         compile_training_config(model, json_utils.decode(training), objects, notes)
-        if "optimizer_weights" in handle:
-            notes.append("the saved optimizer state (Keras 2 slots) is not restored; training "
-                         "starts with a fresh optimizer")
+        if _optimizer_arrays(handle) > 1:  # more than the step counter
+            notes.append("the saved optimizer state (its slot variables) is not restored; "
+                         "training starts with a fresh optimizer")
     emit(notes)
     return model
+
+
+def _optimizer_arrays(handle) -> int:
+    import h5py
+
+    group = handle.get("optimizer_weights")
+    if group is None:
+        return 0
+    found = []
+    group.visititems(lambda _, item: found.append(1) if isinstance(item, h5py.Dataset) else None)
+    return len(found)
 
 
 def emit(notes) -> None:
@@ -158,6 +169,7 @@ def _accepted(cls, config: dict) -> dict:
     for klass in cls.__mro__:
         if "__init__" in vars(klass):
             parameters.update(inspect.signature(vars(klass)["__init__"]).parameters)
+    parameters.discard("fn")  # LossFunctionWrapper's: a loss class sets its own
     return {key: value for key, value in config.items() if key in parameters}
 
 
@@ -205,7 +217,7 @@ def _metric(value, notes):
     config = dict(value.get("config") or {})
     name = str(value.get("class_name", "")).split(">")[-1]
     if name == "MeanMetricWrapper":  # metrics=['accuracy'], ['mae'], ... as Keras 2 saved them
-        if config.get("name") in _RESOLVED_METRICS:
+        if _is_plain_accuracy(str(config.get("name", "")), config.get("fn")):
             return "accuracy"
         return _metric(config.get("fn") if isinstance(config.get("fn"), str)
                        else str(config.get("name")), notes)
@@ -216,6 +228,16 @@ def _metric(value, notes):
         notes.append(f"its metric {config.get('name') or name!r} ({name}) cannot be rebuilt in "
                      f"Keras 3 and is left out")
         return None
+
+
+def _is_plain_accuracy(name: str, function) -> bool:
+    """metrics=['accuracy'] as Keras 2 saved it: named "accuracy" (or "<output>_accuracy" in a
+    multi-output model) with whatever function Keras 2 had guessed before training, which Keras 3
+    resolves again from the loss and the output shape; not an explicit "categorical_accuracy"."""
+    if name in _RESOLVED_METRICS:
+        return True
+    return (name.endswith("_accuracy") or name.endswith("_acc")) and not (
+        isinstance(function, str) and name.endswith(function))
 
 
 def _metrics(value, notes):
