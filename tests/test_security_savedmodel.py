@@ -152,14 +152,15 @@ def test_load_model_refuses_the_resource_canary_naming_ops_and_function(canary):
     assert not canary["marker"].exists()
 
 
-@pytest.mark.parametrize("command", ["inspect", "convert", "evaluate"])
+@pytest.mark.parametrize("command", ["inspect", "convert", "evaluate", "export"])
 def test_cli_refuses_the_resource_canary_in_a_fresh_process(canary, command, tmp_path):
     data = tmp_path / "data.npz"
     np.savez(data, x=np.zeros((8, 4), np.float32), y=np.zeros(8, np.int64))
     output = tmp_path / "out.keras"
     args = {"inspect": [canary["evil"]],
             "convert": [canary["evil"], "-o", output],
-            "evaluate": [canary["evil"], "--data", data]}[command]
+            "evaluate": [canary["evil"], "--data", data],
+            "export": [canary["evil"], "--format", "savedmodel", "-o", tmp_path / "out_sm"]}[command]
     proc = fresh("-m", "graphswap.cli", command, *args, cwd=tmp_path)
     assert proc.returncode == 1, proc.stdout + proc.stderr[-2000:]
     errors = [line for line in proc.stderr.splitlines() if line.startswith("Error:")]
@@ -167,7 +168,7 @@ def test_cli_refuses_the_resource_canary_in_a_fresh_process(canary, command, tmp
     assert "a SavedModel is a program" in errors[0] and "WriteFile" in errors[0]
     assert "--unsafe" in errors[0]
     assert not canary["marker"].exists()
-    assert not output.exists()
+    assert not output.exists() and not (tmp_path / "out_sm").exists()
 
 
 def test_honest_twin_of_the_canary_loads(canary):
