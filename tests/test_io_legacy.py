@@ -446,3 +446,19 @@ def test_cli_finetune_legacy_h5_compiled_with_accuracy(saved, tmp_path):
     assert result.exit_code == 0, result.output
     assert "MeanMetricWrapper" not in result.output
     assert output.is_file()
+
+
+def test_ellipsis_and_newaxis_slices_survive_h5_and_a_keras3_resave(tmp_path):
+    inputs = tf_keras.Input((3, 4))
+    sliced = inputs[..., 1:][:, None, 0]
+    original = tf_keras.Model(inputs, L.Dense(2)(sliced))
+    path = tmp_path / "slices.h5"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        original.save(str(path), save_format="h5")
+    x = np.random.default_rng(5).normal(size=(2, 3, 4)).astype(np.float32)
+    model = _load_quietly(path)
+    assert_close_to_roundoff(np.asarray(model(x)), original(x).numpy(), terms=3)
+    model.save(tmp_path / "slices.keras")
+    again = gsio.load_model(tmp_path / "slices.keras")
+    assert_close_to_roundoff(np.asarray(again(x)), original(x).numpy(), terms=3)
