@@ -457,3 +457,21 @@ def test_tampered_recurrent_record_is_refused(attack, tmp_path, case):
     x = _inputs(13)
     np.testing.assert_array_equal(np.asarray(graphswap.load_model(path)(x)),
                                   np.asarray(swapped(x)))
+
+
+@pytest.mark.parametrize("case", ["lstm_sequences", "gru_reset_before"])
+def test_backward_kernel_mode_through_time_equals_stock_with_the_exact_kernel(case):
+    """backward="kernel" sends the gradient products through the kernel too: with the exact
+    kernel they are TensorFlow's gradients to round-off."""
+    keras.utils.set_random_seed(11)
+    model = _model(CASES[case]())
+    swapped = rewrite_model(model, backward="kernel")
+    assert [layer.cell.backward for layer in swapped.layers if hasattr(layer, "cell")] == \
+        ["kernel"]
+    x = _inputs(14)
+    _, g_stock = _loss_and_gradients(model, x)
+    _, g_swapped = _loss_and_gradients(swapped, x)
+    terms = STEPS * (FEATURES + UNITS) * 2
+    for got, want in zip(g_swapped, g_stock):
+        assert_close_to_roundoff(got, want, terms * BATCH * STEPS,
+                                 magnitude=np.abs(np.asarray(want)).max())
