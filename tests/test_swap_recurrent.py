@@ -15,7 +15,6 @@ import tensorflow as tf
 import reference
 from conftest import assert_close_to_roundoff
 from test_kernels_security import attack  # noqa: F401 - the fixture of the tampering test
-from graphswap.errors import UnsupportedLayerError
 from graphswap.swap import rewrite_model
 from graphswap.swap.layers_recurrent import (SwappedBidirectional, SwappedGRU, SwappedLSTM,
                                              SwappedRNN, SwappedSimpleRNN)
@@ -269,10 +268,33 @@ def test_unswappable_cells_are_kept_named_and_counted():
     assert type(swapped.layers[-1]) is keras.layers.RNN
 
 
-def test_lut_grad_is_refused_naming_the_layer():
-    model = _model(keras.layers.LSTM(UNITS, name="words"))
-    with pytest.raises(UnsupportedLayerError, match="layer 'words': backward='lut_grad'"):
-        rewrite_model(model, "mul8u_drum4", backward="lut_grad")
+def test_lut_grad_through_a_cell_is_dense_lut_grad_on_one_step():
+    """backward="lut_grad" (the table's own derivatives) in a recurrent cell: one step from a
+    zero state is a Dense layer with the cell's kernel - the same loss and gradients, bit for bit
+    - and it differs from the straight-through estimator; several steps train."""
+    keras.utils.set_random_seed(12)
+    x = _inputs(15)[:, :1]
+    inputs = keras.Input((1, FEATURES))
+    rnn = keras.layers.SimpleRNN(UNITS)
+    model = keras.Model(inputs, rnn(inputs))
+    dense_inputs = keras.Input((FEATURES,))
+    dense = keras.layers.Dense(UNITS, activation="tanh")
+    dense_model = keras.Model(dense_inputs, dense(dense_inputs))
+    kernel, _, bias = rnn.get_weights()
+    dense.set_weights([kernel, bias])
+    swapped = rewrite_model(model, "mul8u_drum4", backward="lut_grad")
+    swapped_dense = rewrite_model(dense_model, "mul8u_drum4", backward="lut_grad")
+    y, (g_kernel, g_recurrent, g_bias) = _loss_and_gradients(swapped, x)
+    y_dense, (g_dense_kernel, g_dense_bias) = _loss_and_gradients(swapped_dense, x[:, 0])
+    np.testing.assert_array_equal(np.asarray(y), np.asarray(y_dense))
+    np.testing.assert_array_equal(np.asarray(g_kernel), np.asarray(g_dense_kernel))
+    np.testing.assert_array_equal(np.asarray(g_bias), np.asarray(g_dense_bias))
+    assert not np.asarray(g_recurrent).any()           # h0 = 0
+    _, (g_straight, _, _) = _loss_and_gradients(rewrite_model(model, "mul8u_drum4"), x)
+    assert np.abs(np.asarray(g_straight) - np.asarray(g_kernel)).max() > 1e-3
+    longer = rewrite_model(_model(keras.layers.GRU(UNITS)), "mul8u_drum4", backward="lut_grad")
+    _, gradients = _loss_and_gradients(longer, _inputs(16))
+    assert all(np.isfinite(np.asarray(g)).all() and np.asarray(g).any() for g in gradients)
 
 
 def test_fit_runs_and_changes_the_swapped_weights():

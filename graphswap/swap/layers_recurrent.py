@@ -59,6 +59,8 @@ class _SwappedRNNMixin(_RecurrentStateMixin, SwappedMixin):
     """LSTM / GRU / SimpleRNN with the swapped cell in the stock cell's place; the layer's config
     carries the cell's record (module docstring)."""
 
+    lut_grad_supported = True
+
     def _swap_stock_cell(self, arithmetic, swap_kernel, backward, quantization,
                          output_correction, intermediate_ranges):
         cell = swapped_cell(self.cell, arithmetic, backward, quantization, output_correction,
@@ -221,7 +223,7 @@ class SwappedBidirectional(_RecurrentStateMixin, keras.layers.Bidirectional):
     """Bidirectional around two swapped recurrent layers (its config is Bidirectional's: each
     direction's layer config carries its own record)."""
 
-    lut_grad_supported = False
+    lut_grad_supported = True
 
     def __init__(self, layer, merge_mode="concat", weights=None, backward_layer=None,
                  arithmetic=None, backward="native", quantization=None, **kwargs):

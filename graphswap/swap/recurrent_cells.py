@@ -30,6 +30,7 @@ class _SwappedCellMixin(SwappedMixin):
 
     intermediate_points = ("recurrent",)
     gates = 1
+    lut_grad_supported = True   # swapped_matmul's, product by product
 
     def _init_cell(self, arithmetic, swap_kernel, backward, quantization, output_correction,
                    intermediate_ranges):
