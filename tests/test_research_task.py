@@ -468,3 +468,20 @@ def test_teacher_original_from_the_cli_with_an_inputs_only_npz(tmp_path):
     out = invoke(["finetune", saved(model, tmp_path, "float"), "--data",
                   tmp_path / "inputs.npz", "--teacher", "original"])
     assert out.exit_code == 1 and out.output.startswith("Error: teacher 'original' is the float")
+
+
+def test_distillation_checkpoints_resume(tmp_path):
+    # a binary classifier: its checkpoint holds the distillation loss and the agreement metric,
+    # which reload with it (graphswap's registered BinaryAgreement), so the run resumes
+    model = binary_model(seed=8)
+    x, _ = binary_data(seed=8)
+    swapped = rewrite_model(model, kernel=COARSE)
+    first = finetune(swapped, x, epochs=1, batch_size=16, learning_rate=1e-2, teacher="original",
+                     checkpoint_dir=tmp_path / "ckpt", verbose=0)
+    assert first.epochs_run == [1] and "agreement" in first.history
+    resumed = finetune(swapped, x, epochs=2, batch_size=16, learning_rate=1e-2,
+                       teacher="original", checkpoint_dir=tmp_path / "ckpt", resume=True,
+                       verbose=0)
+    assert resumed.epochs_run == [2]
+    assert any("resumed from" in note for note in resumed.notes)
+    assert derive_task(resumed.model).kind == "binary"
