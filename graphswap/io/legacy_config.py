@@ -65,6 +65,8 @@ KEY_RULES = {
     "LSTMCell": {"implementation": _SAME}, "GRUCell": {"implementation": _SAME},
     "BatchNormalization": _BATCH_NORM,
     "MultiHeadAttention": {"query_shape": _SAME, "key_shape": _SAME, "value_shape": _SAME,
+                           # Keras 3 always masks the robust way (tf.where); tf.keras' default
+                           # added -1e9 instead: equal unless a score is itself near 1e9
                            "softmax_robust_masking": _SAME},
     "LeakyReLU": {"alpha": _rename("negative_slope")},
     "SpatialDropout1D": _SPATIAL_DROPOUT, "SpatialDropout2D": _SPATIAL_DROPOUT,
