@@ -255,6 +255,18 @@ def test_report_counts_recurrent_macs_by_the_hand_formula():
                                       "float_macs": lstm}
 
 
+def test_time_distributed_dense_is_counted_as_float():
+    inputs = keras.Input((STEPS, FEATURES))
+    x = keras.layers.LSTM(UNITS, return_sequences=True)(inputs)
+    model = keras.Model(inputs, keras.layers.TimeDistributed(keras.layers.Dense(2))(x))
+    _, report = rewrite_model(model, return_report=True)
+    entry = report.layers[-1]
+    assert entry.layer_type == "TimeDistributed" and entry.action == "kept"
+    assert entry.macs == STEPS * UNITS * 2
+    assert "its Dense runs in float" in entry.reason
+    assert report.total_macs - report.kernel_macs == STEPS * UNITS * 2
+
+
 def test_unswappable_cells_are_kept_named_and_counted():
     inputs = keras.Input((STEPS, FEATURES))
     stacked = keras.layers.RNN([keras.layers.LSTMCell(UNITS), keras.layers.GRUCell(2)])

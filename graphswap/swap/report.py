@@ -5,7 +5,8 @@ MACs are counted per sample for every layer with weights graphswap can count - s
 a report shows what stays exact float arithmetic: Dense, EinsumDense, every Keras convolution
 (1-D/2-D/3-D, depthwise, separable, transposed), recurrent layers (LSTM, GRU, SimpleRNN, RNN of
 such cells, Bidirectional: timesteps x (input_dim + units) x gates x units per direction; a
-sequence of unknown length counts 0) and MultiHeadAttention (its projections; the
+sequence of unknown length counts 0), TimeDistributed (timesteps x its layer's; never swapped) and
+MultiHeadAttention (its projections; the
 attention-score products Q K^T and scores x V are counted apart as `float_macs`, because they
 multiply activations by activations and no swapped layer runs them).  A transposed convolution
 counts input positions x taps x input channels x filters (the products with inserted zeros that
@@ -221,6 +222,10 @@ def _weight_macs(layer, shape) -> int:
     layers = keras.layers
     if isinstance(layer, (layers.RNN, layers.Bidirectional)):
         return recurrent_macs(layer, shape)
+    if isinstance(layer, layers.TimeDistributed):   # not swapped: counted as float
+        if len(shape) < 3 or shape[1] is None or not layer.layer.built:
+            return 0
+        return int(shape[1]) * _weight_macs(layer.layer, (shape[0], *shape[2:]))
     if isinstance(layer, layers.EinsumDense):
         return einsum_plan(layer.equation, len(shape)).macs(shape, tuple(layer.kernel.shape))
     if isinstance(layer, layers.Dense):

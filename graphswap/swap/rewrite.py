@@ -426,6 +426,9 @@ def describe(path, layer, action, reason="") -> LayerReport:
     float_macs = 0
     if isinstance(layer, keras.layers.MultiHeadAttention) and layer.built:
         float_macs = attention_macs(layer)[1]
+    if not reason and isinstance(layer, keras.layers.TimeDistributed) and layer.weights:
+        reason = (f"TimeDistributed is not swapped: its {type(layer.layer).__name__} runs in "
+                  f"float (apply the layer to the sequence directly to swap it)")
     if not reason and is_custom_layer(layer) and own_weights(layer):
         count = sum(int(np.prod(w.shape)) for w in own_weights(layer))
         reason = (f"custom layer computing with {count:,} weight value(s) of its own: graphswap "
