@@ -465,3 +465,29 @@ def test_ellipsis_and_newaxis_slices_survive_h5_and_a_keras3_resave(tmp_path):
     model.save(tmp_path / "slices.keras")
     again = gsio.load_model(tmp_path / "slices.keras")
     assert_close_to_roundoff(np.asarray(again(x)), original(x).numpy(), terms=3)
+
+
+@pytest.mark.parametrize("suffix", [".h5", ".keras"])
+@pytest.mark.parametrize("base_kind", ["Functional", "Sequential"])
+def test_nested_model_called_twice_keeps_its_calls_apart(base_kind, suffix, tmp_path):
+    """A Keras 2 nested model numbers its calls from 1 (node 0 was its own); a model called
+    twice, whose second call is also an output, must map each reference to the right call."""
+    if base_kind == "Functional":
+        inner = tf_keras.Input((6, 6, 3))
+        hidden = L.DepthwiseConv2D(3, padding="same")(inner)
+        flat = tf.reshape(hidden, (-1, 36, 3))
+        base = tf_keras.Model(inner, L.MultiHeadAttention(2, 2)(flat, flat), name="base")
+    else:
+        base = tf_keras.Sequential([tf_keras.Input((6, 6, 3)), L.DepthwiseConv2D(3, padding="same"),
+                                    L.Reshape((36, 3))], name="base")
+    inputs = tf_keras.Input((6, 6, 3))
+    first, second = base(inputs), base(L.Rescaling(2.0)(inputs))
+    original = tf_keras.Model(inputs, [L.Add()([first, second]), second, first])
+    path = tmp_path / f"nested{suffix}"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        original.save(str(path))
+    model = _load_quietly(path)
+    x = np.random.default_rng(7).normal(size=(2, 6, 6, 3)).astype(np.float32)
+    for got, want in zip(model(x), original(x)):
+        assert_close_to_roundoff(np.asarray(got), want.numpy(), terms=64)

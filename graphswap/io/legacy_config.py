@@ -95,6 +95,8 @@ def _translate_layer(entry, notes: Notes) -> None:
     class_name = entry.get("class_name")
     layer_config = entry["config"]
     if class_name in MODEL_CLASSES:
+        if class_name != "Sequential":
+            _renumber_nested_model_nodes(layer_config)
         for child in layer_config.get("layers", []) or []:
             _translate_layer(child, notes)
             if class_name != "Sequential":
@@ -158,6 +160,41 @@ def _drop_unknown_keys(layer_config, name, class_name) -> None:
 
 
 # -- the graph's nodes -------------------------------------------------------------------------
+
+def _renumber_nested_model_nodes(graph: dict) -> None:
+    """Keras 2 counted a nested model's calls from 1: its node 0 was the model's own (its inputs
+    to its outputs), skipped when saving (tf_keras' _should_skip_first_node).  A Keras 3 model
+    has no such node, so references to a nested model built on an InputLayer move down by one:
+    in the layers' inbound nodes, and in the model's outputs for a nested Sequential (Keras 3
+    already moves a nested Functional's there)."""
+    nested = {}
+    for child in graph.get("layers", []) or []:
+        if isinstance(child, dict) and child.get("class_name") in MODEL_CLASSES and \
+                isinstance(child.get("config"), dict) and \
+                (child["config"].get("layers") or [{}])[0].get("class_name") == "InputLayer":
+            nested[child.get("name") or child["config"].get("name")] = child["class_name"]
+    if nested:
+        _shift_references(graph, set(nested),
+                          {name for name, kind in nested.items() if kind == "Sequential"})
+
+
+def _shift_references(graph: dict, in_nodes: set, in_ends: set) -> None:
+    def shift(value, nested):
+        if _is_reference(value) and value[0] in nested and value[1] > 0:
+            return [value[0], value[1] - 1, *value[2:3], *[shift(v, nested) for v in value[3:]]]
+        if isinstance(value, list):
+            return [shift(item, nested) for item in value]
+        if isinstance(value, dict):
+            return {key: shift(item, nested) for key, item in value.items()}
+        return value
+
+    for child in graph.get("layers", []) or []:
+        if isinstance(child, dict) and "inbound_nodes" in child:
+            child["inbound_nodes"] = shift(child["inbound_nodes"], in_nodes)
+    for key in ("input_layers", "output_layers"):
+        if key in graph:
+            graph[key] = shift(graph[key], in_ends)
+
 
 def _is_reference(item) -> bool:
     return (isinstance(item, (list, tuple)) and len(item) in (3, 4) and isinstance(item[0], str)
