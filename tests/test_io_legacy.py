@@ -491,3 +491,20 @@ def test_nested_model_called_twice_keeps_its_calls_apart(base_kind, suffix, tmp_
     x = np.random.default_rng(7).normal(size=(2, 6, 6, 3)).astype(np.float32)
     for got, want in zip(model(x), original(x)):
         assert_close_to_roundoff(np.asarray(got), want.numpy(), terms=64)
+
+
+def test_tensor_method_layers_are_refused_by_name(saved, tmp_path):
+    """tf_keras records x.shape-like calls as InstanceProperty/InstanceMethod layers: graphswap
+    does not rebuild them, and says so (not "pass custom objects")."""
+    path = tmp_path / "method.h5"
+    shutil.copy(saved / "tf_ops.h5", path)
+    with h5py.File(path, "r+") as handle:
+        config = json.loads(handle.attrs["model_config"])
+        for layer in config["config"]["layers"]:
+            if layer["class_name"] == "TFOpLambda":
+                layer["class_name"] = "InstanceMethod"
+                break
+        handle.attrs["model_config"] = json.dumps(config)
+    with pytest.raises(ModelLoadError, match="Keras 2 InstanceMethod .* does not rebuild") as info:
+        gsio.load_model(path)
+    assert "--custom-objects" not in str(info.value)

@@ -77,6 +77,8 @@ BASE_KEYS = frozenset({"name", "trainable", "dtype", "autocast", "activity_regul
                        "input_shape", "input_dim", "batch_input_shape", "batch_size"})
 MODEL_CLASSES = ("Functional", "Model", "Sequential")
 TF_OP_CLASSES = ("TFOpLambda", "SlicingOpLambda")
+#: tf_keras' records of tensor methods and properties: code paths graphswap does not rebuild
+TENSOR_METHOD_CLASSES = ("ClassMethod", "InstanceMethod", "InstanceProperty")
 #: classes whose Keras 2 options Keras 3's legacy reader translates itself
 KERAS_TRANSLATES = ("Lambda",)
 CONSTANT = "_CONSTANT_VALUE"
@@ -121,6 +123,13 @@ def _translate_layer(entry, notes: Notes) -> None:
     if class_name in TF_OP_CLASSES:
         layer_config.pop("function_type", None)
         return
+    if class_name in TENSOR_METHOD_CLASSES:
+        raise ModelLoadError(
+            f"layer {layer_config.get('name', class_name)!r} is a Keras 2 {class_name} (a "
+            f"tensor's method or property, such as x.shape or a RaggedTensor method, called on a "
+            f"symbolic tensor), which graphswap does not rebuild (it rebuilds TFOpLambda calls of "
+            f"pure tf.* functions). Rebuild that step of the model with Keras layers or "
+            f"keras.ops and save it again")
     name = layer_config.get("name", class_name)
     for key, rule in KEY_RULES.get(class_name, {}).items():
         if key in layer_config:
