@@ -276,14 +276,16 @@ def test_hdf5_named_keras_loads_as_hdf5(originals, saved, tmp_path):
 @pytest.mark.parametrize("name,file", [
     ("mobilenet", "mobilenet.h5"), ("transformer", "transformer.h5"), ("tf_ops", "tf_ops.h5"),
     ("ds_cnn", "ds_cnn.h5"), ("resnet8", "resnet8.keras"),
-    ("transformer", "transformer_savedmodel"), ("tf_ops", "tf_ops_savedmodel")])
+    ("transformer", "transformer_savedmodel"), ("tf_ops", "tf_ops_savedmodel"),
+    ("decoder", "decoder.h5"), ("autoencoder", "autoencoder.keras"),
+    ("text_lstm", "text_lstm.h5")])
 def test_cli_convert_keras2_files_exact_equals_tf_keras(name, file, originals, saved, tmp_path):
     output = tmp_path / f"{name}.swapped.keras"
     result = CliRunner().invoke(main, ["convert", str(saved / file), "--kernel", "exact",
                                        "-o", str(output), "--json"], catch_exceptions=False)
     assert result.exit_code == 0, result.output
     report = json.loads(result.output[result.output.index("{"):])
-    assert report["swapped"] >= 2
+    assert report["swapped"] >= 1
     swapped = gsio.load_model(output)
     assert any(type(layer).__name__.startswith("Swapped") for layer in swapped.layers)
     x = _sample(originals[name])
