@@ -19,7 +19,6 @@ Every failure is one DataError: what was found, what is allowed, what to do.
 
 from __future__ import annotations
 
-import errno
 import math
 import os
 import zipfile
@@ -29,6 +28,7 @@ import numpy as np
 from numpy.lib import format as npy_format
 
 from graphswap.errors import DataError
+from graphswap.native.files import missing_reason
 
 #: bytes read per call while filling an array (bounded reads, like numpy's own)
 CHUNK_BYTES = 16 * 1024 * 1024
@@ -169,15 +169,8 @@ def _read_member(member, info, where) -> np.ndarray:
 
 def _link_problem(path: str) -> str | None:
     """Why the symbolic link `path` cannot be followed, or None."""
-    try:
-        os.stat(path)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            return "is a symbolic link loop (it points, through links, back to itself)"
-        if os.path.islink(path):
-            return f"is a broken symbolic link (to {os.readlink(path)}, which does not exist)"
-        return f"cannot be read ({exc.strerror or exc})"
-    return None
+    reason = missing_reason(path)
+    return None if reason == "exists" else reason
 
 
 def check_image_links(folder) -> None:
