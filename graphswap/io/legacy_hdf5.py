@@ -16,7 +16,6 @@ import warnings
 
 import keras
 
-from graphswap.errors import ModelLoadError
 from graphswap.io import legacy_config
 from graphswap.io.keras3 import describe_load_failure, require_built
 from graphswap.io.stored_code import check_keras_configs

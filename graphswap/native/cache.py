@@ -59,9 +59,9 @@ def _check_private(path: Path, root: Path) -> None:
     info = os.lstat(path)
     if stat.S_ISLNK(info.st_mode):
         raise _refuse(path, f"is a symbolic link (to {os.readlink(path)})",
-                      f"Replace the link by a real folder")
+                      "Replace the link by a real folder")
     if not stat.S_ISDIR(info.st_mode):
-        raise _refuse(path, "is not a folder", f"Remove it")
+        raise _refuse(path, "is not a folder", "Remove it")
     if info.st_uid != os.getuid():
         raise _refuse(path, f"belongs to another user (uid {info.st_uid}; you are uid "
                             f"{os.getuid()})",
