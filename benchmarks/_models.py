@@ -1,6 +1,8 @@
 """Models the benchmarks build (not part of the package): ResNet-8 for CIFAR-shaped inputs, a
-ViT-Ti/16-style model, and the keras.applications models (weights=None: nothing downloaded); and
-the training step the benchmarks time."""
+ViT-Ti/16-style model, the keras.applications models (weights=None: nothing downloaded), the
+models of issue 26 (MobileNetV1-0.25 at 96x96, the MLPerf Tiny DS-CNN, a stride-2
+Conv2DTranspose decoder, an Embedding + LSTM text classifier); and the training step the
+benchmarks time."""
 
 from __future__ import annotations
 
@@ -52,6 +54,63 @@ def vit(image=224, patch=16, dim=192, heads=3, depth=12, classes=1000):
     return keras.Model(inputs, keras.layers.Dense(classes, name="head")(x), name="vit_ti16")
 
 
+def ds_cnn(seed: int = 0, classes: int = 12, filters: int = 64, blocks: int = 4):
+    """The MLPerf Tiny keyword-spotting DS-CNN: 49x10 MFCC frames, a (10, 4) stride-2 Conv2D of
+    64 filters, four depthwise-separable blocks of 64 (DepthwiseConv2D 3x3 and a 1x1 Conv2D, each
+    followed by BatchNormalization and ReLU), global pooling, a Dense head of 12 classes."""
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((49, 10, 1), name="mfcc")
+    x = keras.layers.Conv2D(filters, (10, 4), strides=(2, 2), padding="same", name="stem")(inputs)
+    x = keras.layers.ReLU()(keras.layers.BatchNormalization()(x))
+    for i in range(blocks):
+        x = keras.layers.DepthwiseConv2D(3, padding="same", name=f"dw{i}")(x)
+        x = keras.layers.ReLU()(keras.layers.BatchNormalization()(x))
+        x = keras.layers.Conv2D(filters, 1, name=f"pw{i}")(x)
+        x = keras.layers.ReLU()(keras.layers.BatchNormalization()(x))
+    x = keras.layers.Dropout(0.4)(x)
+    x = keras.layers.GlobalAveragePooling2D()(x)
+    outputs = keras.layers.Dense(classes, activation="softmax", name="fc")(x)
+    return keras.Model(inputs, outputs, name="ds_cnn")
+
+
+def conv_decoder(seed: int = 0, code: int = 32):
+    """An image decoder: Dense -> Reshape (6, 6, 64) -> four stride-2 Conv2DTranspose layers
+    (64, 32, 16, 3 filters, 3x3, 'same') to a 96x96x3 sigmoid image."""
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((code,), name="code")
+    x = keras.layers.Dense(6 * 6 * 64, activation="relu", name="project")(inputs)
+    x = keras.layers.Reshape((6, 6, 64))(x)
+    for i, filters in enumerate((64, 32, 16)):
+        x = keras.layers.Conv2DTranspose(filters, 3, strides=2, padding="same",
+                                         activation="relu", name=f"up{i}")(x)
+    outputs = keras.layers.Conv2DTranspose(3, 3, strides=2, padding="same",
+                                           activation="sigmoid", name="image")(x)
+    return keras.Model(inputs, outputs, name="conv_decoder")
+
+
+def lstm_text(seed: int = 0, vocabulary: int = 2000, length: int = 100, units: int = 64,
+              classes: int = 2):
+    """A text classifier: Embedding(vocabulary, 64) over `length` token ids, LSTM(64), a Dense
+    softmax head."""
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((length,), dtype="int32", name="tokens")
+    x = keras.layers.Embedding(vocabulary, 64, name="embed")(inputs)
+    x = keras.layers.LSTM(units, name="lstm")(x)
+    outputs = keras.layers.Dense(classes, activation="softmax", name="fc")(x)
+    return keras.Model(inputs, outputs, name="lstm_text")
+
+
+# the models of issue 26 (bench_models.py runs them at --batch, the decoder at --decoder-batch)
+ISSUE26 = ("MobileNetV1", "DSCNN", "Decoder", "LSTM")
+NAMES = ("ResNet8", "MobileNetV2", "ResNet50", "EfficientNetB0", "Xception", "ViT") + ISSUE26
+
+
 def build(name: str, size: int = 224):
     """A model of the zoo by name, for `size`x`size`x3 inputs (ResNet8: always 32x32x3)."""
     import keras
@@ -69,23 +128,33 @@ def build(name: str, size: int = 224):
         return keras.applications.Xception(input_shape=shape, weights=None)
     if name == "ViT":
         return vit(image=size)
-    raise SystemExit(f"unknown model {name!r}; choose from ResNet8, MobileNetV2, ResNet50, "
-                     f"EfficientNetB0, Xception, ViT")
+    if name == "MobileNetV1":  # the MLPerf Tiny visual-wake-words model: always 96x96x3
+        keras.utils.set_random_seed(0)
+        return keras.applications.MobileNet(alpha=0.25, input_shape=(96, 96, 3), weights=None,
+                                            classes=2)
+    if name == "DSCNN":
+        return ds_cnn()
+    if name == "Decoder":
+        return conv_decoder()
+    if name == "LSTM":
+        return lstm_text()
+    raise SystemExit(f"unknown model {name!r}; choose from {', '.join(NAMES)}")
 
 
-def train_step_fn(model):
-    """One training step as `fit` runs it: forward, GradientTape, SGD apply, in a tf.function."""
+def train_step_fn(model, loss="sparse_categorical_crossentropy"):
+    """One training step as `fit` runs it: forward, GradientTape, SGD apply, in a tf.function.
+    `loss`: a Keras loss name (class indices for the default; "mse" for a decoder)."""
     import keras
     import tensorflow as tf
 
     optimizer = keras.optimizers.SGD(1e-4)
     optimizer.build(model.trainable_variables)
-    loss_fn = keras.losses.SparseCategoricalCrossentropy()
+    loss_fn = keras.losses.get(loss)
 
     @tf.function
     def step(x, y):
         with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True))
+            loss = tf.reduce_mean(loss_fn(y, model(x, training=True)))
         grads = tape.gradient(loss, model.trainable_variables)
         optimizer.apply(grads, model.trainable_variables)
         return loss
