@@ -237,6 +237,34 @@ def tensorflow_runs_nchw_conv_on_cpu() -> bool:
         return False
 
 
+_CPU_PROBES = {}
+
+
+def tensorflow_runs_on_cpu(op: str) -> bool:
+    """Whether this TensorFlow build runs `op` on the CPU: "unequal-stride depthwise"
+    (DepthwiseConv2dNative with strides (2, 1)) or "dilated conv_transpose"
+    (Conv2DBackpropInput with dilations 2).  Builds without oneDNN on some CPUs (an AVX2-only
+    EPYC) refuse both; tests probe once instead of assuming either, and compare with an
+    independent reference where the stock op does not run."""
+    import tensorflow as tf
+
+    if op not in _CPU_PROBES:
+        probes = {
+            "unequal-stride depthwise": lambda: tf.nn.depthwise_conv2d(
+                tf.ones((1, 4, 4, 1)), tf.ones((2, 2, 1, 1)), [1, 2, 1, 1], "VALID"),
+            "dilated conv_transpose": lambda: tf.nn.conv2d_transpose(
+                tf.ones((1, 3, 3, 1)), tf.ones((2, 2, 1, 1)), (1, 3, 3, 1), 1, "SAME",
+                dilations=2),
+        }
+        try:
+            with tf.device("/CPU:0"):
+                probes[op]().numpy()
+            _CPU_PROBES[op] = True
+        except (tf.errors.UnimplementedError, tf.errors.InvalidArgumentError):
+            _CPU_PROBES[op] = False
+    return _CPU_PROBES[op]
+
+
 def compile_library(tmp_path: Path, name: str, source: str) -> Path:
     """Compile a small C library against graphswap_kernels.h into tmp_path."""
     tmp_path.mkdir(parents=True, exist_ok=True)

@@ -18,7 +18,15 @@ product, BiasAddGrad for the shift):
   backend), taken with a GradientTape on the same inputs - so the gradient functions are the ones
   TensorFlow registers for DepthwiseConv2dNative, Conv2DBackpropInput and Einsum, bit for bit.
   Those gradients do not read the forward's output, so in a traced step the float forward they
-  are taken of is dead code and is pruned;
+  are taken of is dead code and is pruned.  Two geometries TensorFlow's CPU builds without
+  oneDNN refuse (its fused kernels have no such path; with oneDNN they run) take the same
+  mathematical function through ops every build has instead, on every machine alike (the
+  traced graph does not depend on the CPU that traced it): a depthwise convolution with unequal
+  strides (`portable_depthwise_conv`: TensorFlow's padding made explicit, the stride-1 (dilated)
+  VALID depthwise convolution, a strided slice) and a transposed convolution with dilations > 1
+  (`portable_conv_transpose`: the vector-Jacobian product of the equivalent forward convolution,
+  itself a stride-1 dilated VALID tf.nn.convolution - SpaceToBatch - of the explicitly padded
+  output, strided).  Their gradients are the stock op's exactly, up to float32 round-off;
 * backward="kernel": the backward products through the same Kernel (im2col/col2im lowering of
   the equivalent convolution; the two matmuls of the einsum).
 
@@ -104,6 +112,31 @@ def _kernel_op(name, forward_np, stock, kernel_grads_np, out_static, backward, x
 # depthwise
 # --------------------------------------------------------------------------------------------
 
+def _strided_valid(geometry, strides, padded, stride_one_conv):
+    """`stride_one_conv(padded)` (a stride-1 VALID convolution of the input padded by
+    `geometry`'s explicit paddings), keeping every stride-th row and column: the strided
+    convolution `geometry` describes."""
+    full = stride_one_conv(tf.pad(padded, [[0, 0], [geometry.pad_top, geometry.pad_bottom],
+                                           [geometry.pad_left, geometry.pad_right], [0, 0]]))
+    return full[:, :(geometry.out_height - 1) * strides[0] + 1:strides[0],
+                :(geometry.out_width - 1) * strides[1] + 1:strides[1], :]
+
+
+def portable_depthwise_conv(inputs, weights, strides, padding, dilations):
+    """tf: keras.ops.depthwise_conv(inputs, weights, strides, padding, dilation_rate=dilations)
+    on NHWC inputs, through ops every TensorFlow CPU build has (DepthwiseConv2dNative refuses
+    unequal strides without oneDNN): TensorFlow's SAME/VALID padding made explicit
+    (graphswap.native.conv_geometry), the stride-1 (dilated: SpaceToBatch) VALID depthwise
+    convolution, every stride-th row and column.  The same function, so its gradient (Pad's,
+    the stride-1 depthwise op's, StridedSlice's) is the stock one's up to round-off."""
+    strides = tuple(int(s) for s in strides)
+    dilations = tuple(int(d) for d in dilations)
+    geometry = depthwise_geometry((1, *_static(inputs.shape, "DepthwiseConv2D")[1:]),
+                                  weights.shape, strides, padding, dilations)
+    return _strided_valid(geometry, strides, inputs, lambda padded: tf.nn.depthwise_conv2d(
+        padded, weights, [1, 1, 1, 1], "VALID", dilations=dilations))
+
+
 def depthwise_filter(kernel_shape) -> tuple[int, int, int, int]:
     """The HWIO filter shape of a Keras depthwise kernel (h, w, in, multiplier)."""
     k_h, k_w, channels, multiplier = (int(d) for d in kernel_shape)
@@ -152,6 +185,8 @@ def swapped_depthwise_conv2d(x, kernel, arithmetic: Kernel, strides=(1, 1), padd
         return dx, dw.reshape(kernel_shape)
 
     def stock(inputs, weights):
+        if strides[0] != strides[1]:
+            return portable_depthwise_conv(inputs, weights, strides, padding, dilations)
         return keras.ops.depthwise_conv(inputs, weights, strides=strides, padding=padding,
                                         data_format="channels_last", dilation_rate=dilations)
 
@@ -177,6 +212,33 @@ def transposed_product(arithmetic: Kernel, x, kernel, strides, padding, output_p
     plan = transposed_conv(x.shape, kernel.shape, strides, padding, output_padding, dilations)
     return bind_scheme(arithmetic, quant).conv2d(native.insert_zeros(x, plan),
                                                  native.flipped_filter(kernel), plan.geometry)
+
+
+def portable_conv_transpose(inputs, weights, output_hwc, strides, padding, dilations):
+    """tf: keras.ops.conv_transpose(inputs, weights, strides, padding, dilation_rate=dilations)
+    of NHWC inputs (Keras kernel (h, w, filters, in)) to an output of spatial shape and channels
+    `output_hwc`, through ops every TensorFlow CPU build has (Conv2DBackpropInput refuses
+    dilations > 1 without oneDNN).  A transposed convolution is the input-gradient of the
+    forward convolution from its output to its input, with the same kernel as HWIO filter: here
+    that convolution is the stride-1 dilated VALID tf.nn.convolution (SpaceToBatch) of the
+    explicitly padded output, strided (as portable_depthwise_conv), and its vector-Jacobian
+    product with `inputs` is taken with a GradientTape - so the gradients of the result (those
+    of the convolution's gradients) are the stock op's up to round-off."""
+    strides = tuple(int(s) for s in strides)
+    dilations = tuple(int(d) for d in dilations)
+    output_hwc = [int(d) for d in output_hwc]
+    geometry = conv_geometry((1, *output_hwc), weights.shape, strides, dilations, padding)
+    expected = [geometry.out_height, geometry.out_width, geometry.out_channels]
+    if expected != _static(inputs.shape, "Conv2DTranspose")[1:]:
+        raise UnsupportedLayerError(
+            f"transposed convolution to {tuple(output_hwc)}: its forward convolution gives "
+            f"{tuple(expected)}, not the input's {tuple(inputs.shape[1:])}")
+    output = tf.zeros(tf.concat([tf.shape(inputs)[:1], output_hwc], 0), inputs.dtype)
+    with tf.GradientTape() as tape:
+        tape.watch(output)
+        forward = _strided_valid(geometry, strides, output, lambda padded: tf.nn.convolution(
+            padded, weights, strides=1, padding="VALID", dilations=dilations))
+    return tape.gradient(forward, output, output_gradients=inputs)
 
 
 @tf.autograph.experimental.do_not_convert
@@ -211,6 +273,9 @@ def swapped_conv2d_transpose(x, kernel, arithmetic: Kernel, strides=(1, 1), padd
         return (native.remove_zeros(dz, plan, x_array.shape), native.unflipped_filter(dw))
 
     def stock(inputs, weights):
+        if max(dilations) > 1:
+            return portable_conv_transpose(inputs, weights, out_static[1:], strides, padding,
+                                           dilations)
         return keras.ops.conv_transpose(inputs, weights, strides=strides, padding=padding,
                                         output_padding=output_padding,
                                         data_format="channels_last", dilation_rate=dilations)
