@@ -223,7 +223,10 @@ def portable_conv_transpose(inputs, weights, output_hwc, strides, padding, dilat
     that convolution is the stride-1 dilated VALID tf.nn.convolution (SpaceToBatch) of the
     explicitly padded output, strided (as portable_depthwise_conv), and its vector-Jacobian
     product with `inputs` is taken with a GradientTape - so the gradients of the result (those
-    of the convolution's gradients) are the stock op's up to round-off."""
+    of the convolution's gradients) are the stock op's up to round-off.  Meant for dilations
+    > 1 (graphswap calls the stock op otherwise): with dilations 1 tf.nn.convolution is a plain
+    Conv2D, whose second-order gradient TensorFlow 2.21 fails to take eagerly (a missing
+    data_format attribute); inside tf.function it runs."""
     strides = tuple(int(s) for s in strides)
     dilations = tuple(int(d) for d in dilations)
     output_hwc = [int(d) for d in output_hwc]
