@@ -24,7 +24,9 @@ Markers: an HTML comment on a line of its own before a block (blank lines may si
   <!-- doc-test: names (REASON) -->     a fragment (literal `...`, a user's own file): not run,
         but every graphswap name it uses is resolved - for Python each `import`/`from graphswap
         ...` and attribute chain rooted at a graphswap module (`graphswap.kernels.lut`,
-        `gg.ClipByNorm`); for a command its subcommand and every `--option` - so a rename fails.
+        `gg.ClipByNorm`; `graphswap` itself counts as imported) and the keyword arguments of
+        calls to them; for a command its subcommand and every `--option` (also inside a
+        synopsis' brackets) - so a rename fails.  Blocks that run get the same name check first.
   <!-- doc-test: needs FILE [FILE ...] -->   the block is run after FILEs are placed in the working
         directory; only the names in NEEDS below are known (each is a shipped sample or made
         from one), anything else is an error.
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import inspect
 import os
 import re
 import shlex
@@ -303,9 +306,19 @@ def check_python_names(example: Example) -> None:
 
     def need(path, node):
         try:
-            _resolve(path)
+            return _resolve(path)
         except (ImportError, AttributeError) as error:
             problems.append((example.line + node.lineno - 1, f"{path}: {error}"))
+            return None
+
+    def dotted(node):
+        chain = []
+        while isinstance(node, ast.Attribute):
+            chain.append(node.attr)
+            node = node.value
+        if isinstance(node, ast.Name) and node.id in aliases:
+            return ".".join([aliases[node.id], *reversed(chain)])
+        return None
 
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -319,13 +332,21 @@ def check_python_names(example: Example) -> None:
                 need(f"{node.module}.{alias.name}", node)
                 aliases[alias.asname or alias.name] = f"{node.module}.{alias.name}"
     for node in ast.walk(tree):
-        if isinstance(node, ast.Attribute):
-            chain, inner = [], node
-            while isinstance(inner, ast.Attribute):
-                chain.append(inner.attr)
-                inner = inner.value
-            if isinstance(inner, ast.Name) and inner.id in aliases:
-                need(".".join([aliases[inner.id], *reversed(chain)]), node)
+        if isinstance(node, ast.Attribute) and dotted(node):
+            need(dotted(node), node)
+        elif isinstance(node, ast.Call) and dotted(node.func) and node.keywords:
+            # keyword arguments of a graphswap callable must be parameters it takes
+            target = need(dotted(node.func), node)
+            try:
+                parameters = inspect.signature(target).parameters if target else {}
+            except (TypeError, ValueError):
+                parameters = {}
+            if parameters and not any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
+                for keyword in node.keywords:
+                    if keyword.arg is not None and keyword.arg not in parameters:
+                        problems.append((example.line + keyword.value.lineno - 1,
+                                         f"{dotted(node.func)}() takes no argument "
+                                         f"{keyword.arg!r}"))
     if problems:
         line, text = min(problems)
         raise DocExampleError(f"{example.source}:{line}: {text}")
@@ -357,6 +378,7 @@ def check_shell_names(example: Example) -> None:
         known.update(getattr(param, "opts", ()))
         known.update(getattr(param, "secondary_opts", ()))
     for token in tokens:
+        token = token.lstrip("[").rstrip("]")       # a synopsis' [--option VALUE]
         if token.startswith("-") and token not in ("-", "--"):
             name = token.split("=", 1)[0]
             if name not in known and not re.fullmatch(r"-\d.*", name):

@@ -114,6 +114,28 @@ def test_the_old_export_and_gradients_imports_fail(workdir):
         _run_markdown(gradients, workdir)
 
 
+def test_a_renamed_keyword_or_synopsis_option_fails_a_names_only_block(workdir):
+    keyword = """\
+    <!-- doc-test: names (a fragment) -->
+    ```python
+    static = graphswap.rewrite_model(model, kernel="mul8u_drum3",
+                                     calibration_dataset=x_train)
+    swapped.compile(...)
+    ```
+    """
+    with pytest.raises(DocExampleError, match=r"^DOC\.md:4: graphswap\.rewrite_model\(\) takes "
+                                              r"no argument 'calibration_dataset'"):
+        _run_markdown(keyword, workdir)
+    synopsis = """\
+    <!-- doc-test: names (a synopsis) -->
+
+        graphswap explore MODEL --data val.npz [--budgett 1.0]
+    """
+    with pytest.raises(DocExampleError, match=r"^DOC\.md:3: `graphswap explore` has no option "
+                                              r"'--budgett'"):
+        _run_markdown(synopsis, workdir)
+
+
 def test_an_error_raised_inside_a_block_names_the_markdown_line(workdir):
     text = """\
     ```python
