@@ -238,10 +238,12 @@ FINETUNE_CASES = KERAS3_CASES + [("mobilenet_v1", "h5"), ("binary_mlp", "h5"), (
                          ids=[f"{kind}-{file}" for kind, file in FINETUNE_CASES])
 def test_finetune_with_labels(kind, file, zoo):
     _, data, x, _, _ = zoo.source(kind, file)
-    start = zoo.convert(kind, file, "mul8u_drum4")[0]
+    start, report = zoo.convert(kind, file, "mul8u_drum4")
     out = start.with_name(start.stem + ".ft.keras")
     output = _invoke("finetune", start, "--data", data, "--epochs", 1, "-o", out)
     assert "labels" in output and "wrote" in output
+    # every swapped layer counted, those inside a custom layer or a Bidirectional too
+    assert f"{report['swapped']} swapped layer(s) in the loop, kernel(s): mul8u_drum4" in output
     _assert_finetuned(out, start, x)
 
 
