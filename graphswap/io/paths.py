@@ -203,10 +203,14 @@ def check_output_path(path, force: bool = False, inputs=(), suffixes=None,
         if os.path.lexists(missing) and not os.path.islink(missing):
             raise OutputPathError(f"output {text}: {missing} is a file, not a directory; choose "
                                   f"another -o/--output")
+        directory = os.path.dirname(text) or "."
+        reason = missing_reason(missing)
+        if os.path.normpath(missing) == os.path.normpath(parent) and reason == "does not exist":
+            raise OutputPathError(f"output directory {directory} does not exist; create it first "
+                                  f"or choose another -o/--output")
         raise OutputPathError(
-            f"output directory {os.path.dirname(text) or '.'} does not exist: {missing} "
-            f"{missing_reason(missing)} (a path is followed as written, '..' included); create "
-            f"it first or choose another -o/--output")
+            f"output directory {directory} does not exist: {missing} {reason} (a path is "
+            f"followed as written, '..' included); create it first or choose another -o/--output")
     limit = name_max(parent)
     if len(path.name.encode()) > limit or len(absolute.encode()) >= 4096:
         raise OutputPathError(
