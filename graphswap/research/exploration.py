@@ -125,10 +125,10 @@ def explore(model, data, library, *, budget: float = 0.01, objective: str = "pow
             f"explore compares a score where higher is better and budgets its drop; "
             f"{task.score_metric} is lower-is-better - put accuracy, r2, psnr, agreement or "
             f"top5_accuracy first in the task metrics (--task-metrics)")
-    note(task.note)
     if not isinstance(library, CircuitLibrary):
         library = load_library(library, metrics)
     library.require_metric(objective)
+    note(task.note)  # after every input check: a refused input prints only its Error line
     for source, reason in library.skipped:
         note(f"skipped circuit {source}: {reason}")
     validation = load_data(data, model, split=split, resize=resize, pad=pad, scale=scale,
