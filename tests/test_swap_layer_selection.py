@@ -136,7 +136,7 @@ def test_sweep_reports_progress_for_every_evaluated_model():
 
 
 def test_pareto_plot_names_only_the_most_sensitive_of_many_layers(tmp_path):
-    layers = [{"layer": f"block_{i}/conv", "accuracy_drop": i / 100, "macs": 10} for i in range(60)]
+    layers = [{"layer": f"block_{i}/conv", "score_drop": i / 100, "macs": 10} for i in range(60)]
     named = labelled_layers(layers)
     assert named == {f"block_{i}/conv" for i in range(60 - LABEL_TOP, 60)}
     assert labelled_layers(layers[:5]) == {e["layer"] for e in layers[:5]}
