@@ -539,10 +539,30 @@ def _locate_shipped_library() -> tuple[Path, str | None]:
     return target, checked.sha256
 
 
+_openblas_loaded = False
+
+
+def _preload_openblas() -> None:
+    """Load the scipy-openblas32 library the shipped kernels link, by its path in the installed
+    wheel, before the kernels themselves.  They are loaded through /proc/self/fd/N (what loads is
+    what was hashed), where their rpath's $ORIGIN no longer names the package folder - and the
+    absolute rpath pip's isolated build recorded is gone - so the dynamic loader would not find
+    libscipy_openblas.so; once loaded under its soname it is reused."""
+    global _openblas_loaded
+    if _openblas_loaded:
+        return
+    _, lib_dir, _ = compiler.openblas_location()
+    for candidate in sorted(Path(lib_dir).glob("libscipy_openblas*.so*")):
+        _load_quietly(str(candidate))
+        break
+    _openblas_loaded = True
+
+
 def shipped_library() -> KernelLibrary:
     """graphswap's own kernel library (its forced instruction-set path checked on first load);
     a library built into the cache is loaded only with the hash graphswap recorded for it."""
     path, sha256 = _shipped_location()
+    _preload_openblas()
     library = load_library(path, sha256)
     library.check_isa()
     return library
