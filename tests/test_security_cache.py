@@ -223,14 +223,13 @@ def test_a_planted_compiled_op_is_rebuilt_never_loaded(attacker, entry, when):
 
 def test_a_planted_shipped_library_is_rebuilt_never_loaded(attacker, monkeypatch):
     """The shipped library a source checkout builds into the cache: replaced by the attacker's
-    (with its `.sha256` file), it is rebuilt (a fake build copying graphswap's own, for speed)."""
+    (with its `.sha256` file), it is rebuilt (a fake build copying graphswap's own, for speed).
+    The source-checkout path is taken whatever the layout this suite runs from (an installed
+    graphswap, as in .ci/run, has no native_kernels/ beside it and ships its library)."""
     from graphswap.native import compiler, library
 
     a = attacker
     honest = native.shipped_library_path()          # this process's, as graphswap built it
-    target = a.cache / "shipped" / honest.name
-    assert target.read_bytes() == honest.read_bytes()  # the seeded cache holds the same build
-    _plant(target, a.canary)
     builds = []
 
     def fake_build(native_dir, output, portable=None):
@@ -238,11 +237,21 @@ def test_a_planted_shipped_library_is_rebuilt_never_loaded(attacker, monkeypatch
         shutil.copy(honest, output)
         return output
 
+    repository = Path(__file__).resolve().parent.parent
+    monkeypatch.setattr(compiler, "native_source_dir", lambda start=None:
+                        repository / "native_kernels")
+    # no installed library has this name: the lookup builds into the (attacker's) cache
+    monkeypatch.setattr(compiler, "LIBRARY_NAME", "libgraphswap_kernels_checkout.so")
     monkeypatch.setattr(compiler, "build_shipped_library", fake_build)
-    monkeypatch.setattr(library, "_shipped", None)  # found anew, in the attacker's cache
+    monkeypatch.setattr(library, "_shipped", None)
+    target = native.shipped_library_path()          # graphswap's build, recorded
+    assert target.parent == a.cache / "shipped" and builds == [target]
+    _plant(target, a.canary)
+    monkeypatch.setattr(library, "_shipped", None)  # found anew: the planted file is there
     assert native.shipped_library_path() == target
-    assert builds == [target] and target.read_bytes() == honest.read_bytes()
+    assert builds == [target, target] and target.read_bytes() == honest.read_bytes()
     assert native.recorded_artefact(target).sha256 == _sha(honest)
+    assert not a.marker.exists()
 
 
 # --------------------------------------------------------------------------------------------
