@@ -419,3 +419,27 @@ def test_a_study_killed_while_writing_reopens_whole_and_leaves_no_temporary(tmp_
         assert study.get(key)["accuracy"] == 0.5
     study.put("after", 1)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["study.db"]
+
+
+def test_saliency_reads_an_npz_sample_through_the_checked_reader(tmp_path):
+    """`graphswap saliency MODEL A.npz --index 0` reads the archive with the same bounded
+    reader as every other command: the eight damaged archives whose inputs cannot be read are
+    named in one line (it used plain np.load: a 10^12-element header was a MemoryError), and a
+    0-d input is refused by name."""
+    from graphswap.research import saliency
+    image_model = keras.Sequential([keras.Input((12, 4, 1)), keras.layers.Flatten(),
+                                    keras.layers.Dense(3, activation="softmax")])
+    model_path = tmp_path / "image.keras"
+    image_model.save(model_path)
+    cases = _bad_archives(tmp_path)
+    unreadable = [case for case in cases if not case[0].startswith("zero_d")]
+    assert len(unreadable) == 8
+    for name, path, parts in unreadable:
+        line = _cli_error(["saliency", model_path, path, "--index", "0",
+                           "-o", tmp_path / f"{name}.png"])
+        for part in parts:
+            assert part in line, f"{name}: {part!r} not in {line!r}"
+        assert not (tmp_path / f"{name}.png").exists()
+    scalar = next(path for name, path, _ in cases if name == "zero_d_inputs")
+    with pytest.raises(DataError, match=r"'x' in .* is a scalar \(a 0-d array\)"):
+        saliency.load_sample(image_model, scalar, index=0)

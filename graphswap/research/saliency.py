@@ -25,6 +25,7 @@ import tensorflow as tf
 from graphswap.errors import DataError, GraphswapError
 from graphswap.native import missing_reason
 from graphswap.io import atomic_output
+from graphswap.research.datafiles import open_npz
 from graphswap.surgery import OverrideWarning, activation_name, override
 from graphswap.swap import transform_model
 
@@ -208,11 +209,8 @@ def load_sample(model, path, index: int | None = None, key: str | None = None):
                         f"input file {path} {reason}" if reason != "exists" else
                         f"input {path} is not a file")
     if path.suffix.lower() == ".npz":
-        try:
-            archive = np.load(path, allow_pickle=False)
-        except Exception as exc:  # noqa: BLE001 - one clear line for any unreadable archive
-            raise DataError(f"cannot read {path} as .npz: {exc}") from None
-        with archive:
+        # the bounded reader: members are checked before they are allocated (DataError)
+        with open_npz(path) as archive:
             names = list(archive.files)
             if key is None:
                 key = next((k for k in NPZ_KEYS if k in names), names[0] if len(names) == 1
@@ -221,10 +219,13 @@ def load_sample(model, path, index: int | None = None, key: str | None = None):
                     raise DataError(f"{path} holds arrays {names}; choose one with --key")
             elif key not in names:
                 raise DataError(f"{path} has no array {key!r}; it holds {names}")
+            data = archive[key]
+            if data.ndim == 0:
+                raise DataError(f"{key!r} in {path} is a scalar (a 0-d array); it must hold "
+                                f"samples along its first axis")
             if index is None:
                 raise DataError(f"{path} is an .npz archive: choose a sample with --index "
-                                f"(0..{archive[key].shape[0] - 1} in {key!r})")
-            data = archive[key]
+                                f"(0..{data.shape[0] - 1} in {key!r})")
             if not 0 <= index < data.shape[0]:
                 raise DataError(f"--index {index} out of range: {key!r} in {path} has "
                                 f"{data.shape[0]} samples")
