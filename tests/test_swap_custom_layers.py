@@ -224,3 +224,19 @@ def test_lowered_onnx_export_of_the_block_holds_the_stock_layers(tmp_path):
     with pytest.raises(ExportError, match="custom layer 'block' holds swapped layers"):
         export_model(swapped, tmp_path / "kept.onnx", "onnx", keep_kernels=True)
     assert not (tmp_path / "kept.onnx").exists()
+
+
+def test_a_run_fingerprint_tells_apart_the_kernels_inside_a_block():
+    """Resuming a fine-tune checks the model's kernels: those of layers inside a custom layer
+    are not in the model's config, and the fingerprint used to walk only the top-level layers,
+    so a checkpoint of block/ff2 on mul8u_drum4 resumed on fp32_m3 without a word."""
+    from graphswap.research.fingerprints import differences, model_fingerprint
+    model = transformer_model()
+    on_drum = rewrite_model(model, kernel=None, kernel_map={"block/ff2": "mul8u_drum4"})
+    on_fp = rewrite_model(model, kernel=None, kernel_map={"block/ff2": "fp32_m3"})
+    saved, current = model_fingerprint(on_drum), model_fingerprint(on_fp)
+    assert saved["kernels"] == ["mul8u_drum4"] and current["kernels"] == ["fp32_m3"]
+    rest = {"training data": None, "validation data": None, "settings": {}}
+    assert any("the kernels differ (checkpointed: mul8u_drum4; now: fp32_m3)" in line
+               for line in differences({"model": saved, **rest}, {"model": current, **rest}))
+    assert model_fingerprint(on_drum) == saved

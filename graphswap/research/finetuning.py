@@ -37,11 +37,11 @@ from graphswap.research.recovery import (AUTO_LEARNING_RATE, DEFAULT_LEARNING_RA
 from graphswap.research.checkpoints import (CheckpointTracker, clear_checkpoint,
                                             latest_checkpoint, lock_checkpoint_directory,
                                             releases_checkpoint_locks)
-from graphswap.research.fingerprints import (check_same_run, restore_rng_state, run_fingerprint,
+from graphswap.research.fingerprints import (check_same_run, iter_swapped_layers,
+                                             restore_rng_state, run_fingerprint,
                                              settings_fingerprint)
 from graphswap.research.strategies import is_chief, patch_multiworker_build, resolve_strategy
-from graphswap.swap import copy_model, iter_layers
-from graphswap.swap.subclassed import held_layers, is_subclassed
+from graphswap.swap import copy_model
 from graphswap.tables import format_table
 
 
@@ -116,18 +116,7 @@ class FinetuneResult:
 def swapped_layers(model) -> dict:
     """{layer path: kernel spec} of the swapped layers in `model`, those held inside custom
     layers and wrappers (a transformer block, Bidirectional) included."""
-    found = {}
-
-    def visit(path, layer):
-        if hasattr(layer, "arithmetic"):  # one swapped layer (its projections/cells are its own)
-            found[path] = layer.arithmetic.spec
-        elif not isinstance(layer, keras.Model) or is_subclassed(layer):
-            for _, inner in held_layers(layer):
-                visit(f"{path}/{inner.name}", inner)
-
-    for path, layer in iter_layers(model):
-        visit(path, layer)
-    return found
+    return {path: layer.arithmetic.spec for path, layer in iter_swapped_layers(model)}
 
 
 class _Notes(list):

@@ -33,6 +33,7 @@ import numpy as np
 
 from graphswap.errors import CheckpointError
 from graphswap.swap import iter_layers
+from graphswap.swap.subclassed import held_layers, is_subclassed
 
 SAMPLE_ROWS = 64
 
@@ -71,14 +72,29 @@ def _canonical_names(config):
     return replace(config)
 
 
+def iter_swapped_layers(model):
+    """(path, layer) of every swapped layer in `model`, those held inside custom layers and
+    wrappers (a transformer block, Bidirectional) included; a swapped layer's own projections
+    and cells are part of it, not listed again."""
+    def visit(path, layer):
+        if hasattr(layer, "arithmetic"):
+            yield path, layer
+        elif not isinstance(layer, keras.Model) or is_subclassed(layer):
+            for _, inner in held_layers(layer):
+                yield from visit(f"{path}/{inner.name}", inner)
+
+    for path, layer in iter_layers(model):
+        yield from visit(path, layer)
+
+
 def model_fingerprint(model) -> dict:
     """The model part of a run's fingerprint (see the module docstring)."""
     try:
         config = model.get_config()
     except Exception:  # noqa: BLE001 - a model without a config is described by its layers
         config = [type(layer).__name__ for _, layer in iter_layers(model)]
-    kernels = [layer.arithmetic.to_config() for _, layer in iter_layers(model)
-               if hasattr(layer, "arithmetic")]
+    # the swapped layers inside custom layers too: their kernels are not in the model's config
+    kernels = [layer.arithmetic.to_config() for _, layer in iter_swapped_layers(model)]
     weights = hashlib.sha256()
     for value in model.get_weights():
         value = np.ascontiguousarray(value)
