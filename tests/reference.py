@@ -103,26 +103,33 @@ def resolve_mode(mode, signed):
     return weights, mode.get("granularity", "per_channel"), mode.get("activation_range")
 
 
+def _weight_levels(mode, signed):
+    """(unsigned levels, signed limit) of the weights: 255 / 127, or for N-bit weights (an 8xN
+    multiplier; mode {"weight_bits": N}) 2^N - 1 / 2^(N-1) - 1."""
+    bits = int(dict(mode or {}).get("weight_bits", 8))
+    return float(2 ** bits - 1), float(2 ** (bits - 1) - 1)
+
+
 def _finite(values):
     return [float(v) for v in np.asarray(values, np.float64).ravel() if np.isfinite(v)]
 
 
-def _asym_params_of_range(lo, hi):
+def _asym_params_of_range(lo, hi, levels=255.0):
     lo, hi = min(lo, 0.0), max(hi, 0.0)
     if lo == hi:
         return 1.0, 0
-    scale = (hi - lo) / 255.0
-    return scale, int(min(max(np.rint(-lo / scale), 0), 255))
+    scale = (hi - lo) / levels
+    return scale, int(min(max(np.rint(-lo / scale), 0), levels))
 
 
-def _asym_params(t):
+def _asym_params(t, levels=255.0):
     values = _finite(t)
-    return _asym_params_of_range(min(values + [0.0]), max(values + [0.0]))
+    return _asym_params_of_range(min(values + [0.0]), max(values + [0.0]), levels)
 
 
-def _asym_codes(t, scale, zero):
+def _asym_codes(t, scale, zero, levels=255.0):
     t = np.asarray(t, np.float64)
-    codes = np.clip(np.rint(np.where(np.isfinite(t), t, 0.0) / scale) + zero, 0, 255)
+    codes = np.clip(np.rint(np.where(np.isfinite(t), t, 0.0) / scale) + zero, 0, levels)
     return np.where(np.isfinite(t), codes, zero).astype(np.int64)
 
 
@@ -135,10 +142,11 @@ def _sym_scale(t):
     return _amax_scale(max(values) if values else 0.0, 127.0)
 
 
-def _sym_values(t, scale):
-    """Signed quantized values -127..127 (not codes)."""
+def _sym_values(t, scale, limit=127.0):
+    """Signed quantized values -limit..limit (not codes)."""
     t = np.asarray(t, np.float64)
-    return np.clip(np.rint(np.where(np.isfinite(t), t, 0.0) / scale), -127, 127).astype(np.int64)
+    return np.clip(np.rint(np.where(np.isfinite(t), t, 0.0) / scale), -limit, limit).astype(
+        np.int64)
 
 
 def _lookup(table, qa, qb, signed):
@@ -163,22 +171,25 @@ def _activations(t, signed, static_range):
     return _asym_codes(t, scale, zero), scale, zero
 
 
-def _weight_channel(values, whole, weights):
+def _weight_channel(values, whole, weights, levels=(255.0, 127.0)):
     """One output channel's weights -> (integer operand per weight, sign per weight, scale, zero).
 
-    `whole` is what the scale is computed over (the channel, or the whole tensor)."""
+    `whole` is what the scale is computed over (the channel, or the whole tensor); `levels`:
+    (unsigned levels, signed limit) of the weights (_weight_levels)."""
+    unsigned_levels, signed_limit = levels
     if weights == "asymmetric":
-        scale, zero = _asym_params(whole)
-        return _asym_codes(values, scale, zero), np.ones(np.shape(values), np.int64), scale, zero
+        scale, zero = _asym_params(whole, unsigned_levels)
+        return (_asym_codes(values, scale, zero, unsigned_levels),
+                np.ones(np.shape(values), np.int64), scale, zero)
     magnitudes = [abs(v) for v in _finite(whole)]
     amax = max(magnitudes) if magnitudes else 0.0
     values = np.asarray(values, np.float64)
     clean = np.where(np.isfinite(values), values, 0.0)
     if weights == "symmetric":
-        scale = _amax_scale(amax, 127.0)
-        return _sym_values(values, scale), np.ones(values.shape, np.int64), scale, 0
-    scale = _amax_scale(amax, 255.0)
-    magnitude = np.clip(np.rint(np.abs(clean) / scale), 0, 255).astype(np.int64)
+        scale = _amax_scale(amax, signed_limit)
+        return _sym_values(values, scale, signed_limit), np.ones(values.shape, np.int64), scale, 0
+    scale = _amax_scale(amax, unsigned_levels)
+    magnitude = np.clip(np.rint(np.abs(clean) / scale), 0, unsigned_levels).astype(np.int64)
     return magnitude, np.where(clean < 0, -1, 1), scale, 0
 
 
@@ -206,7 +217,7 @@ def quantized_matmul(a, b, table, signed, mode=None):
     qa, sa, za = _activations(a, signed, static_range)
     for j in range(n):
         whole = b[:, j] if granularity == "per_channel" else b
-        qw, sign, sw, zw = _weight_channel(b[:, j], whole, weights)
+        qw, sign, sw, zw = _weight_channel(b[:, j], whole, weights, _weight_levels(mode, signed))
         total = _channel_sum(table, signed, weights, qa, za, qw, sign, zw)
         out[:, j] = (sa * sw) * np.asarray(total).astype(np.float64)
     out = out.astype(np.float32)
@@ -232,7 +243,7 @@ def quantized_conv2d(x, w, table, signed, strides, dilations, pads, groups, mode
     channels = []
     for o in range(cout):
         whole = w[..., o] if granularity == "per_channel" else w
-        channels.append(_weight_channel(w[..., o], whole, weights))
+        channels.append(_weight_channel(w[..., o], whole, weights, _weight_levels(mode, signed)))
     padded = np.full((n, h + pt + pb, wd + pl + pr, cin), zx, np.int64)
     padded[:, pt:pt + h, pl:pl + wd, :] = qx
     bad = np.zeros((n, h + pt + pb, wd + pl + pr, cin), bool)

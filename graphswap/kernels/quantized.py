@@ -26,6 +26,9 @@ v of the channel (or tensor), finite ones only:
       s_j = max|v| / 255 (1 if 0), m = clip(rint(|b| / s_j), 0, 255), sigma = -1 if b < 0 else +1
   "asymmetric" (unsigned; TFApprox): lo, hi = min(v), max(v), then s_j, z_j, qb as for activations
   "symmetric" (signed): s_j = max|v| / 127 (1 if 0), qb = clip(rint(b / s_j), -127, 127)
+  8xN multipliers (Multiplier.weight_bits = N < 8): the same with 255 replaced by L = 2^N - 1
+  (sign-magnitude magnitudes, asymmetric codes and zero points in 0..L) and 127 by 2^(N-1) - 1
+  (symmetric); the codes index the table's columns of N-bit weights (multipliers/record.py).
 Exact integer sums c (int64; only code x code products go through the table):
   sign_magnitude:  c_ij = sum_k sigma_kj T[qa_ik, m_kj] - z_a sum_k sigma_kj m_kj
   asymmetric:      c_ij = sum_k T[qa_ik, qb_kj] - z_j sum_k qa_ik - z_a sum_k qb_kj + k z_a z_j
@@ -84,13 +87,14 @@ def _finite_view(t: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
     return np.where(finite, t64, 0.0), ~finite
 
 
-def asymmetric_params(lo, hi):
-    """(scale, zero point) of the asymmetric uint8 range [lo, hi] (arrays broadcast)."""
+def asymmetric_params(lo, hi, levels: int = UNSIGNED_LEVELS):
+    """(scale, zero point) of the asymmetric uint8 range [lo, hi] (arrays broadcast); `levels`:
+    the largest code (255, or 2^N - 1 for N-bit weights)."""
     lo = np.minimum(np.asarray(lo, np.float64), 0.0)
     hi = np.maximum(np.asarray(hi, np.float64), 0.0)
     empty = hi == lo
-    scale = np.where(empty, 1.0, (hi - lo) / UNSIGNED_LEVELS)
-    zero = np.where(empty, 0, np.clip(np.rint(-lo / scale), 0, UNSIGNED_LEVELS)).astype(np.int64)
+    scale = np.where(empty, 1.0, (hi - lo) / levels)
+    zero = np.where(empty, 0, np.clip(np.rint(-lo / scale), 0, levels)).astype(np.int64)
     return scale, zero
 
 
@@ -143,11 +147,20 @@ def activation_quantization(t: np.ndarray, scheme: QuantScheme, signed: bool):
     return quantize_asymmetric(t, value_range)
 
 
-def quantize_weights(w: np.ndarray, scheme: QuantScheme):
-    """Weights under a resolved scheme, with the output channel as the last axis.
+def weight_limit(signed: bool, bits: int = 8) -> int:
+    """The largest weight code of `bits`-bit weights: 2^N - 1 unsigned (255 for 8 bits),
+    2^(N-1) - 1 signed (127)."""
+    return 2 ** (bits - 1) - 1 if signed else 2 ** bits - 1
+
+
+def quantize_weights(w: np.ndarray, scheme: QuantScheme, bits: int = 8):
+    """Weights under a resolved scheme, with the output channel as the last axis, at `bits` bits
+    (an 8xN multiplier's N; module docstring).
 
     Returns (codes uint8 of w's shape - magnitudes for sign_magnitude, negative mask (bool, or None),
     scales float64 (n,), zero points int64 (n,), non-finite mask of w or None)."""
+    unsigned_levels = weight_limit(False, bits)
+    signed_limit = weight_limit(True, bits)
     t64, bad = _finite_view(w)
     n = t64.shape[-1]
     flat = t64.reshape(-1, n)
@@ -159,19 +172,20 @@ def quantize_weights(w: np.ndarray, scheme: QuantScheme):
         return fn(values, axis=0) if per_channel else np.full(n, fn(values))
 
     if scheme.weights == "asymmetric":
-        scale, zero = asymmetric_params(reduce(flat, np.min), reduce(flat, np.max))
-        codes = np.clip(np.rint(t64 / scale) + zero, 0, UNSIGNED_LEVELS).astype(np.uint8)
+        scale, zero = asymmetric_params(reduce(flat, np.min), reduce(flat, np.max),
+                                        unsigned_levels)
+        codes = np.clip(np.rint(t64 / scale) + zero, 0, unsigned_levels).astype(np.uint8)
         if bad is not None:
             codes[bad] = np.broadcast_to(zero.astype(np.uint8), codes.shape)[bad]
         return codes, None, scale, zero, bad
     amax = reduce(np.abs(flat), np.max)
     zero = np.zeros(n, np.int64)
     if scheme.weights == "sign_magnitude":
-        scale = np.where(amax > 0, amax / UNSIGNED_LEVELS, 1.0)
-        codes = np.clip(np.rint(np.abs(t64) / scale), 0, UNSIGNED_LEVELS).astype(np.uint8)
+        scale = np.where(amax > 0, amax / unsigned_levels, 1.0)
+        codes = np.clip(np.rint(np.abs(t64) / scale), 0, unsigned_levels).astype(np.uint8)
         return codes, t64 < 0, scale, zero, bad
-    scale = np.where(amax > 0, amax / SIGNED_LIMIT, 1.0)
-    q = np.clip(np.rint(t64 / scale), -SIGNED_LIMIT, SIGNED_LIMIT)
+    scale = np.where(amax > 0, amax / signed_limit, 1.0)
+    q = np.clip(np.rint(t64 / scale), -signed_limit, signed_limit)
     return q.astype(np.int8).view(np.uint8), None, scale, zero, bad
 
 
@@ -196,9 +210,11 @@ def _join_signs(acc: np.ndarray, groups: int = 1) -> np.ndarray:
     return (parts[..., 0, :] - parts[..., 1, :]).reshape(*lead, groups * per)
 
 
-def fused_quant(scheme: QuantScheme, signed: bool) -> native.LutQuant:
-    """The graphswap_lut_quant of a resolved scheme (graphswap_kernels.h)."""
+def fused_quant(scheme: QuantScheme, signed: bool, weight_bits: int = 8) -> native.LutQuant:
+    """The graphswap_lut_quant of a resolved scheme (graphswap_kernels.h), for weights of
+    `weight_bits` bits (an 8xN multiplier's N)."""
     quant = native.LutQuant()
+    quant.weight_bits = int(weight_bits)
     quant.scheme = native.LUT_SIGNED if signed else native.LUT_UNSIGNED
     quant.weight_mode = (native.QUANT_PER_CHANNEL if scheme.granularity == "per_channel"
                          else native.QUANT_PER_TENSOR)
@@ -232,6 +248,7 @@ class LutKernel(Kernel):
         self.multiplier = multiplier
         self.spec = multiplier.spec
         self.signed = bool(multiplier.signed)
+        self.weight_bits = int(getattr(multiplier, "weight_bits", 8))
         default = QuantScheme().resolve(self.signed)
         self.description = f"{multiplier.description}; {default.describe()} by default"
         self._library = native.shipped_library()
@@ -263,7 +280,11 @@ class LutKernel(Kernel):
     def exact_products(self) -> "LutKernel":
         """The exact multiplier of the same signedness: the same codes, exact products (what bias
         compensation measures the approximate products against)."""
-        return LutKernel(builtin("mul8s_exact" if self.signed else "mul8u_exact"))
+        exact = builtin("mul8s_exact" if self.signed else "mul8u_exact")
+        if self.weight_bits != 8:   # the same N-bit weight codes (the table is exact everywhere)
+            exact = dataclasses.replace(exact, weight_bits=self.weight_bits,
+                                        spec=f"{exact.spec}:8x{self.weight_bits}")
+        return LutKernel(exact)
 
     def resolve_scheme(self, quant: QuantScheme | None) -> QuantScheme:
         """The scheme this kernel runs for `quant` (None: the default, dynamic activations)."""
@@ -284,11 +305,11 @@ class LutKernel(Kernel):
         scheme = self.resolve_scheme(quant)
         if self._fused and a.size and b.size:
             return self._library.lut_matmul_f32(a, b, self._table32,
-                                                fused_quant(scheme, self.signed))
+                                                fused_quant(scheme, self.signed, self.weight_bits))
         k = a.shape[1]
         table = self.multiplier.table
         qa, sa, za, bad_a = activation_quantization(a, scheme, self.signed)
-        qb, negative, sb, zb, bad_b = quantize_weights(b, scheme)
+        qb, negative, sb, zb, bad_b = quantize_weights(b, scheme, self.weight_bits)
         if scheme.weights == "sign_magnitude":
             acc = _join_signs(self._library.lut_matmul(qa, _split_signs(qb, negative), table))
             if self._zero_column_table is not None:
@@ -319,12 +340,13 @@ class LutKernel(Kernel):
         scheme = self.resolve_scheme(quant)
         if self._fused and x.size and w.size:
             return self._library.lut_conv2d_f32(x, w, self._table32,
-                                                fused_quant(scheme, self.signed), g)
+                                                fused_quant(scheme, self.signed, self.weight_bits),
+                                                g)
         table = self.multiplier.table
         cout_g = g.out_channels // g.groups
         group_of_channel = np.arange(g.out_channels) // max(cout_g, 1)
         qx, sx, zx, bad_x = activation_quantization(x, scheme, self.signed)
-        qw, negative, sw, zw, bad_w = quantize_weights(w, scheme)
+        qw, negative, sw, zw, bad_w = quantize_weights(w, scheme, self.weight_bits)
         if scheme.weights == "sign_magnitude":
             acc2, _ = self._library.lut_conv2d(qx, _split_signs(qw, negative, g.groups), table, zx,
                                                _doubled(g))

@@ -6,8 +6,9 @@ import dataclasses
 
 import numpy as np
 
-from graphswap.multipliers.metrics import agrees_with_header, errors, metrics, operand_levels
-from graphswap.multipliers.record import Multiplier, operand_values
+from graphswap.multipliers.metrics import (agrees_with_header, errors, metrics, operand_axes,
+                                           operand_levels)
+from graphswap.multipliers.record import Multiplier, embed_weight_table
 
 
 #: header metrics compared as checks (the others are shown beside the computed values)
@@ -21,20 +22,24 @@ def check_entry(name: str, passed, detail: str, warning: bool = False) -> dict:
     return {"check": name, "passed": passed, "status": status, "detail": detail}
 
 
-def _zero_operand_check(approx, values, zero, axis) -> dict:
+def _zero_operand_check(approx, first_values, second_values, axis) -> dict:
     """f(a, 0) = 0 (axis 1) or f(0, b) = 0 (axis 0): a published circuit may break it (EvoApproxLib
     mul8u_2AC has f(0, 0) = 32), so a violation is a warning stating the fact, not a failure."""
-    line = approx[:, zero] if axis == 1 else approx[zero, :]
+    zero_a = int(np.flatnonzero(first_values == 0)[0])
+    zero_b = int(np.flatnonzero(second_values == 0)[0])
+    line = approx[:, zero_b] if axis == 1 else approx[zero_a, :]
+    values = first_values if axis == 1 else second_values
     name, other = ("f(a, 0) = 0", "a") if axis == 1 else ("f(0, b) = 0", "b")
     bad = np.flatnonzero(line)
     if bad.size == 0:
         return check_entry(name, True, f"holds for every {other}")
     first = int(values[bad[0]])
     example = f"f({first}, 0)" if axis == 1 else f"f(0, {first})"
-    at_zero = "" if first == 0 else f", f(0, 0) = {approx[zero, zero]}"
+    at_zero = "" if first == 0 else f", f(0, 0) = {approx[zero_a, zero_b]}"
     return check_entry(
         name, None,
-        f"non-zero for {bad.size} of 256 values of {other} ({example} = {line[bad[0]]}{at_zero}): "
+        f"non-zero for {bad.size} of {len(values)} values of {other} ({example} = "
+        f"{line[bad[0]]}{at_zero}): "
         f"a property of this circuit, not an error - a zero operand does not give a zero "
         f"product, and graphswap runs the table as it is", warning=True)
 
@@ -45,10 +50,16 @@ def _signedness_check(multiplier: Multiplier, approx, error, computed) -> dict:
     always returns 0, "looks signed" by MAE alone)."""
     kind = "signed" if multiplier.signed else "unsigned"
     other_kind = "unsigned" if multiplier.signed else "signed"
-    other_table = approx & 0xFFFF if multiplier.signed else np.where(approx > 32767,
-                                                                      approx - 65536, approx)
-    other = dataclasses.replace(multiplier, signed=not multiplier.signed,
-                                table=other_table.astype(np.int32).ravel())
+    bits = 8 + multiplier.weight_bits  # the product's width
+    mask, half = 2 ** bits - 1, 2 ** (bits - 1)
+    other_table = approx & mask if multiplier.signed else np.where(approx >= half,
+                                                                    approx - 2 ** bits, approx)
+    if multiplier.weight_bits == 8:
+        table = other_table.astype(np.int32).ravel()
+    else:  # the same columns (N-bit codes) read the other way
+        table = embed_weight_table(other_table, not multiplier.signed, multiplier.weight_bits,
+                                   multiplier.spec)
+    other = dataclasses.replace(multiplier, signed=not multiplier.signed, table=table)
     other_computed = metrics(other)
     mae_declared, mae_other = computed["MAE"], other_computed["MAE"]
     texts = {k: multiplier.header_metrics_text[k] for k in CHECKED_HEADER_METRICS
@@ -76,29 +87,36 @@ def _resolution_detail(multiplier: Multiplier) -> str:
     return (f"first operand (activation): {shown(levels['first'], 256)}, "
             f"{levels['first_nonnegative']} of the {levels['nonnegative_values']} non-negative "
             f"ones (what a ReLU output uses); second operand (weight): "
-            f"{shown(levels['second'], 256)}")
+            f"{shown(levels['second'], 2 ** multiplier.weight_bits)}")
 
 
 def check(multiplier: Multiplier) -> dict:
     """Sanity checks and metrics of a multiplier, for `graphswap kernels check`."""
     approx, exact, error = errors(multiplier)
-    values = operand_values(multiplier.signed)
-    zero = int(np.flatnonzero(values == 0)[0])
+    first_values, second_values = operand_axes(multiplier)
     computed = metrics(multiplier)
-    checks = [_zero_operand_check(approx, values, zero, axis=1),
-              _zero_operand_check(approx, values, zero, axis=0)]
+    checks = [_zero_operand_check(approx, first_values, second_values, axis=1),
+              _zero_operand_check(approx, first_values, second_values, axis=0)]
     exact_pairs = int(np.count_nonzero(error == 0))
     worst = np.unravel_index(np.abs(error).argmax(), error.shape)
     checks.append(check_entry(
         "comparison with the exact product", None,
-        f"{exact_pairs} of 65536 operand pairs exact; largest error {int(np.abs(error).max())} "
-        f"(at f({values[worst[0]]}, {values[worst[1]]}))"))
-    asymmetric = int(np.count_nonzero(approx != approx.T)) // 2
-    checks.append(check_entry(
-        "operand-order symmetry", None,
-        "f(a, b) = f(b, a) for every pair: operand order does not matter" if asymmetric == 0 else
-        f"f(a, b) != f(b, a) for {asymmetric} unordered pairs: operand order matters (first operand "
-        f"= activation, second = weight)"))
+        f"{exact_pairs} of {error.size} operand pairs exact; largest error "
+        f"{int(np.abs(error).max())} (at f({first_values[worst[0]]}, {second_values[worst[1]]}))"))
+    if multiplier.weight_bits == 8:
+        asymmetric = int(np.count_nonzero(approx != approx.T)) // 2
+        checks.append(check_entry(
+            "operand-order symmetry", None,
+            "f(a, b) = f(b, a) for every pair: operand order does not matter" if asymmetric == 0
+            else f"f(a, b) != f(b, a) for {asymmetric} unordered pairs: operand order matters "
+                 f"(first operand = activation, second = weight)"))
+    else:
+        checks.append(check_entry(
+            "operand widths", None,
+            f"8x{multiplier.weight_bits}: 8-bit activation (first operand) x "
+            f"{multiplier.weight_bits}-bit weight (second operand); the weights are quantized to "
+            f"{multiplier.weight_bits} bits; metrics at the {8 + multiplier.weight_bits}-bit "
+            f"output width"))
     checks.append(_signedness_check(multiplier, approx, error, computed))
     checks.append(check_entry("operand resolution", None, _resolution_detail(multiplier)))
     comparison = []
@@ -114,6 +132,7 @@ def check(multiplier: Multiplier) -> dict:
     hardware = {k: v for k, v in multiplier.header_metrics.items() if k.startswith("PDK45")}
     return {
         "spec": multiplier.spec, "name": multiplier.name, "signed": multiplier.signed,
+        "width": multiplier.width,
         "description": multiplier.description, "notes": list(multiplier.notes), "checks": checks,
         "metrics": computed, "header_comparison": comparison, "hardware": hardware,
         "passed": all(c["passed"] is not False for c in checks),
@@ -135,7 +154,9 @@ def format_check_lines(checks: list[dict]) -> list[str]:
 
 def format_check(result: dict) -> str:
     """A readable report of check()'s result."""
-    lines = [f"multiplier  {result['name']}  ({'signed' if result['signed'] else 'unsigned'})",
+    width = "" if result.get("width", "8x8") == "8x8" else f", {result['width']}"
+    lines = [f"multiplier  {result['name']}  ({'signed' if result['signed'] else 'unsigned'}"
+             f"{width})",
              f"spec        {result['spec']}", f"            {result['description']}"]
     for note in result["notes"]:
         lines.append(f"note        {note}")

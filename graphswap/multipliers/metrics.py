@@ -7,7 +7,7 @@ import re
 
 import numpy as np
 
-from graphswap.multipliers.record import Multiplier, operand_values
+from graphswap.multipliers.record import Multiplier, operand_values, weight_values
 
 HEADER_KEYS = ("MAE%", "MAE", "WCE%", "WCE", "WCRE%", "EP%", "MRE%", "MSE",
                "PDK45_PWR", "PDK45_AREA", "PDK45_DELAY")
@@ -38,29 +38,44 @@ def lut(multiplier: Multiplier) -> np.ndarray:
     return np.array(table, dtype=np.int64)
 
 
+def operand_axes(multiplier: Multiplier) -> tuple[np.ndarray, np.ndarray]:
+    """(values of the 256 first-operand codes, values of the second operand's codes): 256 codes
+    for an 8x8 multiplier, the 2^N N-bit codes of an 8xN one (record.weight_values)."""
+    return (operand_values(multiplier.signed),
+            weight_values(multiplier.signed, multiplier.weight_bits))
+
+
 def errors(multiplier: Multiplier):
-    """(approx, exact, approx - exact) over all operand pairs, 256x256 in code order."""
-    values = operand_values(multiplier.signed)
-    exact = values[:, None] * values[None, :]
-    approx = multiplier.table.reshape(256, 256).astype(np.int64)
+    """(approx, exact, approx - exact) over all operand pairs in code order: 256x256, or
+    256 x 2^N for an 8xN multiplier (its own domain, Multiplier.weight_table())."""
+    first, second = operand_axes(multiplier)
+    exact = first[:, None] * second[None, :]
+    approx = multiplier.weight_table()
     return approx, exact, approx - exact
 
 
+def output_bits(multiplier: Multiplier) -> int:
+    """Width of the circuit's exact product: 16 for 8x8, 8 + N for 8xN."""
+    return 8 + multiplier.weight_bits
+
+
 def metrics(multiplier: Multiplier) -> dict:
-    """Error metrics of the multiplier over all 65536 operand pairs (EvoApproxLib conventions):
-    MAE = mean|approx - exact|, MAE% = MAE / 2^16 * 100, WCE = max|approx - exact|,
-    WCE% = WCE / 2^16 * 100, EP% = share of pairs with any error, MRE% = mean over pairs with a
+    """Error metrics of the multiplier over all its operand pairs (65536 for 8x8, 256 * 2^N for
+    8xN), EvoApproxLib conventions at the circuit's own output width W (16 for 8x8, 8 + N for
+    8xN): MAE = mean|approx - exact|, MAE% = MAE / 2^W * 100, WCE = max|approx - exact|,
+    WCE% = WCE / 2^W * 100, EP% = share of pairs with any error, MRE% = mean over pairs with a
     non-zero exact product of |error| / |exact| * 100, WCRE% = the maximum of that ratio * 100,
     MSE = mean error^2, bias = mean(approx - exact)."""
     _, exact, error = errors(multiplier)
     abs_error = np.abs(error)
     nonzero = exact != 0
     relative = abs_error[nonzero] / np.abs(exact[nonzero])
+    full_scale = 2 ** output_bits(multiplier)
     return {
         "MAE": float(abs_error.mean()),
-        "MAE%": float(abs_error.mean() / 2 ** 16 * 100),
+        "MAE%": float(abs_error.mean() / full_scale * 100),
         "WCE": int(abs_error.max()),
-        "WCE%": float(abs_error.max() / 2 ** 16 * 100),
+        "WCE%": float(abs_error.max() / full_scale * 100),
         "MRE%": float(relative.mean() * 100),
         "WCRE%": float(relative.max() * 100),
         "EP%": float(np.count_nonzero(error) / error.size * 100),
@@ -80,7 +95,7 @@ def operand_levels(multiplier: Multiplier) -> dict:
     non-negative first-operand values (those a ReLU output can take: 0..127 for a signed
     multiplier, 0..255 unsigned), "nonnegative_values": how many such values there are}."""
     values = operand_values(multiplier.signed)
-    table = multiplier.table.reshape(256, 256)
+    table = multiplier.weight_table()
     return {"first": len(np.unique(table, axis=0)), "second": np.unique(table, axis=1).shape[1],
             "first_nonnegative": len(np.unique(table[values >= 0], axis=0)),
             "nonnegative_values": int(np.count_nonzero(values >= 0))}

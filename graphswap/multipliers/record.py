@@ -3,6 +3,14 @@
 Table layout (graphswap_kernels.h): 65536 int32 entries, index (a_code << 8) | b_code, a = first
 operand = activation / left matrix, b = second operand = weight / right matrix; a code is the
 operand's 8-bit pattern: 0..255 unsigned, the two's-complement byte of -128..127 signed.
+
+8xN multipliers (EvoApproxLib's mul8x4u_..., or any multiplier declared `:u8x4`): the weight
+(second operand) has N < 8 bits, `weight_bits` = N.  Their 256 x 2^N products sit in the same
+65536-entry layout, at the 8-bit codes of the N-bit weight values (0..2^N-1 unsigned; the
+two's-complement byte of -2^(N-1)..2^(N-1)-1 signed); the weight quantizer never produces another
+code (graphswap/kernels/quantized.py), and the entries of the other codes hold the exact product
+(never read by a forward pass; they keep the table's finite differences sensible at the edge of
+the N-bit range).  `weight_table()` gives the 256 x 2^N function itself.
 """
 
 from __future__ import annotations
@@ -14,6 +22,8 @@ import numpy as np
 from graphswap.errors import KernelSpecError
 
 TABLE_SIZE = 65536
+#: widths of the weight operand an 8xN multiplier may have (8 = an 8x8 multiplier)
+WEIGHT_BITS = (1, 2, 3, 4, 5, 6, 7, 8)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -31,6 +41,25 @@ class Multiplier:
     header_metrics: dict = dataclasses.field(default_factory=dict)       # floats
     header_metrics_text: dict = dataclasses.field(default_factory=dict)  # as printed
     notes: tuple = ()           # how signature / order / signedness were determined
+    weight_bits: int = 8        # N of an 8xN multiplier: the weight (second operand) has N bits
+
+    def __post_init__(self):
+        if self.weight_bits not in WEIGHT_BITS or (self.signed and self.weight_bits < 2):
+            raise KernelSpecError(
+                f"{self.spec}: a multiplier's weight operand has 1..8 bits (2..8 signed); got "
+                f"{self.weight_bits!r}")
+
+    @property
+    def width(self) -> str:
+        """"8x8", or "8x4" for an 8xN multiplier (first operand x second operand bits)."""
+        return f"8x{self.weight_bits}"
+
+    def weight_table(self) -> np.ndarray:
+        """The products as a (256, 2^N) int64 array in code order: rows = the activation's 8-bit
+        codes, columns = the weight's N-bit codes (0..2^N-1 unsigned; the N-bit two's-complement
+        pattern signed, so column c holds the value c - 2^N for c >= 2^(N-1))."""
+        return self.table.reshape(256, 256)[:, weight_codes(self.signed, self.weight_bits)] \
+            .astype(np.int64)
 
     def to_config(self) -> dict:
         config = {"spec": self.spec}
@@ -39,7 +68,8 @@ class Multiplier:
         return config
 
     def __repr__(self) -> str:
-        return f"<Multiplier {self.spec} ({'signed' if self.signed else 'unsigned'})>"
+        width = "" if self.weight_bits == 8 else f", {self.width}"
+        return f"<Multiplier {self.spec} ({'signed' if self.signed else 'unsigned'}{width})>"
 
 
 
@@ -55,3 +85,30 @@ def table_from_products(values: np.ndarray, where: str) -> np.ndarray:
         raise KernelSpecError(f"{where}: products outside the int32 range (min {values.min()}, "
                               f"max {values.max()}); an 8-bit multiplier's products must fit int32")
     return values.astype(np.int32)
+
+
+def weight_values(signed: bool, bits: int) -> np.ndarray:
+    """Value of each N-bit weight code 0..2^N-1 (two's complement when signed)."""
+    codes = np.arange(2 ** bits)
+    return np.where(codes >= 2 ** (bits - 1), codes - 2 ** bits, codes) if signed else codes
+
+
+def weight_codes(signed: bool, bits: int) -> np.ndarray:
+    """The 8-bit table code (column of the 256x256 layout) of each N-bit weight code 0..2^N-1."""
+    return weight_values(signed, bits) % 256
+
+
+def embed_weight_table(products: np.ndarray, signed: bool, bits: int, where: str) -> np.ndarray:
+    """The 65536-entry table of an 8xN multiplier's (256, 2^N) products (columns in N-bit code
+    order, weight_table()'s layout): the products at their 8-bit codes, the exact product at every
+    other code (see the module docstring)."""
+    products = np.asarray(products)
+    if products.shape != (256, 2 ** bits):
+        raise KernelSpecError(f"{where}: an 8x{bits} multiplier's table has shape (256, {2 ** bits}) "
+                              f"(256 activation codes x 2^{bits} weight codes); got "
+                              f"{products.shape}")
+    values = operand_values(signed)
+    full = (values[:, None] * values[None, :]).astype(np.int64)
+    full[:, weight_codes(signed, bits)] = products
+    return table_from_products(full.reshape(-1), where)
+

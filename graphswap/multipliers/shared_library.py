@@ -14,6 +14,7 @@ import os
 from graphswap.errors import KernelSpecError
 from graphswap.multipliers.evaluation import (EvaluationPlan, ResultType, evaluate_in_process,
                                               evaluate_isolated, table_from_raw)
+from graphswap.multipliers.csource import WIDTH_DECLARATION, narrow_table, operand_widths
 from graphswap.multipliers.record import Multiplier
 from graphswap.native import FileContent, private_copy
 
@@ -24,7 +25,9 @@ _SO_SIGNATURES = {
     "s8u": ("u8", "u16", True, "uint16_t"),
     "u64": ("u64", "u64", False, "uint64_t"),
 }
-SO_OPTIONS_HELP = ("options (comma-separated after a second ':'): u8 = uint16_t f(uint8_t, uint8_t), "
+SO_OPTIONS_HELP = ("options (comma-separated after a second ':'): u8x4 / s8x4 (N = 1..7) = an "
+                   "8xN multiplier (8-bit activation, N-bit weight; signature u64, order ab unless "
+                   "given), u8 = uint16_t f(uint8_t, uint8_t), "
                    "s8 = int16_t f(int8_t, int8_t), s8u = signed product declared with uint8_t/uint16_t "
                    "types, u64 = uint64_t f(uint64_t B, uint64_t A) (EvoApproxLib legacy); ab / ba = "
                    "operand order")
@@ -38,6 +41,11 @@ def from_shared_library(content: FileContent, symbol: str, options: str | None,
     (kernels check's re-entrancy check)."""
     path = content.path
     opts = [o.strip() for o in options.split(",")] if options else []
+    declared = [o for o in opts if WIDTH_DECLARATION.match(o)]
+    opts = [o for o in opts if not WIDTH_DECLARATION.match(o)]
+    if len(declared) > 1:
+        raise KernelSpecError(f"{path}:{symbol}: give at most one width option; {SO_OPTIONS_HELP}")
+    widths = operand_widths(symbol, declared[0] if declared else None, "", f"{path}:{symbol}")
     bad = [o for o in opts if o not in _SO_SIGNATURES and o not in ("ab", "ba")]
     if bad:
         raise KernelSpecError(f"{path}:{symbol}: unknown option(s) {', '.join(bad)}; {SO_OPTIONS_HELP}")
@@ -46,7 +54,16 @@ def from_shared_library(content: FileContent, symbol: str, options: str | None,
     if len(sigs) > 1 or len(orders) > 1:
         raise KernelSpecError(f"{path}:{symbol}: give at most one signature and one order option; "
                               f"{SO_OPTIONS_HELP}")
-    notes = []
+    notes = [] if widths is None else [widths.how.split(";")[0]]
+    if widths is not None and sigs and sigs[0] not in ("u64", "u8"):
+        raise KernelSpecError(f"{path}:{symbol}: an 8xN multiplier from a shared library takes its "
+                              f"operands as bit patterns: signature u64 (default) or u8; "
+                              f"{SO_OPTIONS_HELP}")
+    if widths is not None and not sigs:
+        sigs = ["u64"]
+        orders = orders or ["ab"]
+        notes.append("signature u64 (uint64_t f(uint64_t A, uint64_t B), EvoApproxLib's 8xN "
+                     "files) assumed for an 8xN multiplier")
     if sigs:
         signature = sigs[0]
         notes.append(f"signature {signature} given in the spec")
@@ -66,15 +83,22 @@ def from_shared_library(content: FileContent, symbol: str, options: str | None,
     order = orders[0] if orders else ("ba" if signature == "u64" else "ab")
     notes.append(f"operand order {order}: called as {symbol}({'first, second' if order == 'ab' else 'second, first'})")
     arg_type, ret_type, signed, c_return = _SO_SIGNATURES[signature]
+    if widths is not None:
+        signed = widths.signed
     copy = private_copy(content.data, content.sha256, os.path.basename(path))
     plan = EvaluationPlan(source=path, name=symbol, library=str(copy), sha256=content.sha256,
                           mode="symbol", symbol=symbol, arg=arg_type, ret=ret_type, order=order)
     raw = evaluate_isolated(plan, signed) if isolated else evaluate_in_process(plan, row_order)
     bits = 64 if ret_type == "u64" else 16
     result = ResultType(bits, ret_type.startswith("s"), signed, c_return)
-    table = table_from_raw(raw, result, f"{path}:{symbol}", symbol)
+    if widths is None:
+        table = table_from_raw(raw, result, f"{path}:{symbol}", symbol)
+    else:   # the weight's N-bit pattern is the low bits of codes 0..2^N-1
+        result = ResultType(bits, False, signed, c_return)
+        table = narrow_table(raw, result, widths.weight_bits, f"{path}:{symbol}", symbol)
     spec = f"{path}:{symbol}" + (f":{options}" if options else "")
     kind = "signed" if signed else "unsigned"
     return Multiplier(spec=spec, name=symbol, signed=signed, table=table,
                       description=f"{kind} multiplier {symbol} from {os.path.basename(path)}",
-                      kind="so", path=path, sha256=content.sha256, notes=tuple(notes))
+                      kind="so", path=path, sha256=content.sha256, notes=tuple(notes),
+                      weight_bits=8 if widths is None else widths.weight_bits)

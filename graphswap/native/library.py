@@ -112,7 +112,7 @@ class LutQuant(ctypes.Structure):
                 ("weight_mode", ctypes.c_int32), ("activation_zero_point", ctypes.c_int32),
                 ("activation_scale", ctypes.c_double),
                 ("observed_range", ctypes.POINTER(ctypes.c_double)),
-                ("weight_encoding", ctypes.c_int32)]
+                ("weight_encoding", ctypes.c_int32), ("weight_bits", ctypes.c_int32)]
 
 
 # graphswap_lut_quant's constants (graphswap_kernels.h)

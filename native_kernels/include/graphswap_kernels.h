@@ -178,6 +178,13 @@ typedef struct graphswap_lut_quant {
                                     * of this call ({+inf, -inf} if there are none), for a
                                     * moving-average observer; written in every mode */
     int32_t weight_encoding;       /* GRAPHSWAP_WEIGHTS_DEFAULT or GRAPHSWAP_WEIGHTS_SIGN_MAGNITUDE */
+    int32_t weight_bits;           /* 0 or 8: 8-bit weight codes as above; N = 1..7 (an 8xN
+                                    * multiplier): weight codes of N bits, i.e. 255 above becomes
+                                    * L = 2^N - 1 (sign-magnitude magnitudes and asymmetric codes
+                                    * 0..L, zero points in 0..L) and the symmetric limit 127 becomes
+                                    * 2^(N-1) - 1 (N >= 2); the table is still 256x256 and only its
+                                    * columns of N-bit codes are read.  Occupies what was padding:
+                                    * the struct's size and other offsets are unchanged. */
 } graphswap_lut_quant;
 
 /* c[m,n] = quantized a[m,k] x b[k,n] through `table` (layout as for graphswap_lut_matmul) per `quant`

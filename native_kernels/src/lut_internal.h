@@ -273,9 +273,11 @@ typedef struct gs_wquant {
     int8_t *sign;    /* sign-magnitude only: K x N, -1 where w < 0, else +1 (NULL otherwise) */
 } gs_wquant;
 
-/* Returns GRAPHSWAP_OK or GRAPHSWAP_ERR_OUT_OF_MEMORY (gs_fail called with fn). */
+/* Returns GRAPHSWAP_OK or GRAPHSWAP_ERR_OUT_OF_MEMORY (gs_fail called with fn).  weight_bits:
+ * graphswap_lut_quant.weight_bits (0 or 8 = 8-bit codes; 1..7 = N-bit codes, checked by
+ * gs_quant_check). */
 int32_t gs_wquant_make(const char *fn, const float *w, int64_t K, int64_t N, int is_signed,
-                       int per_channel, gs_wquant *out);
+                       int per_channel, int weight_bits, gs_wquant *out);
 void gs_wquant_free(gs_wquant *w);
 
 /* Sign-magnitude weights (GRAPHSWAP_WEIGHTS_SIGN_MAGNITUDE): q is K x 2N, the magnitude code of
@@ -283,7 +285,7 @@ void gs_wquant_free(gs_wquant *w);
  * so that acc[2j] - acc[2j+1] = sum_k sign(w) (T[qa, m] - T[qa, 0]); qt is 2N x K; scale, zero
  * (all 0), bad, recip are per logical column j < N, and colsum[j] = sum_k sign(w[k, j]) m[k, j]. */
 int32_t gs_wquant_make_sm(const char *fn, const float *w, int64_t K, int64_t N, int per_channel,
-                          gs_wquant *out);
+                          int weight_bits, gs_wquant *out);
 
 /* The split sign-magnitude sums of one job, made whole: for each row r < rows, with the physical
  * sums acc2[r * 2 ncols + 2c] (non-negative weights) and [.. + 2c + 1] (negative weights) of the

@@ -247,8 +247,8 @@ GRAPHSWAP_EXPORT int32_t graphswap_lut_matmul_f32(const float *a, const float *b
     gs_wquant w;
     const int sm = quant->weight_encoding == GRAPHSWAP_WEIGHTS_SIGN_MAGNITUDE;
     const int per_channel = quant->weight_mode == GRAPHSWAP_QUANT_PER_CHANNEL;
-    rc = sm ? gs_wquant_make_sm(fn, b, k, n, per_channel, &w)
-            : gs_wquant_make(fn, b, k, n, qa.is_signed, per_channel, &w);
+    rc = sm ? gs_wquant_make_sm(fn, b, k, n, per_channel, quant->weight_bits, &w)
+            : gs_wquant_make(fn, b, k, n, qa.is_signed, per_channel, quant->weight_bits, &w);
     if (rc != GRAPHSWAP_OK) {
         gs_lut_table_release(t);
         return rc;

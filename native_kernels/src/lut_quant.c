@@ -87,7 +87,8 @@ void gs_range_f32(const float *x, int64_t n, float *lo, float *hi, int *any_bad)
     *lo = l, *hi = h, *any_bad = b;
 }
 
-gs_qparams gs_qparams_dynamic(int is_signed, float flo, float fhi)
+/* The parameters of a range for codes 0..levels (unsigned) / -levels..levels (signed). */
+static gs_qparams qparams_levels(int is_signed, float flo, float fhi, double levels)
 {
     gs_qparams q = {is_signed, 1.0, 0};
     if (is_signed) {
@@ -96,17 +97,30 @@ gs_qparams gs_qparams_dynamic(int is_signed, float flo, float fhi)
             const double a = fabs((double)flo), b = fabs((double)fhi);
             amax = a > b ? a : b;
         }
-        q.scale = amax > 0.0 ? amax / 127.0 : 1.0;
+        q.scale = amax > 0.0 ? amax / levels : 1.0;
         return q;
     }
     const double lo = (double)flo < 0.0 ? (double)flo : 0.0; /* +inf (no finite value) -> 0 */
     const double hi = (double)fhi > 0.0 ? (double)fhi : 0.0;
     if (hi == lo) return q;
-    q.scale = (hi - lo) / 255.0;
+    q.scale = (hi - lo) / levels;
     double z = gs_rint(-lo / q.scale);
-    z = z < 0.0 ? 0.0 : (z > 255.0 ? 255.0 : z);
+    z = z < 0.0 ? 0.0 : (z > levels ? levels : z);
     q.zero = (int32_t)z;
     return q;
+}
+
+gs_qparams gs_qparams_dynamic(int is_signed, float flo, float fhi)
+{
+    return qparams_levels(is_signed, flo, fhi, is_signed ? 127.0 : 255.0);
+}
+
+/* The largest weight code of N-bit weights: 2^N - 1 (unsigned), 2^(N-1) - 1 (signed); 8 bits for
+ * weight_bits 0. */
+static double weight_levels(int is_signed, int weight_bits)
+{
+    const int bits = weight_bits == 0 ? 8 : weight_bits;
+    return is_signed ? (double)((1 << (bits - 1)) - 1) : (double)((1 << bits) - 1);
 }
 
 int32_t gs_quant_check(const char *fn, const graphswap_lut_quant *q, gs_qparams *act)
@@ -129,6 +143,11 @@ int32_t gs_quant_check(const char *fn, const graphswap_lut_quant *q, gs_qparams 
         return gs_fail(GRAPHSWAP_ERR_INVALID_ARGUMENT,
                        "%s: quant->weight_encoding must be GRAPHSWAP_WEIGHTS_DEFAULT (0) or "
                        "GRAPHSWAP_WEIGHTS_SIGN_MAGNITUDE (1), got %d", fn, (int)q->weight_encoding);
+    if (q->weight_bits < 0 || q->weight_bits > 8 ||
+        (q->scheme == GRAPHSWAP_LUT_SIGNED && q->weight_bits == 1))
+        return gs_fail(GRAPHSWAP_ERR_INVALID_ARGUMENT,
+                       "%s: quant->weight_bits must be 0 or 8 (8-bit weights) or 1..7 (2..7 for "
+                       "the signed scheme), got %d", fn, (int)q->weight_bits);
     if (q->weight_encoding == GRAPHSWAP_WEIGHTS_SIGN_MAGNITUDE && q->scheme != GRAPHSWAP_LUT_UNSIGNED)
         return gs_fail(GRAPHSWAP_ERR_INVALID_ARGUMENT,
                        "%s: sign-magnitude weights need an unsigned multiplier (scheme "
@@ -202,8 +221,10 @@ int32_t gs_wcodes_make(const char *fn, const uint8_t *b, int64_t K, int64_t N, g
 }
 
 int32_t gs_wquant_make(const char *fn, const float *wf, int64_t K, int64_t N, int is_signed,
-                       int per_channel, gs_wquant *w)
+                       int per_channel, int weight_bits, gs_wquant *w)
 {
+    const int narrow = weight_bits != 0 && weight_bits != 8;
+    const double levels = weight_levels(is_signed, weight_bits);
     int32_t rc = wquant_alloc(fn, K, N, 1, w);
     if (rc != GRAPHSWAP_OK) return rc;
     /* ranges: per column (lo/hi in the colsum/scale buffers' space is not reused: small arrays) */
@@ -232,27 +253,45 @@ int32_t gs_wquant_make(const char *fn, const float *wf, int64_t K, int64_t N, in
             l = lo[j] < l ? lo[j] : l;
             h = hi[j] > h ? hi[j] : h;
         }
-        const gs_qparams q = gs_qparams_dynamic(is_signed, l, h);
+        const gs_qparams q = qparams_levels(is_signed, l, h, levels);
         for (int64_t j = 0; j < N; ++j) w->scale[j] = q.scale, w->zero[j] = q.zero;
     } else {
         for (int64_t j = 0; j < N; ++j) {
-            const gs_qparams q = gs_qparams_dynamic(is_signed, lo[j], hi[j]);
+            const gs_qparams q = qparams_levels(is_signed, lo[j], hi[j], levels);
             w->scale[j] = q.scale, w->zero[j] = q.zero;
         }
     }
     gs_free(lo), gs_free(hi);
     for (int64_t j = 0; j < N; ++j) w->recip[j] = gs_recip(w->scale[j]);
-    const gs_isa_level isa = gs_isa();
-    for (int64_t k = 0; k < K; ++k)
-        gs_quantize_span(isa, wf + k * N, N, w->scale, w->recip, w->zero, 1, is_signed, w->q + k * N);
+    if (narrow) {
+        /* N-bit codes (an 8xN multiplier): the weights are few, a scalar loop is enough */
+        const double top = levels, bottom = is_signed ? -levels : 0.0;
+        for (int64_t k = 0; k < K; ++k)
+            for (int64_t j = 0; j < N; ++j) {
+                const float v = wf[k * N + j];
+                double q = (double)w->zero[j];
+                if (gs_finite(v)) {
+                    double t = (double)v / w->scale[j];
+                    t = t > 512.0 ? 512.0 : (t < -512.0 ? -512.0 : t);
+                    q = gs_rint(t) + (double)w->zero[j];
+                    q = q < bottom ? bottom : (q > top ? top : q);
+                }
+                w->q[k * N + j] = (uint8_t)(int8_t)(int)q;
+            }
+    } else {
+        const gs_isa_level isa = gs_isa();
+        for (int64_t k = 0; k < K; ++k)
+            gs_quantize_span(isa, wf + k * N, N, w->scale, w->recip, w->zero, 1, is_signed, w->q + k * N);
+    }
     transpose_codes(w->q, K, N, w);
     return GRAPHSWAP_OK;
 }
 
 
 int32_t gs_wquant_make_sm(const char *fn, const float *wf, int64_t K, int64_t N, int per_channel,
-                          gs_wquant *w)
+                          int weight_bits, gs_wquant *w)
 {
+    const double levels = weight_levels(0, weight_bits);
     /* the codes and their transpose are 2N wide; the per-column arrays are N long */
     int32_t rc = wquant_alloc(fn, K, 2 * N, 1, w);
     if (rc != GRAPHSWAP_OK) return rc;
@@ -281,7 +320,7 @@ int32_t gs_wquant_make_sm(const char *fn, const float *wf, int64_t K, int64_t N,
         for (int64_t j = 0; j < N; ++j) amax[j] = all;
     }
     for (int64_t j = 0; j < N; ++j) {
-        w->scale[j] = amax[j] > 0.0 ? amax[j] / 255.0 : 1.0;
+        w->scale[j] = amax[j] > 0.0 ? amax[j] / levels : 1.0;
         w->zero[j] = 0;
         w->colsum[j] = 0;
     }
@@ -292,7 +331,7 @@ int32_t gs_wquant_make_sm(const char *fn, const float *wf, int64_t K, int64_t N,
             int8_t sign = 1;
             if (gs_finite(v)) {
                 double q = gs_rint(fabs((double)v) / w->scale[j]);
-                q = q > 255.0 ? 255.0 : q;
+                q = q > levels ? levels : q;
                 m = (uint8_t)q;
                 sign = v < 0.0f ? -1 : 1;
             }

@@ -1,0 +1,41 @@
+/***
+ * mul8x2u_gsbam3: approximate 8x2 unsigned multiplier (8-bit activation x 2-bit weight) - broken-array
+ * multiplier, vertical break line 3.
+ * Written for graphswap's sample_models (not part of EvoApproxLib); EvoApproxLib-style 8xN file:
+ * one function in EvoApproxLib's mixed-precision signature, operand comments, header metrics below.
+ *
+ * Signature: uint64_t mul8x2u_gsbam3(const uint64_t A, const uint64_t B),
+ * the product in the low 10 bits.  A = activation (8 bits), B = weight (2 bits).
+ *
+ * Broken-array multiplier (BAM; Mahdiani et al., IEEE TCAS-I 57(4), 2010) with vertical break line
+ * VBL = 3: the partial-product bits a_i & b_j with i + j < 3 (5 of the 16 bits)
+ * never reach the sum; the result is never larger than the exact product.
+ *
+ * Metrics computed over all 256 x 4 operand pairs at the circuit's own output width
+ * (10 bits, EvoApproxLib's convention for its 8xN files): MAE% = mean|approx - exact| / 2^10
+ * * 100, WCE% = max|approx - exact| / 2^10 * 100, WCRE% = max relative error over non-zero exact
+ * products, EP% = share of pairs with any error, MRE% = mean relative error over non-zero exact
+ * products, MSE = mean squared error.  No PDK45 figures: they would need synthesis.
+ *
+ * mean error (bias) = -3.2500
+ ***/
+// MAE% = 0.3174 %
+// MAE = 3.2500
+// WCE% = 1.2695 %
+// WCE = 13
+// WCRE% = 100.00 %
+// EP% = 62.5000 %
+// MRE% = 5.2386 %
+// MSE = 22.2500
+
+#include <stdint.h>
+
+uint64_t mul8x2u_gsbam3(const uint64_t A /* 8-bit unsigned operand */, const uint64_t B /* 2-bit unsigned operand */)
+{
+    uint64_t p = 0;
+    for (int i = 0; i < 8; ++i)
+        for (int j = 0; j < 2; ++j)
+            if (i + j >= 3)
+                p += (((A >> i) & 1u) & ((B >> j) & 1u)) << (i + j);
+    return p & 1023u;
+}

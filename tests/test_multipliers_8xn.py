@@ -1,0 +1,237 @@
+"""8xN mixed-precision multipliers (issue 28, item 1): an 8-bit activation times an N-bit weight.
+
+Tables against the C function for every operand pair, header metrics at the circuit's own output
+width, the fused C kernels against tests/reference.py (N-bit weights) on every ISA path, a model
+converted with an exact 8x4 multiplier against an independent numpy 4-bit weight quantization,
+and bad input (widths graphswap cannot run, contradictions) with one clear error."""
+
+from __future__ import annotations
+
+import ctypes
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import graphswap
+from graphswap.errors import KernelSpecError
+from graphswap.kernels import LutKernel, resolve_kernel, trust
+from graphswap.multipliers import checks
+from graphswap.multipliers.metrics import metrics
+
+import reference
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "sample_models" / "multipliers"
+EXAMPLE_FILES = {"mul8x4u_gsbam4.c": (4, 4), "mul8x2u_gsbam3.c": (2, 3)}   # (N, break line)
+
+EXACT_8X4 = """
+#include <stdint.h>
+uint64_t mul8x4u_exact(const uint64_t A /* 8-bit unsigned operand */,
+                       const uint64_t B /* 4-bit unsigned operand */)
+{ return (A & 255u) * (B & 15u); }
+"""
+
+
+def _bam(bits, vbl):
+    """Independent numpy model of the examples' broken-array circuit: (256, 2^N) products."""
+    a = np.arange(256)[:, None]
+    b = np.arange(2 ** bits)[None, :]
+    p = np.zeros((256, 2 ** bits), np.int64)
+    for i in range(8):
+        for j in range(bits):
+            if i + j >= vbl:
+                p += (((a >> i) & 1) & ((b >> j) & 1)) << (i + j)
+    return p
+
+
+def _build(source, so):
+    """The C file compiled by the system compiler itself (every symbol visible)."""
+    subprocess.run([shutil.which("cc") or "gcc", "-shared", "-fPIC", "-O1", "-o", str(so),
+                    str(source)], check=True)
+
+
+def _resolve(path):
+    trust.trust(str(path))
+    return resolve_kernel(str(path))
+
+
+def _copy(tmp_path, name):
+    target = tmp_path / name
+    shutil.copyfile(EXAMPLES / name, target)
+    return target
+
+
+@pytest.mark.parametrize("name", sorted(EXAMPLE_FILES))
+def test_example_tables_equal_the_c_function_for_every_operand_pair(tmp_path, name):
+    bits, vbl = EXAMPLE_FILES[name]
+    path = _copy(tmp_path, name)
+    kernel = _resolve(path)
+    multiplier = kernel.multiplier
+    assert multiplier.weight_bits == bits and not multiplier.signed
+    # the C function itself, compiled here and called through ctypes on all 256 x 2^N pairs
+    so = tmp_path / "direct.so"
+    _build(path, so)
+    fn = getattr(ctypes.CDLL(str(so)), path.stem)
+    fn.restype, fn.argtypes = ctypes.c_uint64, [ctypes.c_uint64, ctypes.c_uint64]
+    direct = np.array([[fn(a, b) for b in range(2 ** bits)] for a in range(256)], np.int64)
+    np.testing.assert_array_equal(multiplier.weight_table(), direct)
+    np.testing.assert_array_equal(direct, _bam(bits, vbl))
+    # codes beyond the N-bit range hold the exact product (never read by the quantizer)
+    full = multiplier.table.reshape(256, 256)
+    assert (full[:, 2 ** bits:] == np.arange(256)[:, None] * np.arange(2 ** bits, 256)).all()
+
+
+@pytest.mark.parametrize("name", sorted(EXAMPLE_FILES))
+def test_example_header_metrics_are_reproduced_at_the_circuit_width(tmp_path, name):
+    bits, vbl = EXAMPLE_FILES[name]
+    multiplier = _resolve(_copy(tmp_path, name)).multiplier
+    result = checks.check(multiplier)
+    assert result["passed"], checks.format_check(result)
+    compared = {e["metric"]: e["agrees"] for e in result["header_comparison"]}
+    assert set(compared) >= {"MAE%", "WCE%", "EP%", "MRE%", "MAE", "WCE", "MSE"}
+    assert all(compared.values()), compared
+    # independent: MAE% at 8 + N output bits, not 16
+    exact = np.arange(256)[:, None] * np.arange(2 ** bits)[None, :]
+    mae = np.abs(_bam(bits, vbl) - exact).mean()
+    assert metrics(multiplier)["MAE%"] == pytest.approx(mae / 2 ** (8 + bits) * 100)
+    assert result["width"] == f"8x{bits}"
+
+
+@pytest.mark.parametrize("weights", ["sign_magnitude", "asymmetric"])
+@pytest.mark.parametrize("granularity", ["per_channel", "per_tensor"])
+def test_fused_kernels_equal_the_reference_with_n_bit_weights_on_every_isa(
+        tmp_path, each_isa, weights, granularity):
+    kernel = _resolve(_copy(tmp_path, "mul8x4u_gsbam4.c"))
+    rng = np.random.default_rng(3)
+    a = rng.normal(size=(5, 19)).astype(np.float32)
+    b = rng.normal(size=(19, 7)).astype(np.float32)
+    x = rng.normal(size=(2, 6, 5, 3)).astype(np.float32)
+    w = rng.normal(size=(3, 2, 3, 4)).astype(np.float32)
+    scheme = graphswap.kernels.QuantScheme(weights=weights, granularity=granularity)
+    mode = {"weights": weights, "granularity": granularity, "weight_bits": 4}
+    table = kernel.multiplier.table
+    want_mm = reference.quantized_matmul(a, b, table, False, mode)
+    geometry = graphswap.native.conv_geometry(x.shape, w.shape, (1, 1), (1, 1), "same", 1)
+    pads = (geometry.pad_top, geometry.pad_bottom, geometry.pad_left, geometry.pad_right)
+    want_conv = reference.quantized_conv2d(x, w, table, False, (1, 1), (1, 1), pads, 1, mode)
+    # the reference itself differs from 8-bit weights (the test could fail)
+    assert not np.array_equal(want_mm, reference.quantized_matmul(
+        a, b, table, False, {"weights": weights, "granularity": granularity}))
+    for isa in each_isa.supported_isas:
+        each_isa.set_isa(isa)
+        np.testing.assert_array_equal(kernel.matmul(a, b, quant=scheme), want_mm, err_msg=isa)
+        np.testing.assert_array_equal(kernel.conv2d(x, w, geometry, quant=scheme), want_conv,
+                                      err_msg=isa)
+
+
+def test_numpy_pipeline_quantizes_weights_to_n_bits():
+    from graphswap.kernels import quantize_weights
+    w = np.array([[-1.0, 0.5], [0.3, 2.0], [0.01, -0.7]], np.float32)
+    scheme = graphswap.kernels.QuantScheme().resolve(False)
+    codes, negative, scale, _, _ = quantize_weights(w, scheme, 4)
+    np.testing.assert_array_equal(scale, [1.0 / 15, 2.0 / 15])
+    np.testing.assert_array_equal(codes, np.clip(np.rint(np.abs(w) / scale), 0, 15))
+    assert codes.max() == 15 and negative.tolist() == (w < 0).tolist()
+
+
+def test_signed_8xn_declared_in_the_spec(tmp_path):
+    source = tmp_path / "smul.c"
+    source.write_text("#include <stdint.h>\nint16_t smul(int16_t A, int16_t B) { return A * B; }\n")
+    trust.trust(str(source))
+    kernel = resolve_kernel(f"{source}:s8x3")
+    m = kernel.multiplier
+    assert m.signed and m.weight_bits == 3
+    values = np.where(np.arange(8) >= 4, np.arange(8) - 8, np.arange(8))
+    a = np.where(np.arange(256) > 127, np.arange(256) - 256, np.arange(256))
+    np.testing.assert_array_equal(m.weight_table(), a[:, None] * values[None, :])
+    assert metrics(m)["MAE"] == 0
+    rng = np.random.default_rng(0)
+    a32, b32 = rng.normal(size=(4, 9)).astype(np.float32), rng.normal(size=(9, 3)).astype(np.float32)
+    want = reference.quantized_matmul(a32, b32, m.table, True, {"weight_bits": 3})
+    np.testing.assert_array_equal(kernel.matmul(a32, b32), want)
+
+
+@pytest.mark.parametrize("body, spec_suffix, message", [
+    ("uint64_t mul4x8u_x(uint64_t A, uint64_t B) { return A * B; }", "",
+     "4x8 multipliers (the activation narrower than the weight) are not supported"),
+    ("uint64_t f(uint64_t A, uint64_t B) { return A * B; }", ":u4x4",
+     "operand widths 4x4 are not supported"),
+    ("uint64_t mul8x4u_x(const uint64_t A /* 8-bit unsigned operand */, "
+     "const uint64_t B /* 2-bit unsigned operand */) { return A * B; }", "",
+     "contradict the widths 8x4 from the name"),
+    ("uint64_t f(uint64_t A /* 8-bit unsigned operand */, uint64_t B /* 4-bit signed operand */)"
+     " { return A * B; }", "", "mix signed and unsigned operands"),
+    ("int64_t mul8x4u_x(int64_t A, int64_t B) { return A * B; }", "",
+     "unsigned 8x4 multiplier"),
+    ("uint64_t mul8x4u_x(uint64_t A, uint64_t B) { return A * B + 5000; }", "",
+     "outside the 12-bit range of an 8x4 product"),
+    ("uint64_t f(uint64_t A, uint64_t B) { return A * B; }", "",
+     "cannot tell whether f(uint64_t, uint64_t) multiplies signed or unsigned"),
+])
+def test_bad_8xn_declarations_get_one_clear_error(tmp_path, body, spec_suffix, message):
+    source = tmp_path / "bad.c"
+    source.write_text("#include <stdint.h>\n" + body + "\n")
+    trust.trust(str(source))
+    with pytest.raises(KernelSpecError, match=re.escape(message)):
+        resolve_kernel(str(source) + spec_suffix)
+
+
+def test_multiplier_record_refuses_impossible_widths():
+    from graphswap.multipliers import builtin
+    import dataclasses
+    exact = builtin("mul8s_exact")
+    with pytest.raises(KernelSpecError, match="2..8 signed"):
+        dataclasses.replace(exact, weight_bits=1)
+    with pytest.raises(KernelSpecError, match="has 1..8 bits"):
+        dataclasses.replace(exact, weight_bits=9)
+
+
+def test_shared_library_symbol_with_width_option(tmp_path):
+    path = _copy(tmp_path, "mul8x4u_gsbam4.c")
+    so = tmp_path / "lib8x4.so"
+    _build(path, so)
+    trust.trust(str(so))
+    by_name = resolve_kernel(f"{so}:mul8x4u_gsbam4").multiplier
+    declared = resolve_kernel(f"{so}:mul8x4u_gsbam4:u8x4").multiplier
+    assert by_name.weight_bits == declared.weight_bits == 4
+    np.testing.assert_array_equal(by_name.weight_table(), _bam(4, 4))
+    np.testing.assert_array_equal(declared.table, by_name.table)
+    with pytest.raises(KernelSpecError, match="bit patterns: signature u64"):
+        resolve_kernel(f"{so}:mul8x4u_gsbam4:u8x4,s8")
+
+
+def test_dense_model_with_exact_8x4_equals_numpy_4_bit_weights(tmp_path):
+    """A model converted with an exact 8x4 multiplier computes what the same model computes with
+    its weights quantized to 4 bits (sign-magnitude, per channel) by numpy, run through the exact
+    8x8 multiplier: a 4-bit magnitude q at scale amax/15 is the 8-bit magnitude 17 q at amax/255."""
+    import keras
+    source = tmp_path / "mul8x4u_exact.c"
+    source.write_text(EXACT_8X4)
+    trust.trust(str(source))
+    inputs = keras.Input((6, 6, 1))
+    h = keras.layers.Conv2D(3, 3, activation="relu")(inputs)
+    h = keras.layers.Flatten()(h)
+    outputs = keras.layers.Dense(4)(h)
+    model = keras.Model(inputs, outputs)
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(8, 6, 6, 1)).astype(np.float32)
+    four_bit = keras.models.clone_model(model)
+    four_bit.set_weights(model.get_weights())
+    for layer in four_bit.layers:
+        if layer.get_weights():
+            w, bias = layer.get_weights()
+            amax = np.abs(w).reshape(-1, w.shape[-1]).max(axis=0)
+            scale = np.where(amax > 0, amax / 15.0, 1.0)
+            q = np.clip(np.rint(np.abs(w.astype(np.float64)) / scale), 0, 15)
+            layer.set_weights([(np.sign(w) * q * scale).astype(np.float32), bias])
+    converted = graphswap.rewrite_model(model, kernel=str(source))
+    reference_model = graphswap.rewrite_model(four_bit, kernel="mul8u_exact")
+    got = np.asarray(converted(x))
+    want = np.asarray(reference_model(x))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    # and it is not the 8-bit-weight result
+    assert np.abs(np.asarray(graphswap.rewrite_model(model, kernel="mul8u_exact")(x)) - got).max() \
+        > 1e-3 * np.abs(want).max()
