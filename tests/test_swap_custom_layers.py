@@ -203,7 +203,6 @@ def test_tuple_refusal_is_an_unsupported_layer_error():
 def test_lowered_onnx_export_of_the_block_holds_the_stock_layers(tmp_path):
     import onnxruntime as ort
 
-    from graphswap.errors import ExportError
     from graphswap.io import lower_model
     from graphswap.io.export import export_model
 
@@ -221,9 +220,11 @@ def test_lowered_onnx_export_of_the_block_holds_the_stock_layers(tmp_path):
     session = ort.InferenceSession(str(result.path), providers=["CPUExecutionProvider"])
     (onnx_out,) = session.run(None, {session.get_inputs()[0].name: x})
     assert_close_to_roundoff(onnx_out, model(x), 3 * FEATURES + DIM + FF + DIM * STEPS)
-    with pytest.raises(ExportError, match="custom layer 'block' holds swapped layers"):
-        export_model(swapped, tmp_path / "kept.onnx", "onnx", keep_kernels=True)
-    assert not (tmp_path / "kept.onnx").exists()
+    # kept-kernel: the block's layers as custom nodes
+    # (test_export_kept_recurrent.py::test_transformer_block_layers_run_the_kernel)
+    kept = export_model(swapped, tmp_path / "kept.onnx", "onnx", keep_kernels=True)
+    assert [r.path for r in kept.layers] == [r.path for r in records]
+    assert all(r.onnx_nodes for r in kept.layers)
 
 
 def test_a_run_fingerprint_tells_apart_the_kernels_inside_a_block():

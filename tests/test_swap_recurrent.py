@@ -366,16 +366,16 @@ def test_lowered_onnx_and_savedmodel_exports_of_a_recurrent_model(tmp_path):
     assert_close_to_roundoff(out, model(x), STEPS * (FEATURES + UNITS) * 3)
 
 
-def test_kept_kernel_onnx_refuses_recurrent_layers_and_writes_nothing(tmp_path):
-    from graphswap.errors import ExportError
+def test_kept_kernel_onnx_exports_every_recurrent_layer(tmp_path):
+    """Bidirectional LSTM, GRU (reset_after=False), RNN(SimpleRNNCell): each product a custom
+    node in its ONNX Loop (test_export_kept_recurrent.py checks the nodes and the outputs)."""
     from graphswap.io.export import export_model
 
     swapped = rewrite_model(_recurrent_stack(), "mul8u_drum4")
-    target = tmp_path / "kept.onnx"
-    with pytest.raises(ExportError, match="layer 'bidirectional.*' \\(Bidirectional\\): the "
-                                          "kept-kernel ONNX export does not cover recurrent"):
-        export_model(swapped, target, "onnx", keep_kernels=True)
-    assert not target.exists() and list(tmp_path.iterdir()) == []
+    result = export_model(swapped, tmp_path / "kept.onnx", "onnx", keep_kernels=True)
+    assert [r.layer_type for r in result.layers] == ["Bidirectional", "GRU", "RNN", "Dense"]
+    assert [len(r.onnx_nodes) for r in result.layers] == [4, 3, 2, 1]
+    assert result.path.exists()
 
 
 def test_convert_to_keras_and_savedmodel_reloads_in_a_fresh_process(tmp_path):

@@ -19,8 +19,11 @@ import tensorflow as tf
 
 from graphswap.io.onnx_ops import CONV2D_OP, MATMUL_OP
 from graphswap.native import conv_geometry, einsum_plan, transposed_conv
-from graphswap.swap import (SwappedConv1D, SwappedConv2DTranspose, SwappedDepthwiseConv2D,
-                            SwappedEinsumDense, SwappedMultiHeadAttention, SwappedSeparableConv2D)
+from graphswap.swap import (SwappedBidirectional, SwappedConv1D, SwappedConv2DTranspose,
+                            SwappedDepthwiseConv2D, SwappedEinsumDense, SwappedGRU, SwappedLSTM,
+                            SwappedMultiHeadAttention, SwappedRNN, SwappedSeparableConv2D,
+                            SwappedSimpleRNN)
+from graphswap.swap.recurrent_cells import SwappedGRUCell, SwappedLSTMCell, SwappedSimpleRNNCell
 from graphswap.swap.report import input_shape_of
 from graphswap.swap.tracking import replace_attribute
 
@@ -234,7 +237,122 @@ class KeptMultiHeadAttention(SwappedMultiHeadAttention):
         return MATMUL_OP, {}
 
 
+class _KeptCellMixin:
+    """A swapped recurrent cell whose products are marked numpy_functions: part
+    `graphswap_part_base + i` for its input (i = 0) and its recurrent operands (i = 1.., in
+    `intermediate_points` order - the order of the layer's `part_schemes()`).  Inside the RNN's
+    while loop; tf2onnx turns the loop into an ONNX Loop with the custom nodes in its body."""
+
+    graphswap_marker = ""
+    graphswap_part_base = 0
+
+    def _product(self, x, kernel, training, point=None, shift=None, corrected=False):
+        part = self.graphswap_part_base + (None, *self.intermediate_points).index(point)
+        # the scheme of this operand as it is now (a static range: a constant of the export)
+        y = kernel_matmul(self.current_scheme_kernel(point), _f32(x), _f32(kernel),
+                          part_name(self.graphswap_marker, part))
+        if corrected:
+            y = self._correct_outputs(y)
+        return y if shift is None else tf.add(y, _f32(shift))
+
+
+class KeptLSTMCell(_KeptCellMixin, SwappedLSTMCell):
+    pass
+
+
+class KeptGRUCell(_KeptCellMixin, SwappedGRUCell):
+    pass
+
+
+class KeptSimpleRNNCell(_KeptCellMixin, SwappedSimpleRNNCell):
+    pass
+
+
+KEPT_CELLS = {SwappedLSTMCell: KeptLSTMCell, SwappedGRUCell: KeptGRUCell,
+              SwappedSimpleRNNCell: KeptSimpleRNNCell}
+
+
+def kept_cell(cell):
+    """An unbuilt kept copy of a swapped cell (same config, same resolved arithmetic)."""
+    return KEPT_CELLS[type(cell)].from_config({**cell.get_config(), "arithmetic": cell.arithmetic})
+
+
+class _KeptRNNMixin:
+    """A swapped LSTM / GRU / SimpleRNN / RNN with its cell replaced by the kept cell (built and
+    given weights by the clone like any layer); `mark` gives the cell the layer's marker."""
+
+    graphswap_marker = ""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        replace_attribute(self, "cell", kept_cell(self.cell))
+        self._adopt_cell()
+
+    def kept_cells(self) -> list:
+        return [self.cell]
+
+    def onnx_node(self, part):
+        return MATMUL_OP, {}
+
+
+class KeptLSTM(_KeptRNNMixin, SwappedLSTM):
+    pass
+
+
+class KeptGRU(_KeptRNNMixin, SwappedGRU):
+    pass
+
+
+class KeptSimpleRNN(_KeptRNNMixin, SwappedSimpleRNN):
+    pass
+
+
+class KeptRNN(_KeptRNNMixin, SwappedRNN):
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        # its cell carries the record (and the cell is already swapped)
+        config = {key: value for key, value in config.items() if key != "arithmetic"}
+        return super().from_config(config, custom_objects)
+
+
+KEPT_RECURRENT = {SwappedLSTM: KeptLSTM, SwappedGRU: KeptGRU, SwappedSimpleRNN: KeptSimpleRNN,
+                  SwappedRNN: KeptRNN}
+
+
+class KeptBidirectional(SwappedBidirectional):
+    """Both directions as kept layers: the forward cell's parts first, then the backward's (the
+    order of `part_schemes()`)."""
+
+    graphswap_marker = ""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        for attribute in ("forward_layer", "backward_layer"):
+            inner = getattr(self, attribute)
+            config = inner.get_config()
+            if not isinstance(inner, SwappedRNN):
+                config["arithmetic"] = inner.arithmetic
+            replace_attribute(self, attribute, KEPT_RECURRENT[type(inner)].from_config(config))
+
+    def kept_cells(self) -> list:
+        return [self.forward_layer.cell, self.backward_layer.cell]
+
+    def onnx_node(self, part):
+        return MATMUL_OP, {}
+
+
+def mark(layer, marker: str) -> None:
+    """Give a marked layer its marker (and a kept recurrent layer's cells theirs, each with the
+    index of its first part)."""
+    layer.graphswap_marker = marker
+    base = 0
+    for cell in getattr(layer, "kept_cells", list)():
+        cell.graphswap_marker, cell.graphswap_part_base = marker, base
+        base += 1 + len(cell.intermediate_points)
+
+
 KEPT_CLASSES = {SwappedDepthwiseConv2D: KeptDepthwiseConv2D,
                 SwappedSeparableConv2D: KeptSeparableConv2D, SwappedConv1D: KeptConv1D,
                 SwappedConv2DTranspose: KeptConv2DTranspose, SwappedEinsumDense: KeptEinsumDense,
-                SwappedMultiHeadAttention: KeptMultiHeadAttention}
+                SwappedMultiHeadAttention: KeptMultiHeadAttention,
+                SwappedBidirectional: KeptBidirectional, **KEPT_RECURRENT}

@@ -17,15 +17,17 @@ import re
 import keras
 import tensorflow as tf
 
-from graphswap.io.kept_layers import KEPT_CLASSES, conv_attributes
+from graphswap.io.kept_layers import KEPT_CLASSES, conv_attributes, mark
 from graphswap.io.onnx_ops import MATMUL_OP
 from graphswap.native import conv_geometry
-from graphswap.errors import ExportError
+from graphswap.errors import ExportError, GraphswapError
 from graphswap.swap import (SWAPPED_CLASSES, SwappedConv2D, SwappedDense,
                             iter_layers, stock_class, transform_model, type_name)
 from graphswap.swap.layers_recurrent import STOCK as RECURRENT_STOCK
 from graphswap.swap.layers_recurrent import stock_config as recurrent_stock_config
-from graphswap.swap.subclassed import held_layers, is_custom_container
+from graphswap.swap.rewrite import built_replacement
+from graphswap.swap.subclassed import (copy_custom_layer, held_layers, is_custom_container,
+                                     layer_paths, swap_layers)
 
 MARKER = "graphswap_export_{index}"
 MARKER_RE = re.compile(r"graphswap_export_(\d+)(?![0-9])")
@@ -303,7 +305,9 @@ def lower_model(model, marked: bool = False):
 
 
 def kept_kernel_model(model):
-    """A copy of `model` whose swapped layers call their kernel through marked PyFuncs."""
+    """A copy of `model` whose swapped layers call their kernel through marked PyFuncs (recurrent
+    layers: their cells' products, inside the RNN loop; custom layers: a copy of the layer with
+    the swapped layers it holds kept the same way).  Each record gets `layer`, its kept layer."""
     def class_of(layer):
         if isinstance(layer, SwappedDense):
             return KeptDense
@@ -312,15 +316,23 @@ def kept_kernel_model(model):
         if type(layer) not in KEPT_CLASSES:
             raise ExportError(
                 f"layer {layer.name!r} ({type_name(layer)}): the kept-kernel ONNX export does not "
-                f"cover recurrent layers yet (their products sit in a while loop); export it "
-                f"lowered (exact float32 arithmetic, without --keep-kernels)")
+                f"cover layers of type {type(layer).__name__}; export it lowered (exact float32 "
+                f"arithmetic, without --keep-kernels)")
         return KEPT_CLASSES[type(layer)]
 
-    def custom(layer):
-        raise ExportError(
-            f"custom layer {layer.name!r} holds swapped layers: the kept-kernel ONNX export does "
-            f"not reach layers inside custom layers yet; export it lowered (exact float32 "
-            f"arithmetic, without --keep-kernels)")
+    def custom(path, layer, keep):
+        try:
+            copy = copy_custom_layer(layer)
+            swap_layers(copy, built_replacement(
+                lambda inner_path, inner: keep(inner_path, inner) if _is_swapped(inner) else None),
+                prefix=path + "/", paths=layer_paths(layer, path + "/"))
+        except ExportError:
+            raise
+        except GraphswapError as exc:
+            raise ExportError(f"custom layer {layer.name!r} holds swapped layers, and its copy "
+                              f"for the kept-kernel ONNX export failed: {exc}; export it lowered "
+                              f"(exact float32 arithmetic, without --keep-kernels)") from None
+        return copy
 
     return _replace_swapped(model, class_of, _config_keeping_arithmetic, custom)
 
@@ -328,22 +340,27 @@ def kept_kernel_model(model):
 def _replace_swapped(model, class_of, config_of, custom=None):
     records: list[SwappedLayer] = []
 
-    def replace(path, layer):
-        if _holds_swaps(layer):
-            if custom is not None:
-                return custom(layer)
-            for inner_path, inner in _swapped_inside(layer, path + "/"):
-                records.append(_record(len(records), inner_path, inner))
-            return _unswapped_custom_layer(layer)
-        if not _is_swapped(layer):
-            return None
+    def swap_one(path, layer):
         record = _record(len(records), path, layer)
         records.append(record)
         cls = class_of(layer)
         new_layer = cls.from_config(config_of(layer))
         if hasattr(cls, "graphswap_marker"):
-            new_layer.graphswap_marker = MARKER.format(index=record.index)
+            mark(new_layer, MARKER.format(index=record.index))
+        if hasattr(cls, "onnx_node"):
+            record.layer = new_layer
         return new_layer
+
+    def replace(path, layer):
+        if _holds_swaps(layer):
+            if custom is not None:
+                return custom(path, layer, swap_one)
+            for inner_path, inner in _swapped_inside(layer, path + "/"):
+                records.append(_record(len(records), inner_path, inner))
+            return _unswapped_custom_layer(layer)
+        if not _is_swapped(layer):
+            return None
+        return swap_one(path, layer)
 
     new_model, _ = transform_model(model, replace)
     return new_model, records
@@ -353,13 +370,3 @@ def _config_keeping_arithmetic(layer) -> dict:
     """The swapped layer's config with its resolved arithmetic (no second trip through the gate)."""
     return {**layer.get_config(), "arithmetic": layer.arithmetic}
 
-
-def layers_by_marker(traced) -> dict:
-    """{record index: layer} of the marked layers of a lowered/kept model."""
-    layers = {}
-    for _, layer in iter_layers(traced):
-        marker = getattr(layer, "graphswap_marker", "")
-        match = MARKER_RE.fullmatch(marker) if marker else None
-        if match:
-            layers[int(match.group(1))] = layer
-    return layers

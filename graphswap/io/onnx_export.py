@@ -15,7 +15,7 @@ from graphswap.errors import ExportError, GraphswapError
 from graphswap.io import onnx_ops
 from graphswap.io.export_result import (DEFAULT_OPSET, METADATA_KEY, ExportResult,
                                         metadata_document, precision_floor, verify_export)
-from graphswap.io.lowering import MARKER_RE, kept_kernel_model, layers_by_marker, lower_model, swapped_layers
+from graphswap.io.lowering import MARKER_RE, kept_kernel_model, lower_model, swapped_layers
 from graphswap.io.paths import atomic_output, check_output_path
 from graphswap.io.signatures import feeds, input_specs, serving_function, signature_names
 from graphswap.swap import run_model, sample_inputs
@@ -136,10 +136,7 @@ def export_onnx(model, path, keep_kernels: bool = False, opset: int = DEFAULT_OP
             raise ExportError(
                 f"model {model.name!r} has no swapped layers: there is no kernel to keep; export "
                 f"it without --keep-kernels")
-        traced, records = kept_kernel_model(model)
-        layers = layers_by_marker(traced)
-        for record in records:
-            record.layer = layers[record.index]
+        traced, records = kept_kernel_model(model)   # each record with its kept layer
         fmt = "onnx-kept-kernels"
     else:
         traced, records = lower_model(model, marked=True)
@@ -162,7 +159,8 @@ def export_onnx(model, path, keep_kernels: bool = False, opset: int = DEFAULT_OP
                           f"{', '.join(unsupported[:10])}")
     _fill_output_shapes(model_proto, model)
     custom = {onnx_ops.MATMUL_OP, onnx_ops.CONV2D_OP}
-    for node in model_proto.graph.node:
+    # a recurrent layer's products sit in the body of the ONNX Loop of its recurrence
+    for _, node in onnx_ops.walk_nodes(model_proto):
         match = MARKER_RE.search(node.name)
         if match is None:
             continue
