@@ -23,6 +23,8 @@ from graphswap import multipliers, native
 from graphswap.errors import KernelSpecError, KernelTrustError
 from graphswap.kernels import trust
 from graphswap.kernels.base import Kernel
+from graphswap.kernels.fp8 import (BUILTIN_FP8, FP8_FORMS, Fp8Spec, builtin_fp8_kernel,
+                                   file_fp8_kernel, parse_fp8_spec)
 from graphswap.kernels.float_kernels import (FLOAT_KERNELS, FP32_MANTISSA, FP32_MANTISSA_RANGE,
                                              LibraryKernel, OperandRoundingKernel,
                                              round_to_bfloat16, truncate_mantissa)
@@ -34,6 +36,7 @@ def available_kernels() -> dict[str, str]:
     """Every built-in kernel name with a one-line description (family names use {k}-style)."""
     kernels = dict(FLOAT_KERNELS)
     kernels.update(multipliers.builtin_multipliers())
+    kernels.update(BUILTIN_FP8)
     return kernels
 
 
@@ -42,7 +45,7 @@ _cache_lock = threading.Lock()
 
 ACCEPTED_FORMS = ("'exact', 'bf16', 'fp32_m{m}', a built-in multiplier (list them with "
                   "'graphswap kernels'), a multiplier file (.c, .lut, .bin), 'lib.so:symbol' for a "
-                  "scalar multiplier, or an operation-level library (.so)")
+                  "scalar multiplier, an operation-level library (.so), or " + FP8_FORMS)
 
 
 def _cached(key, build) -> Kernel:
@@ -70,6 +73,15 @@ def resolve_kernel(spec) -> Kernel:
         raise KernelSpecError(f"a kernel spec must be a non-empty string, got {spec!r}; use "
                               f"{ACCEPTED_FORMS}")
     spec = spec.strip()
+    fp8_spec = parse_fp8_spec(spec)
+    if fp8_spec is not None and fp8_spec.kind is not None:
+        path = os.path.abspath(fp8_spec.path)
+        if not os.path.isfile(path):
+            raise KernelSpecError(f"{fp8_spec.what} not found: {fp8_spec.path} (resolved to "
+                                  f"{path}); check the path")
+        content = native.read_file(path, fp8_spec.what)
+        trust.approve(content)  # the user named it: approved for the session
+        return _fp8_file_kernel(fp8_spec.at(path), content)
     file_spec = parse_file_spec(spec)
     if file_spec is None:
         return _builtin_kernel(spec)
@@ -119,6 +131,16 @@ def open_record(record, where: str = "the model") -> Kernel:
     if spec in builtin_names():
         raise KernelTrustError(f"{where}: the built-in kernel {spec!r} is recorded with a file "
                                f"({path!r}); built-ins name no file. Re-convert the model")
+    fp8_spec = parse_fp8_spec(spec)
+    if fp8_spec is not None and fp8_spec.kind is not None:
+        trust.check_record_path(path, where)
+        if fp8_spec.path != path:
+            raise KernelTrustError(
+                f"{where}: the kernel record's spec {spec!r} does not refer to its recorded path "
+                f"{path!r}; a record must name one file. Re-convert the model")
+        content = trust.admit_recorded_file(path, sha256, fp8_spec.what, where,
+                                            executable=fp8_spec.executable)
+        return _fp8_file_kernel(fp8_spec, content)
     file_spec = record_file_spec(spec, path, where)
     content = trust.admit_recorded_file(path, sha256, file_spec.what, where,
                                                executable=file_spec.executable)
@@ -134,6 +156,16 @@ def resolve_file_named(spec, base_dir, where: str) -> Kernel:
     if not isinstance(spec, str) or not spec.strip():
         raise KernelSpecError(f"{where}: a kernel spec must be a non-empty string, got {spec!r}")
     spec = spec.strip()
+    fp8_spec = parse_fp8_spec(spec)
+    if fp8_spec is not None and fp8_spec.kind is not None:
+        path = os.path.normpath(os.path.join(os.fspath(base_dir), fp8_spec.path))
+        content = native.read_file(path, fp8_spec.what) if os.path.isfile(path) else None
+        if content is None:
+            raise KernelSpecError(f"{where}: {fp8_spec.what} not found: {fp8_spec.path} "
+                                  f"(resolved to {path}, relative to the kernel map's folder)")
+        if fp8_spec.executable:
+            trust.require_trusted(content, fp8_spec.what, where)
+        return _fp8_file_kernel(fp8_spec.at(path), content)
     file_spec = parse_file_spec(spec)
     if file_spec is None:
         return _builtin_kernel(spec)  # a built-in, or the unknown-kernel error
@@ -153,6 +185,12 @@ def remember_named_file(spec) -> tuple[native.FileContent, bool] | None:
 
     Returns (content, newly recorded), or None for a spec that names no file.  Tables (.lut/.bin)
     are data and are not recorded."""
+    fp8_spec = parse_fp8_spec(spec.strip()) if isinstance(spec, str) else None
+    if fp8_spec is not None:
+        if not fp8_spec.executable:
+            return None
+        content = native.read_file(os.path.abspath(fp8_spec.path), fp8_spec.what)
+        return content, trust.approve(content, persist=True)
     file_spec = parse_file_spec(spec.strip()) if isinstance(spec, str) else None
     if file_spec is None or not file_spec.executable:
         return None
@@ -179,6 +217,8 @@ def resolve_multiplier(spec) -> multipliers.Multiplier | None:
 
 
 def _builtin_kernel(spec: str) -> Kernel:
+    if spec in BUILTIN_FP8:
+        return _cached((spec,), lambda: builtin_fp8_kernel(spec))
     if spec == "exact":
         return _cached(("exact",), lambda: LibraryKernel(native.shipped_library(), "exact",
                                                          FLOAT_KERNELS["exact"]))
@@ -196,6 +236,12 @@ def _builtin_kernel(spec: str) -> Kernel:
     if multipliers.looks_like_builtin(spec):
         return _cached((spec,), lambda: LutKernel(multipliers.builtin(spec)))
     raise KernelSpecError(f"unknown kernel {spec!r}; use {ACCEPTED_FORMS}")
+
+
+def _fp8_file_kernel(fp8_spec: Fp8Spec, content: native.FileContent) -> Kernel:
+    """The kernel of a checked FP8 multiplier file (content = the bytes that were checked)."""
+    key = ("fp8", fp8_spec.spec, content.sha256)
+    return _cached(key, lambda: file_fp8_kernel(fp8_spec, content))
 
 
 def _file_kernel(file_spec: FileSpec, content: native.FileContent) -> Kernel:

@@ -17,11 +17,12 @@ from graphswap import multipliers
 from graphswap.errors import KernelTrustError
 from graphswap.kernels import trust
 from graphswap.kernels.float_kernels import FP32_MANTISSA_RANGE
+from graphswap.kernels.fp8 import BUILTIN_FP8
 
 
 def builtin_names() -> frozenset:
     """The closed list of built-in kernel names: the only specs a file may name without a path."""
-    names = {"exact", "bf16", *(f"fp32_m{m}" for m in FP32_MANTISSA_RANGE)}
+    names = {"exact", "bf16", *(f"fp32_m{m}" for m in FP32_MANTISSA_RANGE), *BUILTIN_FP8}
     return frozenset(names | set(multipliers.builtin_multipliers()))
 
 

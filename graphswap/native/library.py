@@ -198,6 +198,8 @@ class KernelLibrary:
             [_u8p, _u8p, _i8p, _f32p, _f32p, _f32p, _f32p, _f32p, _f32p, _i64, _i64, _i64])
         self._channel_affine = self._optional("graphswap_channel_affine_f32", i32,
                                               [_f32p, _i64, _i64, _f32p, _f32p, i32])
+        self._lut_float_matmul = self._optional("graphswap_lut_float_matmul", i32,
+                                                [_u8p, _u8p, _f32p, _f32p, _i64, _i64, _i64])
 
     # -- capabilities ------------------------------------------------------------------------
     def function_address(self, name: str) -> int | None:
@@ -337,6 +339,28 @@ class KernelLibrary:
                     self._lut_matmul(_ptr(a, _u8p), _ptr(b, _u8p), _ptr(table, _i32p),
                                      _ptr(acc, _i64p), m, k, n))
         return acc
+
+    def lut_float_matmul(self, a_codes: np.ndarray, b_codes: np.ndarray,
+                         table: np.ndarray) -> np.ndarray:
+        """float32 sums of table[(a<<8)|b] over k, in increasing k (8-bit float multipliers:
+        graphswap/kernels/fp8.py); a (m,k) and b (k,n) uint8 codes, table 65536 float32."""
+        if self._lut_float_matmul is None:
+            raise KernelLoadError(f"{self.path} has no graphswap_lut_float_matmul (a library "
+                                  f"built before 8-bit float multipliers); rebuild graphswap")
+        a = _as_input(a_codes, np.uint8)
+        b = _as_input(b_codes, np.uint8)
+        table = _as_input(table, np.float32)
+        if table.size != 65536:
+            raise GraphswapError(f"a multiplier table has 65536 entries, got {table.size}")
+        if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
+            raise GraphswapError(f"code matrices do not agree: {a.shape} x {b.shape}")
+        m, k = a.shape
+        n = b.shape[1]
+        out = np.empty((m, n), dtype=np.float32)
+        self._check("graphswap_lut_float_matmul",
+                    self._lut_float_matmul(_ptr(a, _u8p), _ptr(b, _u8p), _ptr(table, _f32p),
+                                           _ptr(out, _f32p), m, k, n))
+        return out
 
     def lut_conv2d(self, x_codes: np.ndarray, w_codes: np.ndarray, table: np.ndarray, pad_code: int,
                    geometry: ConvGeometry, window_sums: bool = False):

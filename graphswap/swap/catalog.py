@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import keras
 
-from graphswap.swap.layers import SwappedConv2D, SwappedDense, check_conv_options, check_lut_grad
+from graphswap.swap.layers import (SwappedConv2D, SwappedDense, check_conv_options, check_lut_grad,
+                                   check_lut_grad_kernel)
 from graphswap.swap.layers_attention import SwappedEinsumDense, SwappedMultiHeadAttention
 from graphswap.swap.layers_conv import (SwappedConv1D, SwappedConv2DTranspose,
                                         SwappedDepthwiseConv2D, SwappedSeparableConv2D)
@@ -82,6 +83,7 @@ def swapped_from(layer, arithmetic, backward: str, quantization=None):
         check_conv_options(layer)
     # before from_config, which Keras would wrap an error of in a TypeError
     check_lut_grad(CATALOG[name][1], layer.name, backward)
+    check_lut_grad_kernel(arithmetic, layer.name, backward)
     if name in RECURRENT_TYPES:
         return swapped_recurrent(layer, arithmetic, backward, quantization)
     config = layer.get_config()

@@ -31,6 +31,16 @@ def check_lut_grad(swapped_class, layer_name: str, backward: str) -> None:
             f"Dense/Conv2D layers with lut_grad")
 
 
+def check_lut_grad_kernel(arithmetic, layer_name: str, backward: str) -> None:
+    """Refuse backward="lut_grad" (naming the layer) for a kernel without an integer table
+    (the 8-bit float multipliers, graphswap/kernels/fp8.py)."""
+    if backward == "lut_grad" and not getattr(arithmetic, "has_lut_grad", True):
+        raise UnsupportedLayerError(
+            f"layer {layer_name!r}: backward='lut_grad' differentiates an integer multiplier's "
+            f"table over its evenly spaced codes; {arithmetic.spec} is an 8-bit float "
+            f"multiplier (its codes are not evenly spaced); use backward='native' or 'kernel'")
+
+
 class _SwappedMixin(QuantizedLayerMixin):
     """The arithmetic (a resolved Kernel) and its config, shared by the swapped layers.
 
@@ -55,6 +65,7 @@ class _SwappedMixin(QuantizedLayerMixin):
         self.arithmetic = resolve_kernel("exact" if arithmetic is None else arithmetic)
         self.backward = ops.check_backward_mode(backward)
         check_lut_grad(type(self), self.name, self.backward)
+        check_lut_grad_kernel(self.arithmetic, self.name, self.backward)
         self._init_quantization(quantization, output_correction, intermediate_ranges)
 
     def _fused_relu(self) -> bool:
