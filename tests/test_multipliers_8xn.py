@@ -235,3 +235,46 @@ def test_dense_model_with_exact_8x4_equals_numpy_4_bit_weights(tmp_path):
     # and it is not the 8-bit-weight result
     assert np.abs(np.asarray(graphswap.rewrite_model(model, kernel="mul8u_exact")(x)) - got).max() \
         > 1e-3 * np.abs(want).max()
+
+
+@pytest.mark.parametrize("signed, bits, value_order", [(False, 4, False), (True, 3, True),
+                                                       (True, 5, False), (False, 1, False)])
+def test_lut_files_of_8xn_tables_round_trip(tmp_path, signed, bits, value_order):
+    from graphswap.multipliers import write_lut
+    rng = np.random.default_rng(bits)
+    limit = 2 ** (7 + bits) - 1
+    products = rng.integers(-limit if signed else 0, limit, size=(256, 2 ** bits))
+    path = tmp_path / "t.lut"
+    write_lut(path, products, signed, value_order=value_order, weight_bits=bits)
+    assert path.stat().st_size == 24 + 1024 * 2 ** bits
+    trust.trust(str(path))
+    m = resolve_kernel(str(path)).multiplier
+    assert (m.signed, m.weight_bits) == (signed, bits)
+    np.testing.assert_array_equal(m.weight_table(), products)
+    # written again from Multiplier.table, in the other order: the same multiplier
+    again = tmp_path / "again.lut"
+    write_lut(again, m.table, signed, value_order=False, weight_bits=bits)
+    trust.trust(str(again))
+    np.testing.assert_array_equal(resolve_kernel(str(again)).multiplier.table, m.table)
+    if value_order:   # the file's columns really are in value order
+        raw = np.frombuffer(path.read_bytes()[24:], "<i4").reshape(256, 2 ** bits)
+        assert raw[128, 0] == products[0, 2 ** (bits - 1)]   # f(0, -2^(N-1))
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda d: d[:-4], "wrong size for an 8x4 multiplier table"),
+    (lambda d: d[:16] + (9).to_bytes(4, "little") + d[20:], "weight width 9"),
+    (lambda d: d[:20] + (1).to_bytes(4, "little") + d[24:], "reserved field 1"),
+    (lambda d: d[:18], "truncated 8xN multiplier table"),
+])
+def test_bad_8xn_lut_files_get_one_clear_error(tmp_path, mutate, message):
+    from graphswap.multipliers import write_lut
+    good = tmp_path / "good.lut"
+    write_lut(good, np.zeros((256, 16), np.int64), False, weight_bits=4)
+    bad = tmp_path / "bad.lut"
+    bad.write_bytes(mutate(good.read_bytes()))
+    trust.trust(str(bad))
+    with pytest.raises(KernelSpecError, match=re.escape(message)):
+        resolve_kernel(str(bad))
+    with pytest.raises(KernelSpecError, match=re.escape("has shape (256, 16) or 65536 entries")):
+        write_lut(tmp_path / "x.lut", np.zeros((256, 8)), False, weight_bits=4)

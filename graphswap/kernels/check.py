@@ -221,8 +221,10 @@ def _multiplier_checks(spec, multiplier, add) -> dict:
     _stage("sanity checks and metrics")
     result = multipliers.check(multiplier)
     if multiplier.kind in ("c", "so"):
-        add("results are 8x8-bit products", True,
-            "every result fits the 16-bit range of its signedness at its declared width")
+        bits = getattr(multiplier, "weight_bits", 8)
+        add("results are 8x8-bit products" if bits == 8 else f"results are 8x{bits}-bit products",
+            True, f"every result fits the {8 + bits}-bit range of its signedness at its declared "
+                  f"width")
         # The table above came from a fresh child process; these evaluations run here, one after
         # the other, so state the function keeps between calls shows up as a difference.
         _stage("determinism")

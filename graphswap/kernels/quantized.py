@@ -250,7 +250,8 @@ class LutKernel(Kernel):
         self.signed = bool(multiplier.signed)
         self.weight_bits = int(getattr(multiplier, "weight_bits", 8))
         default = QuantScheme().resolve(self.signed)
-        self.description = f"{multiplier.description}; {default.describe()} by default"
+        self.description = (f"{multiplier.description}; {default.describe(self.weight_bits)} by "
+                            f"default")
         self._library = native.shipped_library()
         self._fused = self._library.has_fused_lut
         self._table32 = np.ascontiguousarray(np.asarray(multiplier.table, dtype=np.int32)

@@ -141,10 +141,16 @@ class QuantScheme:
         """Whether the scheme can run: dynamic, or static with its range."""
         return self.activations == "dynamic" or self.activation_range is not None
 
-    def describe(self) -> str:
-        """One line for reports, naming the mode (and the hardware it matches)."""
+    def describe(self, weight_bits: int = 8) -> str:
+        """One line for reports, naming the mode (and the hardware it matches); `weight_bits`:
+        an 8xN multiplier's N (its weights are quantized to N bits)."""
         weights = {"sign_magnitude": "sign-magnitude", "asymmetric": "asymmetric uint8",
                    "symmetric": "symmetric int8", None: "default"}[self.weights]
+        if weight_bits != 8:
+            weights = {"sign_magnitude": f"{weight_bits}-bit sign-magnitude",
+                       "asymmetric": f"asymmetric {weight_bits}-bit",
+                       "symmetric": f"symmetric {weight_bits}-bit",
+                       None: f"{weight_bits}-bit"}[self.weights]
         granularity = self.granularity.replace("_", "-")
         if self.activations == "static" and self.activation_range is None:
             activations = "static activations (calibrated)"

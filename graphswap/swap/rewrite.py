@@ -345,8 +345,8 @@ def rewrite_model(model, kernel="exact", include=None, exclude=None, kernel_map=
             recalibrate_bn=recalibrate_bn) if calibrated else []
         # each layer's own scheme, once calibrated (already swapped layers keep theirs); the
         # ranges are listed by the calibration note
-        described = sorted({dataclasses.replace(layer.quantization, activation_range=None)
-                            .describe() for layer in quantizing})
+        described = sorted({dataclasses.replace(layer.quantization, activation_range=None).describe(
+            getattr(getattr(layer, "arithmetic", 0), "weight_bits", 8)) for layer in quantizing})
         notes.append(f"quantization: {'; '.join(described)}")
         notes.extend(calibration_notes)
     elif calibrated:
