@@ -272,6 +272,25 @@ def test_export_onnx_runs_in_onnxruntime_equal_to_keras(kind, zoo):
     assert_close_to_roundoff(actual, np.asarray(model(x, training=False)), _terms(model))
 
 
+@pytest.mark.parametrize("kind", ["lstm_text", "gru_text", "transformer_ecg"])
+def test_kept_kernel_onnx_of_recurrent_and_custom_layer_kinds_runs_the_kernel(kind, zoo):
+    """`export --keep-kernels` of the mul8u_drum4 file: the recurrent cells' products inside
+    the ONNX Loop, the transformer block's layers, all as graphswap nodes equal to Keras."""
+    from graphswap.io import onnx_ops
+
+    _, _, x, _, _ = zoo.source(kind, "keras")
+    start = zoo.convert(kind, "keras", "mul8u_drum4")[0]
+    out = start.with_name(start.stem + ".kept.onnx")
+    _invoke("export", start, "--format", "onnx", "--keep-kernels", "-o", out)
+    session = onnx_ops.session(out)
+    (actual,) = session.run(None, {session.get_inputs()[0].name: x})
+    model = gsio.load_model(start)
+    assert_close_to_roundoff(actual, np.asarray(model(x, training=False)), _terms(model))
+    doc = gsio.read_metadata(out)
+    assert doc["format"] == "onnx-kept-kernels"
+    assert all(entry["onnx_nodes"] for entry in doc["swapped_layers"])
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_export_savedmodel_serves_equal_to_keras(kind, zoo):
     _, _, x, _, _ = zoo.source(kind, "keras")

@@ -7,6 +7,9 @@ graphswap.io.onnx_export's handler, which makes it a custom node (graphswap.io.o
     Conv2D, DepthwiseConv2D (groups = channels), both parts of SeparableConv2D, Conv1D (height 1;
         causal padding a Pad), Conv2DTranspose (zero insertion and padding as standard ops, then a
         'valid' stride-1 convolution of the flipped filter)      -> GraphswapConv2D
+    LSTM, GRU, SimpleRNN, RNN, Bidirectional: each product of the cell (input, recurrent state, a
+        GRU's r * h), part i with its own scheme, inside Keras' while loop, which tf2onnx makes
+        an ONNX Loop with the custom nodes in its body         -> GraphswapMatMul
 
 `onnx_node(part)` gives each part's custom op and attributes.  These layers are only ever traced
 for tf2onnx: never trained, never saved.  The numbers are the swapped layers' own: the same Kernel
