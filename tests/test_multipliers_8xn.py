@@ -278,3 +278,66 @@ def test_bad_8xn_lut_files_get_one_clear_error(tmp_path, mutate, message):
         resolve_kernel(str(bad))
     with pytest.raises(KernelSpecError, match=re.escape("has shape (256, 16) or 65536 entries")):
         write_lut(tmp_path / "x.lut", np.zeros((256, 8)), False, weight_bits=4)
+
+
+def test_cli_end_to_end_with_an_8x4_circuit(tmp_path):
+    """convert, evaluate, finetune (1 epoch, few samples), sweep, explore (tiny budget, a library
+    mixing 8x4 and 8x8 circuits), both ONNX exports and the SavedModel export, from the CLI, for
+    the shipped 8x4 example; the converted model's layers run 4-bit weights."""
+    import json
+
+    import keras
+    from click.testing import CliRunner
+
+    from conftest import SAMPLE_DATA
+    from graphswap.cli import main
+
+    with np.load(SAMPLE_DATA) as archive:
+        x, y = archive["x_train"][:48], archive["y_train"][:48]
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([
+        keras.Input((32, 32, 1)), keras.layers.Rescaling(1 / 255.0),
+        keras.layers.Conv2D(3, 5, strides=3, activation="relu", name="conv"),
+        keras.layers.Flatten(), keras.layers.Dense(10, activation="softmax", name="out")])
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    model.fit(x, y, epochs=2, verbose=0)
+    path = tmp_path / "m.keras"
+    model.save(path)
+    data = tmp_path / "d.npz"
+    np.savez(data, x_train=x, y_train=y, x_test=x[:32], y_test=y[:32])
+    circuit = str(_copy(tmp_path, "mul8x4u_gsbam4.c"))
+    wide = str(_copy(tmp_path, "mul8u_gsbam6.c"))
+    runner = CliRunner()
+
+    def run(*args):
+        result = runner.invoke(main, [str(a) for a in args])
+        assert result.exit_code == 0, result.output
+        return result.output
+
+    converted = tmp_path / "m4.keras"
+    out = run("convert", path, "--kernel", circuit, "--trust-kernel", circuit, "-o", converted)
+    assert "4-bit sign-magnitude weights" in out and f"wrote {converted}" in out
+    reloaded = graphswap.load_model(converted)
+    assert reloaded.get_layer("out").arithmetic.weight_bits == 4
+    out = run("evaluate", path, "--data", data, "--kernel", "exact", "--kernel", circuit)
+    assert "mul8x4u_gsbam4" in out
+    tuned = tmp_path / "m4ft.keras"
+    run("finetune", converted, "--data", data, "--epochs", "1", "--batch-size", "16", "-o", tuned)
+    assert graphswap.load_model(tuned).get_layer("conv").arithmetic.weight_bits == 4
+    out = run("sweep", path, "--data", data, "--kernel", circuit, "--json")
+    assert json.loads(out[out.index("{"):])
+    front = tmp_path / "front.json"
+    out = run("explore", path, "--data", data, "--library", circuit, "--library", wide,
+              "--trust-kernel", circuit, "--trust-kernel", wide, "--trials", "4", "--budget", "50",
+              "-o", front)
+    assert json.loads(front.read_text())["front"]
+    for args, written in [(["--format", "onnx"], tmp_path / "l.onnx"),
+                          (["--format", "onnx", "--keep-kernels"], tmp_path / "k.onnx"),
+                          (["--format", "savedmodel"], tmp_path / "sm")]:
+        out = run("export", converted, *args, "-o", written)
+        assert f"wrote {written}" in out and written.exists()
+    # the kept-kernel ONNX file runs the 8x4 circuit: equal to the converted model
+    session = graphswap.onnx_session(str(tmp_path / "k.onnx"))
+    name = session.get_inputs()[0].name
+    got = session.run(None, {name: x[:4].astype(np.float32)})[0]
+    np.testing.assert_allclose(got, np.asarray(reloaded(x[:4].astype(np.float32))), atol=1e-6)

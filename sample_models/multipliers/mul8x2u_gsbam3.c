@@ -15,7 +15,13 @@
  * (10 bits, EvoApproxLib's convention for its 8xN files): MAE% = mean|approx - exact| / 2^10
  * * 100, WCE% = max|approx - exact| / 2^10 * 100, WCRE% = max relative error over non-zero exact
  * products, EP% = share of pairs with any error, MRE% = mean relative error over non-zero exact
- * products, MSE = mean squared error.  No PDK45 figures: they would need synthesis.
+ * products, MSE = mean squared error.
+ *
+ * PDK45_PWR is an ESTIMATE, NOT a synthesis result (the rule of the 8x8 examples,
+ * sample_models/make_multipliers.py): the exact 8x8 multiplier's 0.391 mW (EvoApproxLib
+ * mul8u_1JFF, PDK45) times the share of the 8x8 array's 128 cells this circuit keeps (22: one
+ * AND gate per partial-product bit generated plus one adder cell per bit summed).  PDK45_AREA and
+ * PDK45_DELAY are not given: they would need synthesis.
  *
  * mean error (bias) = -3.2500
  ***/
@@ -27,6 +33,7 @@
 // EP% = 62.5000 %
 // MRE% = 5.2386 %
 // MSE = 22.2500
+// PDK45_PWR = 0.0672 mW   (ESTIMATE from the kept array cells, NOT a synthesis result)
 
 #include <stdint.h>
 
