@@ -341,3 +341,35 @@ def test_cli_end_to_end_with_an_8x4_circuit(tmp_path):
     name = session.get_inputs()[0].name
     got = session.run(None, {name: x[:4].astype(np.float32)})[0]
     np.testing.assert_allclose(got, np.asarray(reloaded(x[:4].astype(np.float32))), atol=1e-6)
+
+
+def test_lut_grad_of_an_exact_8x4_multiplier_is_the_straight_through_gradient(tmp_path):
+    """backward="lut_grad" with an exact 8x4 table: dL/da = g @ Wq^T with Wq the weights quantized
+    to 4 bits (numpy, independently), dL/db = Aq^T @ g with Aq the 8-bit activations; the table's
+    derivatives hold at the edge of the 4-bit range (code 15) too."""
+    from graphswap.kernels.derivatives import lut_conv2d_gradients, lut_matmul_gradients
+    source = tmp_path / "mul8x4u_exact.c"
+    source.write_text(EXACT_8X4)
+    kernel = _resolve(source)
+    rng = np.random.default_rng(5)
+    a = rng.normal(size=(6, 11)).astype(np.float32)
+    b = rng.normal(size=(11, 4)).astype(np.float32)
+    g = rng.normal(size=(6, 4)).astype(np.float32)
+    da, db = lut_matmul_gradients(kernel, a, b, g)
+    amax = np.abs(b.astype(np.float64)).max(axis=0)
+    scale = amax / 15
+    wq = np.sign(b) * np.clip(np.rint(np.abs(b) / scale), 0, 15) * scale
+    assert (np.abs(np.rint(np.abs(b) / scale)) == 15).any()      # the edge code is used
+    codes, sa, za = reference._activations(a, False, None)
+    aq = sa * (codes - za)
+    np.testing.assert_allclose(da, g.astype(np.float64) @ wq.T, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(db, aq.T @ g.astype(np.float64), rtol=1e-5, atol=1e-6)
+    # the approximate 8x4 circuit's gradients exist (conv too) and differ from the exact ones
+    approx = _resolve(_copy(tmp_path, "mul8x4u_gsbam4.c"))
+    da_approx, _ = lut_matmul_gradients(approx, a, b, g)
+    assert np.isfinite(da_approx).all() and not np.allclose(da_approx, da)
+    x = rng.normal(size=(1, 5, 5, 2)).astype(np.float32)
+    w = rng.normal(size=(3, 3, 2, 3)).astype(np.float32)
+    geometry = graphswap.native.conv_geometry(x.shape, w.shape, (1, 1), (1, 1), "valid", 1)
+    dx, dw = lut_conv2d_gradients(approx, x, w, np.ones((1, 3, 3, 3), np.float32), geometry)
+    assert dx.shape == x.shape and dw.shape == w.shape and np.isfinite(dw).all()
