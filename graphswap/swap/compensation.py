@@ -13,6 +13,19 @@ compensate_bias(model, data, method="mean")
     and the layer's output correction becomes y <- gain * y + offset (before the bias) - an
     integer bias / per-channel requantization scale in hardware.  Zero training.
 
+    Recurrent cells (LSTM, GRU, SimpleRNN; `recurrent_products`): the correction sits on the input
+    product x_t @ kernel, and the recurrent products add to the same gate pre-activations, so
+    their mean error is folded into its offset: for each recurrent operand p (the state h at
+    every step; a GRU with reset_after=False also r * h), observed on the same run,
+        offset_c += mean(p @ R_exact - p @ R)_c      (columns c the product adds to)
+    with R its recurrent weights and that operand's own scheme; "moments" keeps the gain of the
+    input product (the spread of a sum of two products cannot be matched by a gain on one of
+    them) and with this offset matches the mean of the whole pre-activation.  Not folded: a GRU
+    with reset_after=True multiplies its candidate columns' recurrent product by the reset gate r
+    (sample by sample) before adding it, so their error is r * e, not an additive per-column
+    error; those columns keep the input product's correction only (compensating them would
+    need an output correction on the recurrent product itself).
+
 recalibrate_batchnorm(model, data)
     For each BatchNormalization layer, in model order (the ones before it already re-estimated),
     moving_mean and moving_variance become the mean and the (population) variance of its input
@@ -31,12 +44,14 @@ import keras
 import numpy as np
 
 from graphswap.errors import QuantizationError
+from graphswap.kernels import bind_scheme
 from graphswap.swap.calibration import (BATCH_SIZE, DEFAULT_CALIBRATION_METHOD,
                                         DEFAULT_CALIBRATION_SAMPLES, DEFAULT_CALIBRATION_SOURCE,
                                         CalibrationReport, calibrate, calibration_inputs,
                                         observing, product_layers, quantizing_layers,
                                         run_batches, select_layers)
 from graphswap.swap.clone import iter_layers
+from graphswap.swap.recurrent_cells import SWAPPED_CELLS, SwappedGRUCell
 
 COMPENSATION_METHODS = ("mean", "moments")
 DEFAULT_COMPENSATION = "moments"   # measured better (docs/RECOVERY.md, ablation)
@@ -89,6 +104,38 @@ class _ChannelMoments:
         return gain, mean_e - gain * mean_a
 
 
+def recurrent_products(cell) -> dict:
+    """{point: (weights, width, first)} of a swapped recurrent cell's recurrent products whose
+    error adds to the gate pre-activations: operand @ weights (the weights as the cell multiplies
+    them), its first `width` columns adding to correction columns first.. (module docstring);
+    {} for any other layer."""
+    if not isinstance(cell, SWAPPED_CELLS):
+        return {}
+    units = int(cell.units)
+    weights = np.asarray(cell.recurrent_kernel, dtype=np.float32)
+    if isinstance(cell, SwappedGRUCell):
+        if cell.reset_after:   # the candidate's columns are gated by r: z and r only
+            return {"recurrent": (weights, 2 * units, 0)}
+        return {"recurrent": (weights[:, :2 * units], 2 * units, 0),
+                "reset_state": (weights[:, 2 * units:], units, 2 * units)}
+    return {"recurrent": (weights, int(weights.shape[1]), 0)}
+
+
+class _MeanError:
+    """Running mean over rows of (exact - approximate) of one recurrent product."""
+
+    def __init__(self):
+        self.n = 0
+        self.total = 0.0
+
+    def update(self, approximate: np.ndarray, exact: np.ndarray) -> None:
+        a = approximate.astype(np.float64)
+        e = exact.astype(np.float64)
+        finite = np.isfinite(a).all(axis=1) & np.isfinite(e).all(axis=1)
+        self.total = self.total + (e[finite] - a[finite]).sum(axis=0)
+        self.n += int(finite.sum())
+
+
 def compensate_bias(model, data, *, samples: int = DEFAULT_CALIBRATION_SAMPLES,
                     method: str = "mean", batch_size: int = BATCH_SIZE,
                     layers=None) -> RecoveryStep:
@@ -108,21 +155,40 @@ def compensate_bias(model, data, *, samples: int = DEFAULT_CALIBRATION_SAMPLES,
         moments = _ChannelMoments()
         scheme = layer.current_quantization()
         exact = layer.arithmetic.exact_products()
+        recurrent = {point: (weights, width, first, _MeanError(),
+                             bind_scheme(layer.arithmetic, layer.current_quantization(point)),
+                             bind_scheme(exact, layer.current_quantization(point)))
+                     for point, (weights, width, first) in recurrent_products(layer).items()}
 
         def record(observed, x, point=None, layer=layer, moments=moments, scheme=scheme,
-                   exact=exact):
-            if point is not None:
-                return   # numpy_product computes a layer's every product from its input
-            moments.update(layer.numpy_product(x, quant=scheme),
-                           layer.numpy_product(x, exact, quant=scheme))
+                   exact=exact, recurrent=recurrent):
+            if point is None:
+                moments.update(layer.numpy_product(x, quant=scheme),
+                               layer.numpy_product(x, exact, quant=scheme))
+            elif point in recurrent:   # the other intermediate operands: numpy_product covers
+                weights, width, _, errors, approximate, exact_kernel = recurrent[point]
+                x = np.asarray(x, np.float32)
+                errors.update(np.asarray(approximate.matmul(x, weights))[:, :width],
+                              np.asarray(exact_kernel.matmul(x, weights))[:, :width])
 
         with observing([layer], record):
             run_batches(model, inputs, batch_size)
         gain, offset = moments.correction(method)
+        folded = 0.0
+        if offset is not None and recurrent:
+            offset = np.array(offset, dtype=np.float64)
+            added = np.zeros_like(offset)
+            for weights, width, first, errors, _, _ in recurrent.values():
+                if errors.n:
+                    added[first:first + width] += errors.total / errors.n
+            offset += added
+            folded = float(np.abs(added).mean())
         layer.set_output_correction(gain, offset)
         summary[path] = {"mean_abs_offset": float(np.abs(offset).mean()) if offset is not None
                          else 0.0,
                          "mean_gain": float(np.mean(gain)) if gain is not None else 1.0}
+        if recurrent:
+            summary[path]["mean_abs_recurrent_offset"] = folded
     return RecoveryStep("bias compensation", len(inputs[0]), summary)
 
 

@@ -16,8 +16,9 @@ Quantization (8-bit multiplier kernels): each cell holds the state (graphswap/sw
 the input operand's range (point None) and one range per recurrent operand - "recurrent" for the
 state h (every cell) and, for a GRU with reset_after=False, "reset_state" for r * h, the operand
 of its third recurrent product.  The output correction (bias compensation) applies per column of
-the input product inputs @ kernel (gates x units columns), before the bias; the recurrent
-products are not corrected.  Weights are quantized per product: the full kernel, the full
+the input product inputs @ kernel (gates x units columns), before the bias; its offset also
+carries the recurrent products' mean error, which adds to the same columns (graphswap.swap.
+compensation; a GRU with reset_after=True: the z and r columns only).  Weights are quantized per product: the full kernel, the full
 recurrent kernel (a GRU with reset_after=False: its first 2 x units and last units columns as two
 products).  The layer holds the cell's record in its config ("arithmetic", "backward",
 "quantization", "output_correction", "intermediate_ranges"), read back through the trust gate.
