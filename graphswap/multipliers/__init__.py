@@ -52,6 +52,15 @@ Spec forms (resolved by graphswap.kernels, which checks files and trust first):
                          then 65536 int32 LE, row-major, row = first operand.  Size must be 262160.
   PATH.bin             TFApprox table: 65536 uint16 LE, row-major (a << 8) | b, unsigned.
 
+8xN multipliers (an 8-bit activation x an N-bit weight, N = 1..7; Multiplier.weight_bits): named
+mul8xNu_X / mul8xNs_X (EvoApproxLib's mixed-precision files, `uint64_t f(const uint64_t A /* 8-bit
+unsigned operand */, const uint64_t B /* N-bit unsigned operand */)`), recognised by those operand
+comments, or declared in the spec: PATH.c:u8x4 / PATH.c:s8x4, LIB.so:SYMBOL:u8x4 (operands as bit
+patterns, signature u64 order ab by default), or a version-2 .lut file (table_files).  The N-bit
+operand is the weight; the products are read at the circuit's width 8 + N and embedded in the
+256x256 layout at the N-bit weight codes (record.py); the weights are quantized to N bits.  An
+activation narrower than the weight (Nx8) is refused.
+
 Anything else (e.g. "exact", "bf16", an operation-level "lib.so") is not a multiplier spec.  Bad
 multiplier files raise KernelSpecError saying what was wrong, what is allowed and what to do.
 
