@@ -22,6 +22,7 @@ import functools
 import importlib
 import json
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -874,8 +875,10 @@ def sweep_command(ctx, model_path, data_path, kernel_spec, power_options, refere
 @click.option("--metrics", "metrics_table", type=click.Path(dir_okay=False),
               help="CSV (name,power,area,delay) or JSON table of hardware figures; overrides "
                    "the files' PDK45_* headers; a row 'exact' gives the exact multiplier's.")
-@click.option("--budget", default=1.0, show_default=True, type=click.FloatRange(0, 100),
-              metavar="POINTS", help="Accuracy drop allowed against the float model, in points.")
+@click.option("--budget", default=1.0, show_default=True, type=click.FloatRange(min=0),
+              metavar="POINTS", help="Score drop allowed against the float model, in points "
+                                     "(hundredths: of accuracy, R^2; for a lower-is-better "
+                                     "score such as mse, 1.0 allows an increase of 0.01).")
 @click.option("--objective", type=click.Choice(["power", "area", "delay"]), default="power",
               show_default=True, help="Hardware figure to minimise (MAC-weighted).")
 @click.option("--trials", type=click.IntRange(min=1), default=None,
@@ -891,9 +894,15 @@ def sweep_command(ctx, model_path, data_path, kernel_spec, power_options, refere
                    "(.npz: x_train/y_train) and measure them again.")
 @click.option("--finetune-epochs", default=1, show_default=True, type=click.IntRange(min=1))
 @click.option("--finetune-points", default=3, show_default=True, type=click.IntRange(min=1))
-@click.option("--study", type=click.Path(dir_okay=False),
-              help="SQLite database keeping every measurement: an interrupted exploration "
-                   "resumes, a finished one answers a new --budget without re-measuring.")
+@click.option("--study", metavar="FILE|URL",
+              help="Study database keeping every measurement: a SQLite file, or an optuna "
+                   "storage URL (sqlite:///PATH, postgresql://..., mysql://...) that several "
+                   "explore workers share. An interrupted exploration resumes, a finished one "
+                   "answers a new --budget without re-measuring.")
+@click.option("--claim-timeout", default=60.0, show_default=True,
+              type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
+              help="With several workers on one --study: take over the assignments a worker "
+                   "claimed once it has sent no heartbeat for this long (it was killed).")
 @click.option("--include", multiple=True, metavar="REGEX", help="As for convert.")
 @click.option("--exclude", multiple=True, metavar="REGEX", help="As for convert.")
 @click.option("--batch-size", default=128, show_default=True, type=click.IntRange(min=1))
@@ -907,15 +916,23 @@ def sweep_command(ctx, model_path, data_path, kernel_spec, power_options, refere
               help="Write accuracy against relative cost (front, references, budget) as PNG.")
 @click.option("-f", "--force", is_flag=True, help="Overwrite output files.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@quantization_options
 @model_loading_options
-def explore_command(model_path, data_path, library_sources, metrics_table, budget, objective,
-                    trials, exhaustive_limit, estimate_samples, finetune_data, finetune_epochs,
-                    finetune_points, study, include, exclude, batch_size, seed, scale, pad,
-                    resize, output, plot, force, as_json, custom_objects, unsafe, loss=None,
-                    task_metrics=None):
+@click.pass_context
+def explore_command(ctx, model_path, data_path, library_sources, metrics_table, budget,
+                    objective, trials, exhaustive_limit, estimate_samples, finetune_data,
+                    finetune_epochs, finetune_points, study, claim_timeout, include, exclude,
+                    batch_size, seed, scale, pad, resize, output, plot, force, as_json,
+                    custom_objects, unsafe, rewrite, loss=None, task_metrics=None):
     """Choose a multiplier per layer from a library of circuits: the measured Pareto front of
     accuracy against hardware cost, the cheapest assignment within the budget, and (with
-    --finetune-data) how far retraining recovers it."""
+    --finetune-data) how far retraining recovers it.
+
+    With --calibrate DATA (and the other zero-training options, as convert has them) every
+    assignment is measured as 'convert --kernel-map FRONT#INDEX' with the same options builds
+    it; the front file records them.  Several workers may share one --study.
+    """
+    rewrite_options = _rewrite_options(rewrite, ctx=ctx)
     if output is None:
         output = io.default_output_path(model_path, "explore")
     for path in (output, plot):
@@ -931,7 +948,8 @@ def explore_command(model_path, data_path, library_sources, metrics_table, budge
         pad=pad, scale=scale, custom_objects=custom_objects, safe_mode=not unsafe,
         progress=not as_json and sys.stderr.isatty(),
         log=None if as_json else (lambda note: click.echo(f"  {note}")), loss=loss,
-        task_metrics=task_metrics)
+        task_metrics=task_metrics, rewrite_options=rewrite_options,
+        claim_timeout=claim_timeout)
     result.write(output, force=force)
     if plot is not None:
         result.plot(plot, force=force)
@@ -941,7 +959,9 @@ def explore_command(model_path, data_path, library_sources, metrics_table, budge
                               indent=2))
         return
     click.echo(result.format_table())
-    click.echo(f"wrote {output} (graphswap convert {model_path} --kernel-map {output}#INDEX)")
+    flags = "".join(f" {shlex.quote(flag)}" for flag in result.convert_options)
+    click.echo(f"wrote {output} (graphswap convert {model_path} --kernel-map {output}#INDEX"
+               f"{flags})")
     if plot is not None:
         click.echo(f"wrote {plot}")
 

@@ -167,8 +167,11 @@ def test_interrupted_study_resumes_without_measuring_again(small, tmp_path):
     killed = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
                             text=True, timeout=900)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    # the killed worker's claim on the assignment it was measuring is taken over once its
+    # heartbeat is older than claim_timeout
     resumed = explore(small["path"], small["data"], CIRCUITS, metrics=small["table"],
-                      budget=0.02, study=study, estimate_samples=None, progress=False)
+                      budget=0.02, study=study, estimate_samples=None, progress=False,
+                      claim_timeout=2)
     stored = resumed.counts["stored_before"]
     assert 10 <= stored < 64
     assert resumed.counts["full_evaluations_this_run"] == 64 - stored
@@ -214,8 +217,10 @@ def test_library_bad_input(small, tmp_path):
         load_library(["mul8u_drum4", "mul8s_drum4"])
     with pytest.raises(GraphswapError, match="objective 'area' needs the area of every circuit"):
         explore(small["model"], small["data"], CIRCUITS, objective="area", progress=False)
-    with pytest.raises(GraphswapError, match="budget is an accuracy drop between 0 and 1"):
+    with pytest.raises(GraphswapError, match="budget is a score drop of at least 0"):
         explore(small["model"], small["data"], CIRCUITS, budget=-0.1, progress=False)
+    with pytest.raises(GraphswapError, match="budget is an accuracy drop between 0 and 1"):
+        explore(small["model"], small["data"], CIRCUITS, budget=1.5, progress=False)
 
 
 def test_a_budget_below_the_all_exact_drop_is_refused(tmp_path):
