@@ -103,6 +103,24 @@ def test_recurrent_products_run_the_kernel_inside_the_onnx_loop(kind, tmp_path):
     assert np.abs(actual - exact).max() > 100 * np.abs(actual - desired).max() + 1e-6
 
 
+def test_an_unrolled_recurrence_has_each_product_once_per_step(tmp_path):
+    """unroll=True: Keras' Python loop, so no ONNX Loop; every step's products in the main
+    graph, each with its part's scheme."""
+    keras.utils.set_random_seed(5)
+    inputs = keras.Input((STEPS, FEATURES), name="series")
+    x = keras.layers.GRU(UNITS, reset_after=False, unroll=True)(inputs)
+    swapped = rewrite_model(keras.Model(inputs, keras.layers.Dense(2, name="head")(x)),
+                            "mul8u_drum4")
+    result = export_model(swapped, tmp_path / "unrolled.onnx", "onnx", keep_kernels=True)
+    nodes = [(where, n) for where, n in _custom_nodes(result.path) if PART.search(n.name)]
+    assert all(where == "the main graph" for where, _ in nodes)
+    parts = sorted(int(PART.search(n.name).group(2)) for _, n in nodes)
+    assert parts == sorted(list(range(3)) * STEPS)
+    x = _inputs(8)
+    (actual,) = onnx_ops.session(result.path).run(None, {"series": x})
+    assert_close_to_roundoff(actual, np.asarray(swapped(x)), 2 * STEPS * (FEATURES + UNITS))
+
+
 def test_transformer_block_layers_run_the_kernel(tmp_path):
     """The zoo's transformer_ecg: a Conv1D stem, the user's custom TransformerBlock (a
     MultiHeadAttention's four projections and two Dense inside it), a Dense head."""

@@ -94,7 +94,7 @@ def _unsupported_nodes(model_proto) -> list[str]:
     import onnx
 
     bad = []
-    for node in model_proto.graph.node:
+    for _, node in onnx_ops.walk_nodes(model_proto):   # Loop bodies (recurrences) included
         if node.domain == onnx_ops.DOMAIN and node.op_type in onnx_ops.CUSTOM_OPS:
             continue
         if not onnx.defs.has(node.op_type, node.domain or ""):
