@@ -12,7 +12,9 @@ matches the record graphswap wrote when it built it, through the descriptor that
 (no C++ compiler, headers missing) the swapped layers keep the numpy_function bridge - same results,
 slower - and say why once.
 
-GRAPHSWAP_BRIDGE=auto (default) | op (the op or an error) | numpy (always numpy_function).
+GRAPHSWAP_BRIDGE=auto (default) | op (the op or an error) | numpy (always numpy_function) |
+xla (the XLA-compilable device path of graphswap/swap/device_products.py for every kernel it
+covers, as inside jit_compile and on accelerators; the rest as "auto").
 
 What a node calls is registered here, in the process (function addresses, geometry, the table and
 the resolved quantization scheme), and only the handle goes into the graph: a graph traced in
@@ -39,7 +41,7 @@ from graphswap.native import compiler
 from graphswap.native.library import Conv2DParams, LutQuant
 
 SOURCE = Path(__file__).resolve().parent.parent / "native" / "tf_op" / "forward_op.cc"
-BRIDGE_MODES = ("auto", "op", "numpy")
+BRIDGE_MODES = ("auto", "op", "numpy", "xla")
 MATMUL, CONV2D, LUT_MATMUL, LUT_CONV2D = 0, 1, 2, 3
 
 
@@ -87,7 +89,8 @@ def bridge_mode() -> str:
     if mode not in BRIDGE_MODES:
         raise _one_line(KernelLoadError(
             f"GRAPHSWAP_BRIDGE={mode!r} is not one of {BRIDGE_MODES}: 'auto' uses the compiled "
-            f"op where it can, 'op' insists on it, 'numpy' always uses tf.numpy_function; set "
+            f"op where it can, 'op' insists on it, 'numpy' always uses tf.numpy_function, 'xla' "
+            f"the XLA-compilable device path where it covers the kernel; set "
             f"GRAPHSWAP_BRIDGE to {'|'.join(BRIDGE_MODES)} or unset it"))
     return mode
 
@@ -160,7 +163,7 @@ def op_library() -> _OpLibrary | None:
             except (compiler.CompilerError, KernelLoadError, OSError,
                     tf.errors.NotFoundError) as exc:
                 _unavailable = str(exc)
-                if mode == "auto":
+                if mode in ("auto", "xla"):
                     warnings.warn(f"graphswap could not build its TensorFlow op, so swapped layers "
                                   f"call their kernels through tf.numpy_function (same results, "
                                   f"slower): {exc}", RuntimeWarning, stacklevel=3)

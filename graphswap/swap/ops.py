@@ -27,7 +27,7 @@ from graphswap import native
 from graphswap.errors import UnsupportedLayerError
 from graphswap.kernels import Kernel, bind_scheme, lut_conv2d_gradients, lut_matmul_gradients
 from graphswap.native import conv_geometry
-from graphswap.swap import forward_op
+from graphswap.swap import forward_op, xla
 
 BACKWARD_MODES = ("native", "kernel", "lut_grad")
 
@@ -126,6 +126,10 @@ def epilogue_gradients(dy, y, gain, shift, relu):
 
 def _kernel_matmul(arithmetic: Kernel, a, b, m_static, n_static, quant=None, activation_range=None,
                   gain=None, shift=None, relu=False):
+    if xla.use_device_path(arithmetic, a):  # inside XLA / on an accelerator (swap/xla.py)
+        out = xla.device_matmul(arithmetic, a, b, quant, activation_range, gain, shift, relu)
+        out.set_shape([m_static, n_static])
+        return out
     if forward_op.supports(arithmetic, "matmul"):
         out = forward_op.matmul(arithmetic, a, b, gain, shift, relu, quant, activation_range)
         out.set_shape([m_static, n_static])
@@ -160,6 +164,7 @@ def swapped_matmul(x, w, arithmetic: Kernel, backward: str = "native", quant=Non
 
     def product_gradients(a, b, dy):
         if backward == "lut_grad" and quant is not None:
+            xla.check_gradient_not_in_xla(backward)
             return _lut_grad_matmul(arithmetic, a, b, dy, quant, activation_range)
         if backward in ("native", "lut_grad"):
             # what TensorFlow registers for MatMul(transpose_a=False, transpose_b=False)
@@ -320,10 +325,12 @@ def swapped_conv2d(x, w, arithmetic: Kernel, strides=(1, 1), padding="valid", di
 
     def product_gradients(inputs, filters, dy):
         if backward == "lut_grad" and quant is not None:
+            xla.check_gradient_not_in_xla(backward)
             return lut_grad(inputs, filters, dy)
         if backward in ("native", "lut_grad"):
             # what TensorFlow registers for Conv2D (nn_grad._Conv2DGrad)
             return _native_conv_gradients(inputs, filters, dy, strides, dilations, groups, padding)
+        xla.check_gradient_not_in_xla(backward)
         dx, dw = tf.numpy_function(backward_np, [inputs, filters, dy], [tf.float32, tf.float32],
                                    stateful=False, name="graphswap_conv2d_grad")
         dx.set_shape(inputs.shape)
@@ -333,7 +340,10 @@ def swapped_conv2d(x, w, arithmetic: Kernel, strides=(1, 1), padding="valid", di
     @tf.custom_gradient
     def conv(inputs, filters, *epilogue):
         g, s = split_epilogue(epilogue, gain, shift)
-        if forward_op.supports(arithmetic, "conv2d"):
+        if xla.use_device_path(arithmetic, inputs):  # inside XLA / on an accelerator
+            y = xla.device_conv2d(arithmetic, inputs, filters, g_static, quant, activation_range,
+                                  g, s, relu)
+        elif forward_op.supports(arithmetic, "conv2d"):
             y = forward_op.conv2d(arithmetic, inputs, filters, g_static, g, s, relu, quant,
                                   activation_range)
         else:

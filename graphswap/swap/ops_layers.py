@@ -43,7 +43,7 @@ from graphswap import native
 from graphswap.errors import UnsupportedLayerError
 from graphswap.kernels import Kernel, bind_scheme
 from graphswap.native import conv_geometry, einsum_plan, transposed_conv
-from graphswap.swap import forward_op
+from graphswap.swap import forward_op, xla
 from graphswap.swap.ops import (configure_threads, epilogue_gradients, epilogue_inputs,
                                 gradient_kernel, kernel_call, split_epilogue)
 
@@ -92,6 +92,7 @@ def _kernel_op(name, forward_np, stock, kernel_grads_np, out_static, backward, x
                     reference = stock(inputs, weights)
                 dx, dw = tape.gradient(reference, [inputs, weights], output_gradients=dy)
             else:
+                xla.check_gradient_not_in_xla(backward)
                 dx, dw = tf.numpy_function(kernel_grads_np, [inputs, weights, dy],
                                            [tf.float32, tf.float32], stateful=False,
                                            name=f"graphswap_{name}_grad")
@@ -191,7 +192,11 @@ def swapped_depthwise_conv2d(x, kernel, arithmetic: Kernel, strides=(1, 1), padd
                                         data_format="channels_last", dilation_rate=dilations)
 
     forward_tf = None
-    if forward_op.supports(arithmetic, "conv2d"):
+    if xla.use_device_path(arithmetic, x):  # inside XLA / on an accelerator (swap/xla.py)
+        def forward_tf(inputs, weights, current_range, g, s):
+            return xla.device_conv2d(arithmetic, inputs, tf.reshape(weights, hwio), g_static,
+                                     quant, current_range, g, s, relu)
+    elif forward_op.supports(arithmetic, "conv2d"):
         def forward_tf(inputs, weights, current_range, g, s):
             return forward_op.conv2d(arithmetic, inputs, tf.reshape(weights, hwio), g_static,
                                      g, s, relu, quant, current_range)
@@ -283,8 +288,15 @@ def swapped_conv2d_transpose(x, kernel, arithmetic: Kernel, strides=(1, 1), padd
                                         output_padding=output_padding,
                                         data_format="channels_last", dilation_rate=dilations)
 
+    forward_tf = None
+    if xla.use_device_path(arithmetic, x):  # inside XLA / on an accelerator (swap/xla.py)
+        device_plan = plan_of((1, *static[1:]))
+
+        def forward_tf(inputs, weights, current_range, g, s):
+            return xla.device_conv2d_transpose(arithmetic, inputs, weights, device_plan, quant,
+                                               current_range, g, s)
     return _kernel_op("conv2d_transpose", forward_np, stock, kernel_grads_np, out_static,
-                      backward, x, kernel, None, quant, activation_range, gain, shift)
+                      backward, x, kernel, forward_tf, quant, activation_range, gain, shift)
 
 
 # --------------------------------------------------------------------------------------------
@@ -334,5 +346,9 @@ def swapped_einsum(equation: str, x, kernel, arithmetic: Kernel, backward: str =
     def stock(inputs, weights):
         return keras.ops.einsum(equation, inputs, weights)
 
+    forward_tf = None
+    if xla.use_device_path(arithmetic, x):  # inside XLA / on an accelerator (swap/xla.py)
+        def forward_tf(inputs, weights, current_range, g, s):
+            return xla.device_einsum(arithmetic, plan, inputs, weights, quant, current_range)
     return _kernel_op("einsum", forward_np, stock, kernel_grads_np, out_static, backward, x,
-                      kernel, None, quant, activation_range)
+                      kernel, forward_tf, quant, activation_range)

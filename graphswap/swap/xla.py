@@ -1,17 +1,29 @@
-"""Swapped layers and XLA: their products call graphswap's C kernels (the `GraphswapForward` op or
-a `tf.numpy_function`), which XLA cannot compile, so a swapped layer runs outside XLA.
+"""Swapped layers and XLA.  A swapped layer's product runs one of two ways:
 
-* Keras: every swapped layer inherits `RunsOutsideXla` (through `QuantizedLayerMixin`), whose
-  `supports_jit` is always False.  Keras reads it when it resolves `jit_compile`: "auto" picks no
-  XLA for a model holding a swapped layer, and an explicit `compile(jit_compile=True)` (or a file
-  saved with it) gets Keras's one warning "Model doesn't support `jit_compile=True`. Proceeding
-  with `jit_compile=False`." - predict, evaluate and fit then run, without XLA.
-* A user's own `tf.function(jit_compile=True)` around a swapped model cannot run it: the call
-  raises XlaCompilationError while the function is traced, naming the layer and what to do,
-  instead of TensorFlow's "No registered 'GraphswapForward' OpKernel for XLA_CPU_JIT" at run time.
-* `compile_config_without_xla`: the compile settings a rewritten model is compiled (and saved)
-  with - jit_compile=True becomes False where the model holds a swapped layer, so the file
-  reloads without the warning.
+* the C path (the CPU default): graphswap's C kernels through the `GraphswapForward` op or a
+  `tf.numpy_function` - which XLA cannot compile;
+* the device path (graphswap/swap/device_products.py): the same products written in `keras.ops`,
+  bit for bit the C kernels' for every table-driven kernel, which XLA compiles and every device
+  runs.  It covers LutKernel (every multiplier table and QuantScheme), "exact" (TensorFlow's own
+  matmul / convolution) and "bf16" / "fp32_m{m}" (operands rounded as the C kernels do, the
+  backend's float32 products).  It is chosen by itself inside `tf.function(jit_compile=True)` and
+  when the op is placed on an accelerator (an input on a GPU/TPU, or no device named and one
+  visible), and for every covered kernel with GRAPHSWAP_BRIDGE=xla.  Saved models carry nothing
+  of it: a model saved on one path runs on the other.
+
+Keras: every swapped layer inherits `RunsOutsideXla` (through `QuantizedLayerMixin`), whose
+`supports_jit` is True only when the device path covers the layer's arithmetic and its backward
+is "native" (the gradients "kernel" and "lut_grad" call C code).  Keras reads it when it resolves
+`jit_compile`: "auto" (XLA on accelerators only) and an explicit `compile(jit_compile=True)` then
+XLA-compile a covered model; for the others Keras gives its one warning "Model doesn't support
+`jit_compile=True`. Proceeding with `jit_compile=False`." and runs without XLA.  A user's own
+`tf.function(jit_compile=True)` around a layer the device path does not cover (an
+operation-level library of the user's) raises XlaCompilationError while the function is traced,
+naming the layer and what to do, instead of TensorFlow's "No registered 'GraphswapForward'
+OpKernel for XLA_CPU_JIT" at run time; so do gradients "kernel" (convolutions) and "lut_grad"
+taken inside XLA.  `compile_config_without_xla`: the compile settings a rewritten model is
+compiled (and saved) with - jit_compile=True becomes False where the model holds a layer that
+cannot run in XLA.
 """
 
 from __future__ import annotations
@@ -22,15 +34,24 @@ import warnings
 import tensorflow as tf
 
 from graphswap.errors import GraphswapError
+from graphswap.kernels.base import SchemeBoundKernel
+from graphswap.kernels.float_kernels import LibraryKernel, OperandRoundingKernel
+from graphswap.kernels.quantized import LutKernel
+from graphswap.swap import device_products
+from graphswap.swap.forward_op import bridge_mode
 
 try:  # no public way to ask whether a graph is being traced for XLA
     from tensorflow.python.ops.control_flow_util import GraphOrParentsInXlaContext
 except ImportError:  # pragma: no cover - a TensorFlow without it: TensorFlow's own error stays
     GraphOrParentsInXlaContext = None
 
-XLA_ADVICE = ("swapped layers call graphswap's C kernels, which XLA cannot compile; call the "
-              "model in a tf.function without jit_compile, or let Keras run it (compile() with "
-              "jit_compile=True or 'auto' runs a swapped model without XLA)")
+XLA_ADVICE = ("its kernel runs only as graphswap's C code, which XLA cannot compile (the XLA "
+              "path covers multiplier tables, exact, bf16 and fp32_m{m}); call the model in a "
+              "tf.function without jit_compile, or let Keras run it (compile() with "
+              "jit_compile=True or 'auto' runs such a model without XLA)")
+GRADIENT_ADVICE = ("backward={backward!r} computes its gradients with graphswap's C code, which "
+                   "XLA cannot compile; take this gradient outside jit_compile, or use "
+                   "backward='native' (TensorFlow's gradients, which XLA compiles)")
 
 
 class XlaCompilationError(GraphswapError):
@@ -45,28 +66,171 @@ def in_xla_context() -> bool:
     return bool(GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()))
 
 
-def check_not_in_xla(layer_name: str) -> None:
-    """Raise XlaCompilationError when layer `layer_name` is called inside an XLA compilation."""
-    if in_xla_context():
+def check_not_in_xla(layer_name: str, arithmetic=None) -> None:
+    """Raise XlaCompilationError when layer `layer_name` is called inside an XLA compilation and
+    the device path does not cover its `arithmetic` (None: nothing covers it)."""
+    if in_xla_context() and not (arithmetic is not None and covers(arithmetic)):
         raise XlaCompilationError(
             f"layer {layer_name!r} cannot run inside tf.function(jit_compile=True): "
             f"{XLA_ADVICE}")
 
 
+def check_gradient_not_in_xla(backward: str) -> None:
+    """Raise XlaCompilationError when a gradient that calls C code ("kernel", "lut_grad") is
+    taken inside an XLA compilation."""
+    if in_xla_context():
+        raise XlaCompilationError(f"a swapped layer's gradient cannot run inside "
+                                  f"tf.function(jit_compile=True): "
+                                  f"{GRADIENT_ADVICE.format(backward=backward)}")
+
+
+# ----------------------------------------------------------------------------------------------
+# the device path
+# ----------------------------------------------------------------------------------------------
+
+def unbound(arithmetic, quant=None):
+    """(kernel, scheme) of a kernel a layer bound to its scheme (kernels.base.bind_scheme)."""
+    if isinstance(arithmetic, SchemeBoundKernel):
+        return arithmetic.kernel, quant if quant is not None else arithmetic.quant
+    return arithmetic, quant
+
+
+def covers(arithmetic) -> bool:
+    """Whether the device path computes `arithmetic`'s products (module docstring)."""
+    kernel, _ = unbound(arithmetic)
+    if isinstance(kernel, LutKernel):
+        return True
+    if isinstance(kernel, OperandRoundingKernel):
+        return device_products.operand_rounding(kernel.spec) is not None
+    return isinstance(kernel, LibraryKernel) and kernel.spec == "exact" and kernel.path is None
+
+
+def _on_accelerator(tensor) -> bool:
+    device = (getattr(tensor, "device", "") or "").upper()
+    if device:
+        return "GPU" in device or "TPU" in device
+    return bool(tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("TPU"))
+
+
+def use_device_path(arithmetic, tensor=None) -> bool:
+    """Whether a product of `arithmetic` on `tensor` takes the device path: covered, and inside
+    XLA, on an accelerator, or forced by GRAPHSWAP_BRIDGE=xla."""
+    if not covers(arithmetic):
+        return False
+    return bridge_mode() == "xla" or in_xla_context() or _on_accelerator(tensor)
+
+
+def _epilogue(y, gain, shift, relu):
+    """relu?(y * gain + shift) (graphswap_channel_affine_f32: ReLU keeps NaN)."""
+    if gain is not None:
+        y = y * tf.cast(gain, tf.float32)
+    if shift is not None:
+        y = y + tf.cast(shift, tf.float32)
+    if relu:
+        y = tf.where(y < 0, tf.zeros_like(y), y)
+    return y
+
+
+def _lut_scheme(kernel, quant, activation_range):
+    """The resolved scheme of a LUT call; a static range tensor stands for the scheme's range."""
+    if quant is not None and activation_range is not None and quant.activations == "static":
+        return kernel.resolve_scheme(quant.with_range(0.0, 1.0)), activation_range
+    return kernel.resolve_scheme(quant), None
+
+
+def device_matmul(arithmetic, a, b, quant=None, activation_range=None, gain=None, shift=None,
+                  relu=False):
+    """relu?((a @ b) * gain + shift) for float32 (m, k) x (k, n) on the device path."""
+    kernel, quant = unbound(arithmetic, quant)
+    if isinstance(kernel, LutKernel):
+        scheme, current = _lut_scheme(kernel, quant, activation_range)
+        y = device_products.lut_matmul(a, b, kernel.multiplier.table, kernel.signed, scheme,
+                                       current, weight_bits=getattr(kernel, "weight_bits", 8))
+    else:
+        rounding = (device_products.operand_rounding(kernel.spec)
+                    if isinstance(kernel, OperandRoundingKernel) else None)
+        if rounding is not None:
+            a, b = rounding(a), rounding(b)
+        y = tf.linalg.matmul(a, b)
+    return _epilogue(y, gain, shift, relu)
+
+
+def device_conv2d(arithmetic, x, w, geometry, quant=None, activation_range=None, gain=None,
+                  shift=None, relu=False):
+    """relu?(conv(x, w) * gain + shift), NHWC x HWIO float32, on the device path."""
+    kernel, quant = unbound(arithmetic, quant)
+    if isinstance(kernel, LutKernel):
+        scheme, current = _lut_scheme(kernel, quant, activation_range)
+        y = device_products.lut_conv2d(x, w, kernel.multiplier.table, kernel.signed, scheme,
+                                       geometry, current,
+                                       weight_bits=getattr(kernel, "weight_bits", 8))
+    else:
+        rounding = (device_products.operand_rounding(kernel.spec)
+                    if isinstance(kernel, OperandRoundingKernel) else None)
+        if rounding is not None:
+            x, w = rounding(x), rounding(w)
+        y = device_products.float_conv2d(x, w, geometry)
+    return _epilogue(y, gain, shift, relu)
+
+
+def device_conv2d_transpose(arithmetic, inputs, weights, plan, quant=None,
+                            activation_range=None, gain=None, shift=None):
+    """A transposed convolution (Keras kernel (h, w, filters, in)) on the device path: the
+    stride-1 conv2d of the zero-inserted input with the flipped filter (graphswap.native.
+    transpose's plan; what the C path's numpy forward computes)."""
+    s_h, s_w = plan.strides
+    shape = tf.shape(inputs)
+    spread = tf.pad(inputs[:, :, None, :, None, :],
+                    [[0, 0], [0, 0], [0, s_h - 1], [0, 0], [0, s_w - 1], [0, 0]])
+    spread = tf.reshape(spread, [shape[0], shape[1] * s_h, shape[2] * s_w, shape[3]])
+    zero_inserted = spread[:, :plan.crop_height, :plan.crop_width, :]
+    flipped = tf.transpose(tf.reverse(weights, [0, 1]), [0, 1, 3, 2])
+    return device_conv2d(arithmetic, zero_inserted, flipped, plan.geometry, quant,
+                         activation_range, gain, shift)
+
+
+def device_einsum(arithmetic, plan, inputs, weights, quant=None, activation_range=None):
+    """keras.ops.einsum(plan's equation, inputs, weights) with its one matmul on the device
+    path (graphswap.native.einsum's transposes and reshapes, in TensorFlow)."""
+    k, n = plan.kernel_matrix_shape(tuple(int(d) for d in weights.shape))
+    moved = tf.transpose(inputs, plan.input_permutation)
+    free_shape = tf.shape(moved)[:len(plan.free)]
+    x2 = tf.reshape(moved, [-1, k])
+    w2 = tf.reshape(tf.transpose(weights, plan.kernel_permutation), [k, n])
+    y2 = device_matmul(arithmetic, x2, w2, quant, activation_range)
+    sizes = plan.sizes((), tuple(int(d) for d in weights.shape))
+    y = tf.reshape(y2, tf.concat([free_shape, [sizes[c] for c in plan.produced]], axis=0))
+    return tf.transpose(y, plan.output_permutation)
+
+
+def layer_arithmetic(layer):
+    """The arithmetic a swapped layer runs (a recurrent layer's is its cell's), or None."""
+    arithmetic = getattr(layer, "arithmetic", None)
+    if arithmetic is None and getattr(layer, "cell", None) is not None:
+        arithmetic = getattr(layer.cell, "arithmetic", None)
+    return arithmetic
+
+
 class RunsOutsideXla:
-    """Mixin of every swapped layer: never XLA-compiled (module docstring).  `supports_jit` is
-    False whatever Keras's Layer.__init__ (or anyone) assigns to it."""
+    """Mixin of every swapped layer (module docstring): `supports_jit` is True only when the
+    device path covers the layer's arithmetic and its backward is "native" - whatever Keras's
+    Layer.__init__ (or anyone) assigns to it."""
 
     @property
     def supports_jit(self) -> bool:
-        return False
+        arithmetic = layer_arithmetic(self)
+        if arithmetic is None:   # a layer without a product of its own (MultiHeadAttention)
+            return True
+        return covers(arithmetic) and getattr(self, "backward", "native") == "native"
 
     @supports_jit.setter
     def supports_jit(self, value) -> None:  # Keras's Layer.__init__ sets True: the kernels decide
         pass
 
     def __call__(self, *args, **kwargs):
-        check_not_in_xla(self.name)
+        arithmetic = layer_arithmetic(self)
+        if arithmetic is not None:
+            check_not_in_xla(self.name, arithmetic)
         return super().__call__(*args, **kwargs)
 
 
