@@ -52,6 +52,7 @@ from graphswap.swap.calibration import (BATCH_SIZE, DEFAULT_CALIBRATION_METHOD,
                                         run_batches, select_layers)
 from graphswap.swap.clone import iter_layers
 from graphswap.swap.recurrent_cells import SWAPPED_CELLS, SwappedGRUCell
+from graphswap.swap.weight_tuning import WeightTuningReport, tune_weights
 
 COMPENSATION_METHODS = ("mean", "moments")
 DEFAULT_COMPENSATION = "moments"   # measured better (docs/RECOVERY.md, ablation)
@@ -244,9 +245,10 @@ def recalibrate_batchnorm(model, data, *, samples: int = DEFAULT_CALIBRATION_SAM
 def calibrate_and_compensate(model, data, *, samples: int = DEFAULT_CALIBRATION_SAMPLES,
                              method: str = DEFAULT_CALIBRATION_METHOD,
                              source: str = DEFAULT_CALIBRATION_SOURCE, bias_correction: str | None = None, recalibrate_bn: bool = False,
-                             batch_size: int = BATCH_SIZE) -> list[str]:
+                             batch_size: int = BATCH_SIZE, weight_tuning: bool = False) -> list[str]:
     """The zero-gradient-step recovery of rewrite_model: static calibration, then (optionally)
-    bias compensation, then (optionally) BatchNorm re-estimation.  With the approximate source
+    weight tuning (graphswap.swap.weight_tuning: after calibration, before compensation), then
+    (optionally) bias compensation, then (optionally) BatchNorm re-estimation.  With the approximate source
     the steps alternate in model order - each quantizing layer is calibrated and compensated, each
     BatchNormalization re-estimated, with everything before it already done - so every range and
     correction is measured on the activations the finished model produces.  Returns report
@@ -257,12 +259,15 @@ def calibrate_and_compensate(model, data, *, samples: int = DEFAULT_CALIBRATION_
     options = dict(samples=samples, batch_size=batch_size)
     if source == "float":
         lines = calibrate(model, data, method=method, source=source, **options).lines()
+        if weight_tuning:
+            lines += tune_weights(model, data, **options).lines()
         if bias_correction is not None:
             lines += compensate_bias(model, data, method=bias_correction, **options).lines()
         if recalibrate_bn:
             lines += recalibrate_batchnorm(model, data, **options).lines()
         return lines
     ranges, offsets, norms, count = {}, {}, {}, 0
+    tuned = WeightTuningReport(0, {})
     quantizing = {path for path, _ in quantizing_layers(model)}
     for path, layer in product_layers(model):
         if path in quantizing:
@@ -270,16 +275,23 @@ def calibrate_and_compensate(model, data, *, samples: int = DEFAULT_CALIBRATION_
                                **options)
             ranges.update(report.ranges)
             count = report.samples
+            if weight_tuning:
+                step = tune_weights(model, data, layers=[path], **options)
+                tuned.layers.update(step.layers)
+                tuned.skipped.update(step.skipped)
             if bias_correction is not None:
                 offsets.update(compensate_bias(model, data, method=bias_correction,
                                                layers=[path], **options).layers)
         elif recalibrate_bn and isinstance(layer, keras.layers.BatchNormalization):
             norms.update(recalibrate_batchnorm(model, data, layers=[path], **options).layers)
     lines = CalibrationReport(method, source, count, ranges).lines()
+    if weight_tuning:
+        tuned.samples = count
+        lines += tuned.lines()
     if bias_correction is not None:
         lines += RecoveryStep("bias compensation", count, offsets).lines()
     if recalibrate_bn:
         lines += RecoveryStep("batchnorm", count, norms).lines()
-    if bias_correction is not None or recalibrate_bn:
+    if bias_correction is not None or recalibrate_bn or weight_tuning:
         lines.append("(the steps alternated layer by layer, in model order)")
     return lines

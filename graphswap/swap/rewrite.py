@@ -178,7 +178,7 @@ def rewrite_model(model, kernel="exact", include=None, exclude=None, kernel_map=
                   calibration_samples=DEFAULT_CALIBRATION_SAMPLES,
                   calibration_method=DEFAULT_CALIBRATION_METHOD,
                   calibration_source=DEFAULT_CALIBRATION_SOURCE, bias_correction=None,
-                  recalibrate_bn=False, fold_batchnorm=False):
+                  recalibrate_bn=False, fold_batchnorm=False, weight_tuning=False):
     """Return a copy of `model` whose selected layers' forward products run `kernel`.
 
     Args:
@@ -218,6 +218,10 @@ def rewrite_model(model, kernel="exact", include=None, exclude=None, kernel_map=
         with the approximate forward (graphswap.swap.compensation).
       fold_batchnorm: fold each Dense/Conv2D + BatchNormalization pair first
         (graphswap.swap.folding); a model with no foldable pair gets a report note.
+      weight_tuning: with calibration data, also replace each multiplier layer's weight codes by
+        the codes whose approximate products best match the exact ones over the layer's
+        calibrated input distribution (ALWANN's weight tuning, graphswap.swap.weight_tuning),
+        in the stored weights; after calibration, before bias compensation.
 
     Raises UnsupportedLayerError (naming the layer and option) for a selected layer whose options
     cannot be reproduced, and KernelSpecError for unknown kernels.
@@ -228,6 +232,9 @@ def rewrite_model(model, kernel="exact", include=None, exclude=None, kernel_map=
     if calibrated:   # checked before any work is done
         check_method(calibration_method, calibration_source)
         calibration_inputs(model, calibration_data, calibration_samples)
+    if weight_tuning and not calibrated:
+        raise QuantizationError("weight tuning reads each layer's calibrated input distribution: "
+                                "pass calibration_data= (--calibrate DATA) as well")
     if recalibrate_bn and not calibrated:
         raise QuantizationError("BatchNorm re-estimation in rewrite_model runs on the calibration "
                                 "data: pass calibration_data= (--calibrate DATA) as well")
@@ -342,7 +349,7 @@ def rewrite_model(model, kernel="exact", include=None, exclude=None, kernel_map=
         calibration_notes = calibrate_and_compensate(
             new_model, calibration_data, samples=calibration_samples, method=calibration_method,
             source=calibration_source, bias_correction=bias_correction,
-            recalibrate_bn=recalibrate_bn) if calibrated else []
+            recalibrate_bn=recalibrate_bn, weight_tuning=bool(weight_tuning)) if calibrated else []
         # each layer's own scheme, once calibrated (already swapped layers keep theirs); the
         # ranges are listed by the calibration note
         described = sorted({dataclasses.replace(layer.quantization, activation_range=None).describe(
