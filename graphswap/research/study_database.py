@@ -114,6 +114,15 @@ def study_storage(study) -> tuple[str | None, str | None]:
             f"the study URL {_shown_url(text)} has the scheme {scheme!r}; allowed: a SQLite file "
             f"path, or an optuna storage URL sqlite:///PATH, postgresql://USER:PASSWORD@HOST/DB "
             f"or mysql://USER:PASSWORD@HOST/DB (a database server every worker reaches)")
+    if scheme.lower() in ("postgresql", "postgres"):
+        # SQLAlchemy's default driver differs between versions (psycopg2, then psycopg 3):
+        # name the one installed
+        driver = _installed(("psycopg", "psycopg2"))
+        if driver is not None:
+            text = f"postgresql+{driver}://" + text.split("://", 1)[1]
+    elif scheme.lower() == "mysql" and _installed(("MySQLdb",)) is None and \
+            _installed(("pymysql",)) is not None:
+        text = "mysql+pymysql://" + text.split("://", 1)[1]
     if dialect == "sqlite":
         path = text[len(scheme) + 3:]
         if not path.startswith("/") or path in ("/", "/:memory:"):
@@ -124,6 +133,16 @@ def study_storage(study) -> tuple[str | None, str | None]:
 
 
 STUDY_DIALECTS = ("sqlite", "postgresql", "postgres", "mysql")
+
+
+def _installed(modules) -> str | None:
+    """The first of `modules` that can be imported (found, not imported)."""
+    import importlib.util
+
+    for name in modules:
+        if importlib.util.find_spec(name) is not None:
+            return name
+    return None
 
 
 def _shown_url(url: str) -> str:
@@ -139,6 +158,8 @@ def _shown_url(url: str) -> str:
 
 def _storage_error(shown, exc) -> GraphswapError:
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    if isinstance(exc, ImportError) and isinstance(exc.__cause__, ModuleNotFoundError):
+        exc = exc.__cause__   # optuna's "Failed to import DB access module", from the driver's
     if isinstance(exc, ModuleNotFoundError):
         return GraphswapError(
             f"cannot open the study {shown}: the database driver {exc.name!r} is not installed; "
