@@ -357,3 +357,65 @@ def test_cli_fp8_end_to_end_convert_evaluate_finetune_sweep_exports(tmp_path):
     assert bad.exit_code == 1
     assert bad.output.strip().startswith("Error: ") and len(bad.output.strip().splitlines()) == 1
     assert "Traceback" not in bad.output and not os.path.exists(tmp_path / "bad.keras")
+
+
+def test_a_model_naming_an_untrusted_or_changed_fp8_source_is_refused(tmp_path, monkeypatch):
+    from graphswap.errors import KernelTrustError, ModelLoadError
+    from graphswap.kernels import clear_cache
+    from graphswap.kernels import trust as kernel_trust
+
+    monkeypatch.setenv("GRAPHSWAP_CONFIG_DIR", str(tmp_path / "config"))  # an empty trust store
+    source = tmp_path / "approx.c"
+    shutil.copy(MITCHELL, source)
+    swapped = graphswap.rewrite_model(small_model(), kernel=f"fp8_e4m3:{source}")
+    saved = tmp_path / "swapped.keras"
+    swapped.save(saved)
+    x, _ = small_data(4)
+    want = swapped(x).numpy()
+    kernel_trust.clear_session_trust()
+    clear_cache()
+    with pytest.raises((KernelTrustError, ModelLoadError),
+                       match=r"refusing to load the FP8 multiplier source .*approx.c \(sha256 "
+                             r"[0-9a-f]{64}\): it is not trusted"):
+        graphswap.load_model(saved)
+    graphswap.trust(str(source))
+    np.testing.assert_array_equal(graphswap.load_model(saved)(x).numpy(), want)
+    source.write_text(MITCHELL.read_text().replace("2 * fraction", "2 * fraction + 1"))
+    clear_cache()
+    with pytest.raises((KernelTrustError, ModelLoadError),
+                       match=r"FP8 multiplier source .*approx.c has changed since the model was "
+                             r"saved"):
+        graphswap.load_model(saved)
+
+
+def test_explore_chooses_among_fp8_circuits_and_refuses_mixed_families(tmp_path):
+    from graphswap.errors import GraphswapError
+    from graphswap.research.circuits import load_library
+
+    values = E5M2.values.astype(np.float64)
+    coarse = np.multiply.outer(values, values)
+    coarse = np.where(np.isfinite(coarse), coarse * 0.75, 0.0).astype(np.float32)  # 25% low
+    table = _table_file(tmp_path, coarse, "low.npy")
+    metrics = {"exact": {"power": 0.3}, "low": {"power": 0.1}}
+    library = load_library([f"fp8_e5m2:{table}"], metrics)
+    assert library.exact.spec == "fp8_e5m2" and library.names() == ["low"]
+    assert library.by_name("low").metric("power") == 0.1
+    for mixed, message in ((["fp8_e4m3", f"fp8_e5m2:{table}"], "mixes fp8_e4m3 and fp8_e5m2"),
+                           (["mul8s_drum4", "fp8_e4m3"], "mixes fp8_e4m3 and integer")):
+        with pytest.raises(GraphswapError, match=message):
+            load_library(mixed, metrics)
+    model = small_model()
+    x, y = small_data()
+    model.fit(x, y, epochs=3, verbose=0)
+    model.save(tmp_path / "small.keras")
+    np.savez(tmp_path / "data.npz", x_test=x, y_test=y)
+    (tmp_path / "metrics.json").write_text(json.dumps(metrics))
+    front = tmp_path / "front.json"
+    result = CliRunner().invoke(main, [
+        "explore", str(tmp_path / "small.keras"), "--data", str(tmp_path / "data.npz"),
+        "--library", f"fp8_e5m2:{table}", "--metrics", str(tmp_path / "metrics.json"),
+        "--budget", "100", "-o", str(front)])
+    assert result.exit_code == 0, result.output
+    assert "all 4 assignments measured" in result.output
+    points = json.loads(front.read_text())
+    assert "low" in json.dumps(points)

@@ -283,6 +283,18 @@ class Fp8Kernel(Kernel):
         return {"spec": self.spec, "path": self.path, "sha256": self.sha256}
 
     @property
+    def name(self) -> str:
+        """A short name: the format's built-in name, or the C function / table file stem."""
+        if self.fp8_spec.kind is None:
+            return self.spec
+        return self.fp8_spec.function or os.path.splitext(os.path.basename(self.path))[0]
+
+    @property
+    def header_metrics(self) -> dict:
+        """The figures a C source's header carries (PDK45_PWR, ...; as for integer circuits)."""
+        return dict(self._header)
+
+    @property
     def hardware_metrics(self) -> dict:
         return {k: v for k, v in self._header.items() if k.startswith("PDK45")}
 

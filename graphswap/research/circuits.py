@@ -77,7 +77,10 @@ class CircuitLibrary:
         digest = hashlib.sha256()
         for circuit in [self.exact, *self.circuits]:
             digest.update(circuit.spec.encode())
-            digest.update(resolve_multiplier(circuit.spec).table.tobytes())
+            fp8 = _fp8_kernel(circuit.spec)
+            table = fp8.products_table() if fp8 is not None else \
+                resolve_multiplier(circuit.spec).table
+            digest.update(table.tobytes())
         return digest.hexdigest()
 
     def require_metric(self, objective: str) -> None:
@@ -166,6 +169,30 @@ def _table_figures(table: dict, circuit_name: str, spec: str) -> dict | None:
     return None
 
 
+def _fp8_kernel(spec):
+    """The FP8 kernel a library entry names ("fp8_e4m3", "fp8_e5m2:FILE"), else None."""
+    if not (isinstance(spec, str) and spec.startswith("fp8_")):
+        return None
+    kernel = resolve_kernel(spec)
+    return kernel if getattr(kernel, "fp8_spec", None) is not None else None
+
+
+def _fp8_library(circuits, skipped, families, table) -> CircuitLibrary:
+    """A library of 8-bit float multipliers of one format: its exact choice is the exact FP8
+    multiplier of that format; its figures come from the metrics table only (no default)."""
+    if len(families) > 1:
+        raise GraphswapError(
+            f"the library mixes {' and '.join(sorted(f or 'integer' for f in families))} "
+            f"circuits; a layer's quantization follows its multiplier's format, so explore one "
+            f"family at a time")
+    exact_spec = families.pop()
+    given = table.get(EXACT) or table.get(exact_spec)
+    exact_figures = {"power": None, "area": None, "delay": None, **(given or {})}
+    exact = Circuit(EXACT, exact_spec, True, exact_figures,
+                    "metrics table" if given else "none", resolve_kernel(exact_spec).description)
+    return CircuitLibrary(circuits, exact, skipped)
+
+
 def load_library(sources, metrics=None) -> CircuitLibrary:
     """The CircuitLibrary of `sources` (directories, files, specs, built-in names), with figures
     from the headers and the optional metrics table (`metrics`: a path, or a dict as
@@ -177,10 +204,11 @@ def load_library(sources, metrics=None) -> CircuitLibrary:
                              "files, 'lib.so:symbol' specs or built-in names")
     table = read_metrics_table(metrics) if isinstance(metrics, (str, os.PathLike)) else \
         dict(metrics or {})
-    circuits, skipped, names = [], [], set()
+    circuits, skipped, names, families = [], [], set(), set()
     for spec in specs:
         try:
-            multiplier = resolve_multiplier(spec)
+            fp8 = _fp8_kernel(spec)   # an 8-bit float multiplier (graphswap/kernels/fp8.py)
+            multiplier = fp8 if fp8 is not None else resolve_multiplier(spec)
             if multiplier is None:
                 raise GraphswapError(f"{spec} is not a multiplier (a library holds 8-bit "
                                      f"multipliers: .c, .lut, .bin, lib.so:symbol, built-ins)")
@@ -200,9 +228,12 @@ def load_library(sources, metrics=None) -> CircuitLibrary:
             v is not None for v in header.values()) else "none")
         circuits.append(Circuit(name, multiplier.spec, multiplier.signed, figures, source,
                                 multiplier.description))
+        families.add(fp8.exact_products().spec if fp8 is not None else None)
     if not circuits:
         reasons = "; ".join(f"{spec}: {reason}" for spec, reason in skipped)
         raise GraphswapError(f"no usable circuit in the library ({reasons})")
+    if families != {None}:
+        return _fp8_library(circuits, skipped, families, table)
     signedness = {c.signed for c in circuits}
     if len(signedness) > 1:
         signed = [c.name for c in circuits if c.signed]
