@@ -373,3 +373,41 @@ def test_lut_grad_of_an_exact_8x4_multiplier_is_the_straight_through_gradient(tm
     geometry = graphswap.native.conv_geometry(x.shape, w.shape, (1, 1), (1, 1), "valid", 1)
     dx, dw = lut_conv2d_gradients(approx, x, w, np.ones((1, 3, 3, 3), np.float32), geometry)
     assert dx.shape == x.shape and dw.shape == w.shape and np.isfinite(dw).all()
+
+
+def test_signed_8x4_in_evoapproxlib_types_is_read_as_a_12_bit_pattern(tmp_path):
+    """mul8x4s_ with uint64_t operands and result (EvoApproxLib's types): the operands arrive as bit
+    patterns, the product's low 12 bits are its two's-complement value."""
+    source = tmp_path / "mul8x4s_pat.c"
+    source.write_text(
+        "#include <stdint.h>\n"
+        "uint64_t mul8x4s_pat(const uint64_t A /* 8-bit signed operand */,\n"
+        "                     const uint64_t B /* 4-bit signed operand */)\n"
+        "{ int64_t a = (int8_t)(A & 255u); int64_t b = (int64_t)(B & 15u); if (b > 7) b -= 16;\n"
+        "  return (uint64_t)(a * b) & 0xFFFu; }\n")
+    m = _resolve(source).multiplier
+    assert m.signed and m.weight_bits == 4
+    a = np.where(np.arange(256) > 127, np.arange(256) - 256, np.arange(256))
+    b = np.where(np.arange(16) > 7, np.arange(16) - 16, np.arange(16))
+    np.testing.assert_array_equal(m.weight_table(), a[:, None] * b[None, :])
+    assert checks.check(m)["passed"]
+
+
+def test_bias_compensation_of_an_exact_8x4_multiplier_changes_nothing(tmp_path):
+    """Compensation measures the approximate products against exact products of the same codes:
+    for an 8x4 kernel those are the 4-bit weights' (an 8x8 exact reference would count the 4-bit
+    rounding as multiplier error and 'correct' it)."""
+    import keras
+    source = tmp_path / "mul8x4u_exact.c"
+    source.write_text(EXACT_8X4)
+    trust.trust(str(source))
+    keras.utils.set_random_seed(2)
+    model = keras.Sequential([keras.Input((12,)), keras.layers.Dense(8, activation="relu"),
+                              keras.layers.Dense(3)])
+    x = np.random.default_rng(2).normal(size=(64, 12)).astype(np.float32)
+    calibrated = graphswap.rewrite_model(model, kernel=str(source), calibration_data=x)
+    compensated = graphswap.rewrite_model(model, kernel=str(source), calibration_data=x,
+                                          bias_correction="mean")
+    np.testing.assert_array_equal(np.asarray(compensated(x)), np.asarray(calibrated(x)))
+    exact = calibrated.layers[0].arithmetic.exact_products()
+    assert exact.weight_bits == 4 and exact.multiplier.weight_bits == 4
