@@ -411,3 +411,22 @@ def test_bias_compensation_of_an_exact_8x4_multiplier_changes_nothing(tmp_path):
     np.testing.assert_array_equal(np.asarray(compensated(x)), np.asarray(calibrated(x)))
     exact = calibrated.layers[0].arithmetic.exact_products()
     assert exact.weight_bits == 4 and exact.multiplier.weight_bits == 4
+
+
+def test_error_heatmap_of_an_8x4_multiplier_covers_its_own_domain(tmp_path, monkeypatch):
+    import matplotlib.axes
+    from graphswap.multipliers import plot_error_heatmap
+    shown = {}
+    original = matplotlib.axes.Axes.imshow
+
+    def spy(self, data, *args, **kwargs):
+        shown["data"], shown["extent"] = np.asarray(data), kwargs.get("extent")
+        return original(self, data, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "imshow", spy)
+    m = _resolve(_copy(tmp_path, "mul8x4u_gsbam4.c")).multiplier
+    out = plot_error_heatmap(m, tmp_path / "heat.png")
+    assert Path(out).read_bytes().startswith(b"\x89PNG")
+    want = _bam(4, 4) - np.arange(256)[:, None] * np.arange(16)[None, :]
+    np.testing.assert_array_equal(shown["data"], want)
+    assert shown["extent"] == (-0.5, 15.5, -0.5, 255.5)

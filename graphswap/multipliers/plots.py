@@ -6,26 +6,30 @@ import os
 
 import numpy as np
 
-from graphswap.multipliers.metrics import lut
-from graphswap.multipliers.record import Multiplier, operand_values
+from graphswap.multipliers.metrics import errors, operand_axes
+from graphswap.multipliers.record import Multiplier
 
 
 def plot_error_heatmap(multiplier: Multiplier, path) -> str:
-    """Write a PNG heatmap of approx - exact over all operand pairs; returns the path."""
+    """Write a PNG heatmap of approx - exact over all operand pairs (256 x 2^N for an 8xN
+    multiplier), both axes in value order; returns the path."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    values = operand_values(multiplier.signed)
-    order = np.argsort(values)
-    error = (lut(multiplier) - (values[order][:, None] * values[order][None, :])).astype(np.float64)
+    first, second = operand_axes(multiplier)
+    rows, cols = np.argsort(first), np.argsort(second)
+    error = errors(multiplier)[2][np.ix_(rows, cols)].astype(np.float64)
     limit = max(float(np.abs(error).max()), 1.0)
-    lo, hi = int(values.min()), int(values.max())
+    extent = (int(second.min()) - 0.5, int(second.max()) + 0.5,
+              int(first.min()) - 0.5, int(first.max()) + 0.5)
     fig, ax = plt.subplots(figsize=(6.4, 5.4), dpi=100)
     image = ax.imshow(error, cmap="RdBu_r", vmin=-limit, vmax=limit, origin="lower",
-                      extent=(lo - 0.5, hi + 0.5, lo - 0.5, hi + 0.5), interpolation="nearest")
-    ax.set_xlabel("second operand b (weight)")
+                      extent=extent, interpolation="nearest",
+                      aspect="equal" if multiplier.weight_bits == 8 else "auto")
+    ax.set_xlabel("second operand b (weight)" if multiplier.weight_bits == 8
+                  else f"second operand b ({multiplier.weight_bits}-bit weight)")
     ax.set_ylabel("first operand a (activation)")
     ax.set_title(f"{multiplier.name}: approx - exact")
     fig.colorbar(image, ax=ax, label="error")
