@@ -30,7 +30,10 @@ def parse_header_metrics(source: str) -> tuple[dict, dict]:
 def lut(multiplier: Multiplier) -> np.ndarray:
     """The multiplier as a 256x256 int array: out[i, j] = product of the i-th and j-th operand values,
     rows = first operand (activation), columns = second operand (weight).  Unsigned: operands 0..255.
-    Signed: rows and columns ordered by value -128..127 (so out[128, 128] = f(0, 0))."""
+    Signed: rows and columns ordered by value -128..127 (so out[128, 128] = f(0, 0)).  An 8xN
+    multiplier's array is its embedded layout (record.py): only the columns of the N-bit weight
+    values are the circuit's, the others hold exact products; Multiplier.weight_table() is the
+    circuit's own 256 x 2^N function."""
     table = multiplier.table.reshape(256, 256)
     if multiplier.signed:
         order = (np.arange(256) + 128) % 256  # position i holds the code of value i - 128
