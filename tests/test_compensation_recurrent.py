@@ -75,8 +75,11 @@ def _reference_errors(case, weights, x, ranges):
             h = (z * h + (1 - z) * hh).astype(np.float32)
             continue
         ha, he = both(h, recurrent, "h")
-        if case == "gru":   # candidate columns: r * (h @ R_h + b): not an additive error
+        if case.startswith("gru"):   # candidate columns: r * (h @ R_h + b), their error r * e
             recurrent_error[:2 * units] += (he - ha)[:, :2 * units].sum(axis=0)
+            x_r, r_r = (xa + bias[0])[:, units:2 * units], (ha + bias[1])[:, units:2 * units]
+            r = _sigmoid(x_r + r_r) if case == "gru" else 1.0   # "gru_ungated": as if additive
+            recurrent_error[2 * units:] += (r * (he - ha)[:, 2 * units:]).sum(axis=0)
         else:
             recurrent_error += (he - ha).sum(axis=0)
         if case == "lstm":
@@ -98,7 +101,7 @@ def _calibrated(case, x):
     keras.utils.set_random_seed(6)
     inputs = keras.Input((STEPS, FEATURES))
     model = keras.Model(inputs, CASES[case]()(inputs))
-    return model, rewrite_model(model, KERNEL, calibration_data=x)
+    return model, rewrite_model(model, KERNEL, bias_correction=None, calibration_data=x)
 
 
 @pytest.mark.parametrize("method", ["mean", "moments"])
@@ -129,14 +132,16 @@ def test_recurrent_error_is_folded_into_the_offset(case, method):
                                atol=1e-4 * scale)
     # the recurrent term is really there: not the input product's offset alone
     assert np.abs(folded).max() > 100 * 1e-4 * scale
-    if case == "gru":
-        assert not np.any(folded[2 * UNITS:])   # the r-gated candidate columns
+    if case == "gru":   # the r-gated candidate columns: r * e, not e
+        _, _, ungated, _ = _reference_errors("gru_ungated", model.layers[-1].get_weights(), x,
+                                             ranges)
+        assert np.abs(ungated / rows - folded)[2 * UNITS:].max() > 100 * 1e-4 * scale
     summary = step.layers[f"{swapped.layers[-1].name}/cell"]
     assert summary["mean_abs_recurrent_offset"] == pytest.approx(np.abs(folded).mean(),
                                                                   rel=1e-3)
 
 
-@pytest.mark.parametrize("case", ["lstm", "gru_reset_before"])
+@pytest.mark.parametrize("case", ["lstm", "gru", "gru_reset_before"])
 def test_folding_the_recurrent_error_does_not_raise_the_output_error(case, monkeypatch):
     """Seeded: held-out error against the float model with no correction, with the input
     product's only (the previous behaviour) and with the recurrent products folded in."""

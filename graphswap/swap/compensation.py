@@ -20,11 +20,11 @@ compensate_bias(model, data, method="mean")
         offset_c += mean(p @ R_exact - p @ R)_c      (columns c the product adds to)
     with R its recurrent weights and that operand's own scheme; "moments" keeps the gain of the
     input product (the spread of a sum of two products cannot be matched by a gain on one of
-    them) and with this offset matches the mean of the whole pre-activation.  Not folded: a GRU
-    with reset_after=True multiplies its candidate columns' recurrent product by the reset gate r
-    (sample by sample) before adding it, so their error is r * e, not an additive per-column
-    error; those columns keep the input product's correction only (compensating them would
-    need an output correction on the recurrent product itself).
+    them) and with this offset matches the mean of the whole pre-activation.  A GRU with
+    reset_after=True multiplies its candidate columns' recurrent product by the reset gate r
+    (sample by sample) before adding it, so their error is r * e: the offset of those columns
+    gets mean(r * e), r computed from the same step's products as the cell computes it (the
+    approximate products, the bias, the correction the layer has during the run).
 
 recalibrate_batchnorm(model, data)
     For each BatchNormalization layer, in model order (the ones before it already re-estimated),
@@ -115,7 +115,7 @@ def recurrent_products(cell) -> dict:
     units = int(cell.units)
     weights = np.asarray(cell.recurrent_kernel, dtype=np.float32)
     if isinstance(cell, SwappedGRUCell):
-        if cell.reset_after:   # the candidate's columns are gated by r: z and r only
+        if cell.reset_after:   # the candidate's columns are gated by r: _GatedCandidate
             return {"recurrent": (weights, 2 * units, 0)}
         return {"recurrent": (weights[:, :2 * units], 2 * units, 0),
                 "reset_state": (weights[:, 2 * units:], units, 2 * units)}
@@ -135,6 +135,38 @@ class _MeanError:
         finite = np.isfinite(a).all(axis=1) & np.isfinite(e).all(axis=1)
         self.total = self.total + (e[finite] - a[finite]).sum(axis=0)
         self.n += int(finite.sum())
+
+
+class _GatedCandidate:
+    """A GRU with reset_after=True: running mean of r * e over its candidate columns, e the
+    recurrent product's error there and r the reset gate of the same step (module docstring)."""
+
+    def __init__(self, cell):
+        units = int(cell.units)
+        self.cell, self.units = cell, units
+        correction = cell.output_correction or {}
+        self.gain = np.asarray(correction.get("gain") or np.ones(3 * units), np.float64)
+        self.offset = np.asarray(correction.get("offset") or np.zeros(3 * units), np.float64)
+        self.bias = (np.asarray(cell.bias, np.float64) if cell.use_bias
+                     else np.zeros((2, 3 * units)))
+        self.inputs = None   # the approximate input product of the step under way
+        self.n = 0
+        self.total = 0.0
+
+    def update(self, approximate: np.ndarray, exact: np.ndarray) -> None:
+        """One step's recurrent products (all columns), after its input product."""
+        if self.inputs is None or len(self.inputs) != len(approximate):
+            return
+        u = self.units
+        a = approximate.astype(np.float64)
+        x_r = (self.inputs * self.gain + self.offset + self.bias[0])[:, u:2 * u]
+        r = np.asarray(self.cell.recurrent_activation(
+            (x_r + a[:, u:2 * u] + self.bias[1][u:2 * u]).astype(np.float32)), np.float64)
+        error = r * (exact.astype(np.float64) - a)[:, 2 * u:]
+        finite = np.isfinite(error).all(axis=1)
+        self.total = self.total + error[finite].sum(axis=0)
+        self.n += int(finite.sum())
+        self.inputs = None
 
 
 def compensate_bias(model, data, *, samples: int = DEFAULT_CALIBRATION_SAMPLES,
@@ -161,16 +193,24 @@ def compensate_bias(model, data, *, samples: int = DEFAULT_CALIBRATION_SAMPLES,
                              bind_scheme(exact, layer.current_quantization(point)))
                      for point, (weights, width, first) in recurrent_products(layer).items()}
 
+        gated = _GatedCandidate(layer) if isinstance(layer, SwappedGRUCell) and \
+            layer.reset_after else None
+
         def record(observed, x, point=None, layer=layer, moments=moments, scheme=scheme,
-                   exact=exact, recurrent=recurrent):
+                   exact=exact, recurrent=recurrent, gated=gated):
             if point is None:
-                moments.update(layer.numpy_product(x, quant=scheme),
-                               layer.numpy_product(x, exact, quant=scheme))
+                approximate = layer.numpy_product(x, quant=scheme)
+                moments.update(approximate, layer.numpy_product(x, exact, quant=scheme))
+                if gated is not None:
+                    gated.inputs = np.asarray(approximate, np.float64)
             elif point in recurrent:   # the other intermediate operands: numpy_product covers
                 weights, width, _, errors, approximate, exact_kernel = recurrent[point]
                 x = np.asarray(x, np.float32)
-                errors.update(np.asarray(approximate.matmul(x, weights))[:, :width],
-                              np.asarray(exact_kernel.matmul(x, weights))[:, :width])
+                products = (np.asarray(approximate.matmul(x, weights)),
+                            np.asarray(exact_kernel.matmul(x, weights)))
+                errors.update(products[0][:, :width], products[1][:, :width])
+                if gated is not None:
+                    gated.update(*products)
 
         with observing([layer], record):
             run_batches(model, inputs, batch_size)
@@ -182,6 +222,8 @@ def compensate_bias(model, data, *, samples: int = DEFAULT_CALIBRATION_SAMPLES,
             for weights, width, first, errors, _, _ in recurrent.values():
                 if errors.n:
                     added[first:first + width] += errors.total / errors.n
+            if gated is not None and gated.n:
+                added[2 * gated.units:] += gated.total / gated.n
             offset += added
             folded = float(np.abs(added).mean())
         layer.set_output_correction(gain, offset)

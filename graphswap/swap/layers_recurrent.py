@@ -18,10 +18,11 @@ state h (every cell) and, for a GRU with reset_after=False, "reset_state" for r 
 of its third recurrent product.  The output correction (bias compensation) applies per column of
 the input product inputs @ kernel (gates x units columns), before the bias; its offset also
 carries the recurrent products' mean error, which adds to the same columns (graphswap.swap.
-compensation; a GRU with reset_after=True: the z and r columns only).  Weights are quantized per product: the full kernel, the full
-recurrent kernel (a GRU with reset_after=False: its first 2 x units and last units columns as two
-products).  The layer holds the cell's record in its config ("arithmetic", "backward",
-"quantization", "output_correction", "intermediate_ranges"), read back through the trust gate.
+compensation; a GRU with reset_after=True: r * e on its r-gated candidate columns).  Weights
+are quantized per product: the full kernel, the full recurrent kernel (a GRU with
+reset_after=False: its first 2 x units and last units columns as two products).  The layer
+holds the cell's record in its config ("arithmetic", "backward", "quantization",
+"output_correction", "intermediate_ranges"), read back through the trust gate.
 """
 
 from __future__ import annotations
