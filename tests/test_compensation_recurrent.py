@@ -1,7 +1,7 @@
 """Bias compensation of recurrent cells: the recurrent products' mean error (the state h at every
 step; a GRU with reset_after=False also r * h) folded into the offset of the input product's
-output correction, on the columns each product adds to (a GRU with reset_after=True: z and r
-only; its candidate columns are gated by r).  Checked against an independent numpy recurrence
+output correction, on the columns each product adds to (a GRU with reset_after=True: its
+candidate columns, gated by r, get the mean of r * e).  Checked against an independent numpy recurrence
 (tests/reference.py's quantized matmul with the multiplier's table and the exact table on the
 same codes), for both methods; and on a seeded example the corrected model's output error
 against the float model is not larger than without the recurrent term or without correction."""
