@@ -12,10 +12,13 @@
   of it: a model saved on one path runs on the other.
 
 Keras: every swapped layer inherits `RunsOutsideXla` (through `QuantizedLayerMixin`), whose
-`supports_jit` is True only when the device path covers the layer's arithmetic and its backward
-is "native" (the gradients "kernel" and "lut_grad" call C code).  Keras reads it when it resolves
-`jit_compile`: "auto" (XLA on accelerators only) and an explicit `compile(jit_compile=True)` then
-XLA-compile a covered model; for the others Keras gives its one warning "Model doesn't support
+`supports_jit` is True only when the device path covers the layer's arithmetic, its backward is
+"native" (the gradients "kernel" and "lut_grad" call C code), and XLA is what this machine should
+run: a GPU/TPU is visible, or GRAPHSWAP_BRIDGE=xla.  On a CPU-only machine the C path stays the
+default (it is several times faster there than XLA's look-ups: benchmarks/bench_device.py), so a
+model compiled with jit_compile=True keeps running its products in C, as before.  Keras reads
+`supports_jit` when it resolves `jit_compile`: "auto" (XLA on accelerators only) and an explicit
+`compile(jit_compile=True)` then XLA-compile a covered model; otherwise Keras gives its one warning "Model doesn't support
 `jit_compile=True`. Proceeding with `jit_compile=False`." and runs without XLA.  A user's own
 `tf.function(jit_compile=True)` around a layer the device path does not cover (an
 operation-level library of the user's) raises XlaCompilationError while the function is traced,
@@ -105,11 +108,22 @@ def covers(arithmetic) -> bool:
     return isinstance(kernel, LibraryKernel) and kernel.spec == "exact" and kernel.path is None
 
 
+def accelerator_visible() -> bool:
+    """Whether TensorFlow sees a GPU or TPU."""
+    return bool(tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("TPU"))
+
+
 def _on_accelerator(tensor) -> bool:
     device = (getattr(tensor, "device", "") or "").upper()
     if device:
         return "GPU" in device or "TPU" in device
-    return bool(tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("TPU"))
+    return accelerator_visible()
+
+
+def keras_may_compile() -> bool:
+    """Whether swapped layers the device path covers let Keras XLA-compile them: on an
+    accelerator, or when GRAPHSWAP_BRIDGE=xla asks for the device path (module docstring)."""
+    return bridge_mode() == "xla" or accelerator_visible()
 
 
 def use_device_path(arithmetic, tensor=None) -> bool:
@@ -213,15 +227,16 @@ def layer_arithmetic(layer):
 
 class RunsOutsideXla:
     """Mixin of every swapped layer (module docstring): `supports_jit` is True only when the
-    device path covers the layer's arithmetic and its backward is "native" - whatever Keras's
-    Layer.__init__ (or anyone) assigns to it."""
+    device path covers the layer's arithmetic, its backward is "native" and Keras may compile it
+    (`keras_may_compile`) - whatever Keras's Layer.__init__ (or anyone) assigns to it."""
 
     @property
     def supports_jit(self) -> bool:
         arithmetic = layer_arithmetic(self)
         if arithmetic is None:   # a layer without a product of its own (MultiHeadAttention)
             return True
-        return covers(arithmetic) and getattr(self, "backward", "native") == "native"
+        return (covers(arithmetic) and getattr(self, "backward", "native") == "native"
+                and keras_may_compile())
 
     @supports_jit.setter
     def supports_jit(self, value) -> None:  # Keras's Layer.__init__ sets True: the kernels decide
