@@ -325,8 +325,11 @@ def test_cli_fp8_end_to_end_convert_evaluate_finetune_sweep_exports(tmp_path):
     assert dense.quantization.activations == "static"
     # the reloaded model computes the FP8 product: the kernel applied to the conv's output
     features = keras.Model(reloaded.inputs, reloaded.get_layer("flat").output)(x[:4]).numpy()
+    correction = dense.output_correction or {}   # what compensation set, if anything
+    gain = np.asarray(correction.get("gain") or 1.0, np.float32)
+    offset = np.asarray(correction.get("offset") or 0.0, np.float32)
     logits = dense.arithmetic.matmul(features, dense.kernel.numpy(),
-                                     quant=dense.current_quantization(None)) \
+                                     quant=dense.current_quantization(None)) * gain + offset \
         + dense.bias.numpy()
     np.testing.assert_allclose(reloaded(x[:4]).numpy(), tf.nn.softmax(logits).numpy(),
                                rtol=1e-5, atol=1e-6)
