@@ -382,10 +382,13 @@ def test_loss_and_metrics_overrides(tmp_path):
                   "mae", "--epochs", "1", "--batch-size", "16", "-o", tmp_path / "ft.keras"])
     assert out.exit_code == 0, out.output
     assert "compiled with the loss given by --loss: mse" in out.output
-    # explore cannot budget a lower-is-better score
+    # explore budgets a lower-is-better score as an allowed increase (test_explore_scores.py)
+    (tmp_path / "power.csv").write_text(f"name,power\nexact,0.4\n{APPROXIMATE},0.2\n")
     out = invoke(["explore", path, "--data", tmp_path / "r.npz", "--library", APPROXIMATE,
-                  "--loss", "mse", "--task-metrics", "mse", "-o", tmp_path / "front.json"])
-    assert out.exit_code == 1 and "mse is lower-is-better" in out.output
+                  "--metrics", tmp_path / "power.csv", "--budget", "1e6", "--loss", "mse",
+                  "--task-metrics", "mse", "-o", tmp_path / "front.json"])
+    assert out.exit_code == 0, out.output
+    assert json.loads((tmp_path / "front.json").read_text())["score"] == "mse"
 
 
 # ----------------------------------------------------------------------------------------------

@@ -126,6 +126,12 @@ GRAPHSWAP_EXPORT int32_t graphswap_lut_conv2d(const uint8_t *input, const uint8_
                                               int64_t *window_sums,
                                               const graphswap_conv2d_params *params);
 
+/* 8-bit floating-point multipliers (optional; graphswap/kernels/fp8.py, docs/FP8.md): a and b hold FP8
+ * codes, table 65536 float32 products, table[(a_code << 8) | b_code].  out[m,n] is the float32
+ * running sum of table[(a[m,k] << 8) | b[k,n]] over k = 0, 1, ..., in that order (not exact: float). */
+GRAPHSWAP_EXPORT int32_t graphswap_lut_float_matmul(const uint8_t *a, const uint8_t *b, const float *table,
+                                                    float *out, int64_t m, int64_t k, int64_t n);
+
 /* ---- fused quantized table-driven kernels (graphswap's own library; ABI version 1 additions) ----
  *
  * One call does what graphswap/quantized.py does around graphswap_lut_matmul / _conv2d, with no
