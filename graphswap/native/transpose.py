@@ -107,3 +107,99 @@ def unflipped_filter(filter_gradient: np.ndarray) -> np.ndarray:
     """Adjoint of flipped_filter (for the filter's gradient)."""
     return np.ascontiguousarray(np.transpose(filter_gradient, (0, 1, 3, 2))[::-1, ::-1],
                                 dtype=np.float32)
+
+
+# --------------------------------------------------------------------------------------------
+# the sub-pixel formulation: no inserted zeros
+# --------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class SubpixelPhase:
+    """One phase of one spatial axis: the outputs o with o % stride == residue, as the stride-1
+    convolution of the (padded or cropped) input with the kernel's taps first_tap, first_tap +
+    stride, ... (reversed: a correlation)."""
+
+    residue: int      # o % stride of the outputs this phase computes
+    first_tap: int    # the phase's taps of the kernel axis: first_tap::stride
+    taps: int
+    outputs: int      # how many outputs (ceil((out_len - residue) / stride))
+    pad_before: int   # input positions added before (negative: the input's first ones dropped)
+    pad_after: int    # and after (negative: dropped)
+
+
+@dataclasses.dataclass(frozen=True)
+class SubpixelPlan:
+    """Conv2DTranspose as stride_h * stride_w stride-1 convolutions of the input itself (no
+    zeros inserted), one per (row phase, column phase), interleaved into the output: every
+    product of the transposed convolution and no product with an inserted zero."""
+
+    strides: tuple[int, int]
+    output_height: int
+    output_width: int
+    rows: tuple[SubpixelPhase, ...]     # ordered by residue
+    columns: tuple[SubpixelPhase, ...]
+
+    @property
+    def crops(self) -> bool:
+        """Whether some phase drops input positions (its window never reaches them)."""
+        return any(p.pad_before < 0 or p.pad_after < 0 for p in self.rows + self.columns)
+
+    @property
+    def blocks(self) -> tuple[int, int]:
+        """(ceil(out_h / s_h), ceil(out_w / s_w)): each phase's output padded to this before the
+        phases interleave (then cropped to the output)."""
+        return (self.rows[0].outputs, self.columns[0].outputs)
+
+    def phase_geometry(self, batch: int, in_channels: int, filters: int, row: SubpixelPhase,
+                       column: SubpixelPhase, in_height: int, in_width: int) -> ConvGeometry:
+        """The stride-1 convolution of one phase over the input cropped by the phase's negative
+        paddings (`in_height`, `in_width`: that cropped input's size)."""
+        return ConvGeometry(batch, in_height, in_width, in_channels, row.taps, column.taps,
+                            filters, row.outputs, column.outputs, 1, 1, 1, 1,
+                            max(row.pad_before, 0), max(row.pad_after, 0),
+                            max(column.pad_before, 0), max(column.pad_after, 0), 1)
+
+
+def _axis_phases(size: int, kernel: int, stride: int, before: int, out_len: int):
+    """The phases of one axis: out[o] = sum over taps t, inputs i with i * stride + t - before
+    == o of x[i] K[t]; None where some phase has no tap or no output (the zero-inserted
+    formulation handles those)."""
+    phases = []
+    for first_tap in range(stride):
+        taps = -(-(kernel - first_tap) // stride)
+        q0 = -((first_tap - before) // stride)          # ceil((before - first_tap) / stride)
+        q1 = (out_len - 1 + before - first_tap) // stride
+        outputs = q1 - q0 + 1
+        if taps <= 0 or outputs <= 0:
+            return None
+        pad_before = taps - 1 - q0
+        pad_after = outputs + taps - 1 - size - pad_before
+        phases.append(SubpixelPhase(q0 * stride + first_tap - before, first_tap, taps, outputs,
+                                    pad_before, pad_after))
+    return tuple(sorted(phases, key=lambda p: p.residue))
+
+
+def subpixel_plan(input_shape, kernel_shape, strides, padding, output_padding=None,
+                  dilations=(1, 1)) -> SubpixelPlan | None:
+    """The sub-pixel plan of a Conv2DTranspose (same arguments as transposed_conv), or None
+    where it does not apply: dilations > 1, a kernel smaller than its stride (phases without
+    taps), or an input too small for every phase to have outputs."""
+    plan = transposed_conv(input_shape, kernel_shape, strides, padding, output_padding,
+                           dilations)
+    if max(int(d) for d in dilations) > 1:
+        return None
+    g = plan.geometry
+    rows = _axis_phases(int(input_shape[1]), g.filter_height, plan.strides[0],
+                        g.filter_height - 1 - g.pad_top, g.out_height)
+    columns = _axis_phases(int(input_shape[2]), g.filter_width, plan.strides[1],
+                           g.filter_width - 1 - g.pad_left, g.out_width)
+    if rows is None or columns is None:
+        return None
+    return SubpixelPlan(plan.strides, g.out_height, g.out_width, rows, columns)
+
+
+def subpixel_filter(kernel: np.ndarray, row: SubpixelPhase, column: SubpixelPhase,
+                    strides) -> np.ndarray:
+    """numpy: one phase's HWIO filter from a Keras (h, w, filters, in) transposed-conv kernel."""
+    part = kernel[row.first_tap::strides[0], column.first_tap::strides[1]][::-1, ::-1]
+    return np.ascontiguousarray(np.transpose(part, (0, 1, 3, 2)), dtype=np.float32)

@@ -43,7 +43,9 @@ from graphswap import native
 from graphswap.errors import UnsupportedLayerError
 from graphswap.kernels import Kernel, bind_scheme
 from graphswap.native import conv_geometry, einsum_plan, transposed_conv
+from graphswap.native.transpose import subpixel_plan
 from graphswap.swap import forward_op, xla
+from graphswap.swap.ops_transposed import transposed_forward
 from graphswap.swap.ops import (configure_threads, epilogue_gradients, epilogue_inputs,
                                 gradient_kernel, kernel_call, split_epilogue)
 
@@ -289,6 +291,10 @@ def swapped_conv2d_transpose(x, kernel, arithmetic: Kernel, strides=(1, 1), padd
                                         data_format="channels_last", dilation_rate=dilations)
 
     forward_tf = None
+    if forward_op.supports(arithmetic, "conv2d"):
+        forward_tf = transposed_forward(arithmetic, quant, plan_of((1, *static[1:])),
+                                         subpixel_plan((1, *static[1:]), kernel_shape, strides,
+                                                       padding, output_padding, dilations))
     if xla.use_device_path(arithmetic, x):  # inside XLA / on an accelerator (swap/xla.py)
         device_plan = plan_of((1, *static[1:]))
 

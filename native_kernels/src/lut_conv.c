@@ -180,6 +180,76 @@ typedef struct conv_job {
     int sm;                 /* sign-magnitude weights: wq and w->qt hold 2 physical channels each */
 } conv_job;
 
+/* Depthwise (one input channel per group, channel planes): the exact sums of group g's output
+ * channels [j0, j0 + ncols) over output pixels [p0, p0 + rows) straight from the plane, through
+ * the transposed table's columns (one column per tap and channel: T[.][weight code]) -- no im2col
+ * block and no expanded table, whose fixed cost per job dwarfs a depthwise job's rows x taps x 1
+ * products.  acc[r * ncols + j] = sum_k T[a_k, q_kj] (sign-magnitude: sum_k sigma_kj T[a_k, m_kj],
+ * the finished sum gs_sm_combine would give), sums[r] = the window's code sums (padding: the pad
+ * code, as gather_direct).  Scratch: K * (ncols * 12 + 8) bytes at `scratch`. */
+static void depthwise_block(const conv_job *J, const code_layout *L, int64_t g, int64_t j0, int64_t ncols,
+                            int64_t p0, int64_t rows, int64_t *acc, int64_t *sums, uint8_t *scratch)
+{
+    const graphswap_conv2d_params *P = J->P;
+    const int64_t K = J->G->taps, cog = J->G->cout_g, cout = P->out_channels;
+    const int64_t H = P->in_height, W = P->in_width, OW = P->out_width, OH = P->out_height;
+    const int64_t FH = P->filter_height, FW = P->filter_width, px = L->pixel;
+    const int64_t dh = P->dilation_height, dw = P->dilation_width;
+    const int32_t **col = (const int32_t **)scratch;        /* K x ncols table columns */
+    int64_t *off = (int64_t *)(col + K * ncols);            /* K: tap offsets inside the image */
+    int32_t *sgn = (int32_t *)(off + K);                    /* K x ncols: +1 / -1 */
+    for (int64_t k = 0; k < K; ++k) {
+        off[k] = ((k / FW) * dh * W + (k % FW) * dw) * px;
+        for (int64_t j = 0; j < ncols; ++j) {
+            const int64_t c = g * cog + j0 + j;
+            int code = J->sm ? (J->wq[k * 2 * cout + 2 * c] | J->wq[k * 2 * cout + 2 * c + 1])
+                             : J->wq[k * cout + c];
+            col[k * ncols + j] = J->t->tt + ((int64_t)code << 8);
+            sgn[k * ncols + j] = J->sm ? J->w->sign[k * cout + c] : 1;
+        }
+    }
+    const uint8_t pad = J->pad;
+    for (int64_t r = 0; r < rows; ++r) {
+        const int64_t pix = p0 + r;
+        const int64_t ow = pix % OW, oh = (pix / OW) % OH, n = pix / (OW * OH);
+        const uint8_t *img = L->codes + n * L->image + g * L->group;
+        const int64_t ih0 = oh * P->stride_height - P->pad_top, iw0 = ow * P->stride_width - P->pad_left;
+        int64_t *out = acc + r * ncols;
+        int64_t s = 0;
+        for (int64_t j = 0; j < ncols; ++j) out[j] = 0;
+        const int inside = ih0 >= 0 && ih0 + (FH - 1) * dh < H && iw0 >= 0 && iw0 + (FW - 1) * dw < W;
+        const uint8_t *base = inside ? img + (ih0 * W + iw0) * px : img;
+        if (ncols == 1) { /* the usual depthwise layer: one output channel per group */
+            int64_t v = 0;
+            if (inside)
+                for (int64_t k = 0; k < K; ++k) {
+                    const uint8_t a = base[off[k]];
+                    s += a, v += (int64_t)sgn[k] * col[k][a];
+                }
+            else
+                for (int64_t k = 0; k < K; ++k) {
+                    const int64_t ih = ih0 + (k / FW) * dh, iw = iw0 + (k % FW) * dw;
+                    const uint8_t a = (ih >= 0 && ih < H && iw >= 0 && iw < W) ? img[(ih * W + iw) * px] : pad;
+                    s += a, v += (int64_t)sgn[k] * col[k][a];
+                }
+            out[0] = v;
+        } else {
+            for (int64_t k = 0; k < K; ++k) {
+                uint8_t a;
+                if (inside) {
+                    a = base[off[k]];
+                } else {
+                    const int64_t ih = ih0 + (k / FW) * dh, iw = iw0 + (k % FW) * dw;
+                    a = (ih >= 0 && ih < H && iw >= 0 && iw < W) ? img[(ih * W + iw) * px] : pad;
+                }
+                s += a;
+                for (int64_t j = 0; j < ncols; ++j) out[j] += sgn[k * ncols + j] * col[k * ncols + j][a];
+            }
+        }
+        if (sums) sums[r] = s;
+    }
+}
+
 static int32_t run(const char *fn, const conv_job *J)
 {
     const graphswap_conv2d_params *P = J->P;
@@ -236,6 +306,9 @@ static int32_t run(const char *fn, const conv_job *J)
         }
         L = (code_layout){planes, C * HW, HW, 1};
     }
+    /* a depthwise convolution into floats: straight from the planes (depthwise_block), when its
+     * per-job tap columns fit in the packed block's space */
+    const int depthwise = planar && J->out && J->t && ((cog < cols ? cog : cols) * 12 + 8) * K <= packbytes;
     /* window code sums: asked for, or the zero-point correction of asymmetric weights needs them */
     const int need_sums = J->window_sums || (J->out && J->is_unsigned && !J->sm);
     for (int64_t fh = 0, i = 0; fh < P->filter_height; ++fh)
@@ -258,6 +331,16 @@ static int32_t run(const char *fn, const conv_job *J)
         const int64_t blk = rest / chunks, cc = rest % chunks;
         const int64_t p0 = blk * shape.rows, rows = min64(shape.rows, G->pixels - p0);
         const int64_t j0 = cc * cols, ncols = cog > 0 ? min64(cols, cog - j0) : 0;
+        if (depthwise) {
+            if (ncols == 0) continue;
+            depthwise_block(J, &L, g, j0, ncols, p0, rows, acc, need_sums ? sums : NULL, packed);
+            gs_epilogue e = {J->w->zero + (g * cog + j0), J->w->colsum + (g * cog + j0), J->sasb + (g * cog + j0),
+                             J->bias ? J->bias + (g * cog + j0) : NULL, J->w->bad + (g * cog + j0), J->zx, K,
+                             J->is_unsigned};
+            gs_epilogue_rows(J->isa, &e, acc, 0, rows, ncols, need_sums ? sums : NULL,
+                             J->out + p0 * cout + g * cog + j0, cout);
+            continue;
+        }
         if (direct)
             gather_direct(P, G, &L, J->pad, g, p0, rows, packed, need_sums ? sums : NULL);
         else

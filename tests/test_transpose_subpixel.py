@@ -1,0 +1,141 @@
+"""Conv2DTranspose through graphswap's compiled op in the sub-pixel formulation
+(graphswap.native.transpose.subpixel_plan, graphswap.swap.ops_layers): one stride-1 convolution
+per phase of the input itself.  The plan is checked against Keras' own transposed convolution in
+float64; the swapped layer's table-driven results against tests/reference.py's quantized
+convolution of the zero-inserted input, bit for bit - on inputs whose activation zero point makes
+the dropped products vanish (the sub-pixel path) and on inputs where it does not (the
+zero-inserted fallback), with every weight encoding, a static range, and non-finite values."""
+
+from __future__ import annotations
+
+import itertools
+
+import keras
+import numpy as np
+import pytest
+
+import reference
+from graphswap import SwappedConv2DTranspose
+from graphswap.errors import ShapeError
+from graphswap.kernels import resolve_multiplier
+from graphswap.native import flipped_filter, insert_zeros, transposed_conv
+from graphswap.native.transpose import subpixel_filter, subpixel_plan
+
+RNG = np.random.default_rng(26)
+
+
+def _valid_conv(x, f):
+    """float64 stride-1 VALID NHWC x HWIO convolution, tap by tap."""
+    _, h, w, _ = x.shape
+    kh, kw = f.shape[:2]
+    out = 0.0
+    for i, j in itertools.product(range(kh), range(kw)):
+        out = out + np.einsum("nhwc,co->nhwo", x[:, i:i + h - kh + 1, j:j + w - kw + 1], f[i, j])
+    return out
+
+
+def test_subpixel_plan_is_keras_conv_transpose_for_every_small_geometry():
+    checked = 0
+    for h, w, k, s, padding, extra in itertools.product((1, 2, 5), (1, 4), (1, 2, 3, 5),
+                                                        (1, 2, 3), ("same", "valid"),
+                                                        (None, 0, 1, 2)):
+        if extra is not None and extra >= s:
+            continue
+        x = RNG.standard_normal((2, h, w, 3))
+        kernel = RNG.standard_normal((k, k, 4, 3))
+        output_padding = None if extra is None else (extra, extra)
+        try:
+            plan = subpixel_plan(x.shape, kernel.shape, (s, s), padding, output_padding)
+        except ShapeError:   # not a transposed convolution (TensorFlow refuses it too)
+            continue
+        if plan is None:   # a phase without taps (k < s) or without outputs: zero-inserted
+            assert k < s or min(h, w) < 3
+            continue
+        want = keras.ops.conv_transpose(x.astype(np.float32), kernel.astype(np.float32), (s, s),
+                                        padding, output_padding).numpy()
+        blocks_h, blocks_w = plan.blocks
+        out = np.zeros((2, blocks_h, s, blocks_w, s, 4))
+        for row, column in itertools.product(plan.rows, plan.columns):
+            part = x[:, max(-row.pad_before, 0):h - max(-row.pad_after, 0),
+                     max(-column.pad_before, 0):w - max(-column.pad_after, 0)]
+            part = np.pad(part, [(0, 0), (max(row.pad_before, 0), max(row.pad_after, 0)),
+                                 (max(column.pad_before, 0), max(column.pad_after, 0)), (0, 0)])
+            y = _valid_conv(part, subpixel_filter(kernel, row, column, (s, s)))
+            assert y.shape[1:3] == (row.outputs, column.outputs)
+            out[:, :row.outputs, row.residue, :column.outputs, column.residue] = y
+        out = out.reshape(2, blocks_h * s, blocks_w * s, 4)
+        out = out[:, :plan.output_height, :plan.output_width]
+        assert out.shape == want.shape
+        np.testing.assert_allclose(out, want, atol=2e-4)
+        checked += 1
+    assert checked > 200
+    # the decoder's layers have one
+    assert subpixel_plan((16, 6, 6, 64), (3, 3, 64, 64), (2, 2), "same") is not None
+
+
+def _zero_inserted_reference(layer, x, mult, kwargs, mode=None):
+    plan = transposed_conv(x.shape, layer.kernel.shape, layer.strides, kwargs.get("padding"),
+                           layer.output_padding)
+    g = plan.geometry
+    return reference.quantized_conv2d(insert_zeros(x, plan), flipped_filter(layer.kernel.numpy()),
+                                      mult.table, mult.signed, (1, 1), (1, 1),
+                                      (g.pad_top, g.pad_bottom, g.pad_left, g.pad_right), 1, mode)
+
+
+GEOMETRIES = [
+    dict(kernel_size=3, strides=2, padding="same"),
+    dict(kernel_size=4, strides=2, padding="same"),
+    dict(kernel_size=3, strides=3, padding="valid", output_padding=2),
+    dict(kernel_size=(3, 2), strides=(2, 1), padding="valid", output_padding=(1, 0)),
+    dict(kernel_size=5, strides=2, padding="same"),
+]
+MODES = [None, {"weights": "asymmetric", "granularity": "per_tensor"},
+         {"weights": "sign_magnitude", "granularity": "per_tensor"}]
+
+
+@pytest.mark.parametrize("kwargs", GEOMETRIES)
+@pytest.mark.parametrize("name,mode", [("mul8s_drum4", None), ("mul8u_exact", None)]
+                         + [("mul8u_drum4", m) for m in MODES])
+@pytest.mark.parametrize("inputs", ["relu", "signed"])
+def test_lut_conv2d_transpose_is_bit_identical_to_the_zero_inserted_convolution(
+        kwargs, name, mode, inputs):
+    mult = resolve_multiplier(name)
+    layer = SwappedConv2DTranspose(3, use_bias=False, arithmetic=name, quantization=mode,
+                                   **kwargs)
+    x = (RNG.standard_normal((2, 5, 4, 3)) * 0.8).astype(np.float32)
+    if inputs == "relu":   # activation zero point 0: the sub-pixel path for every table here
+        x = np.maximum(x, 0)
+    layer.build(x.shape)
+    got = layer(x).numpy()
+    np.testing.assert_array_equal(got, _zero_inserted_reference(layer, x, mult, kwargs, mode))
+    # and inside a tf.function, as fit/predict run it
+    import tensorflow as tf
+    np.testing.assert_array_equal(tf.function(layer)(x).numpy(), got)
+
+
+@pytest.mark.parametrize("name", ["mul8u_drum4", "mul8s_drum4"])
+def test_lut_conv2d_transpose_non_finite_values_and_a_static_range(name):
+    mult = resolve_multiplier(name)
+    kwargs = dict(kernel_size=3, strides=2, padding="same")
+    x = np.maximum(RNG.standard_normal((2, 4, 4, 2)), 0).astype(np.float32)
+    layer = SwappedConv2DTranspose(4, use_bias=False, arithmetic=name, **kwargs)
+    layer.build(x.shape)
+    kernel = layer.kernel.numpy()
+    kernel[1, 2, 3, 0] = np.nan          # output channel 3: NaN everywhere, per the spec
+    layer.kernel.assign(kernel)
+    x[1, 2, 1, 0] = np.inf               # the windows of sample 1 that read it: NaN
+    got = layer(x).numpy()
+    want = _zero_inserted_reference(layer, x, mult, kwargs)
+    assert np.isnan(got[..., 3]).all() and np.isnan(got[1, ..., :3]).any()
+    assert not np.isnan(got[0, ..., :3]).any()
+    np.testing.assert_array_equal(got, want)
+    # static ranges (a calibrated layer's): zero point 0 (sub-pixel) and not (zero-inserted)
+    for lo in (0.0, -0.5):
+        static = {"activations": "static", "activation_range": (lo, 2.0)}
+        layer = SwappedConv2DTranspose(4, use_bias=False, arithmetic=name, quantization=static,
+                                       **kwargs)
+        layer.build(x.shape)
+        assert layer.quantization.activations == "static"
+        clipped = np.clip(np.nan_to_num(x), lo, 2.0)
+        np.testing.assert_array_equal(
+            layer(clipped).numpy(), _zero_inserted_reference(layer, clipped, mult, kwargs, static))
