@@ -65,6 +65,8 @@ LAYER_TYPES = ("Dense", "Conv2D", "DepthwiseConv2D", "SeparableConv2D", "Conv1D"
 MAX_CHECK_BATCH = 1024                                                  # swap.MAX_CHECK_BATCH
 BACKWARD_MODES = ("native", "kernel", "lut_grad")                       # swap.BACKWARD_MODES
 COMPENSATION_METHODS = ("mean", "moments")                              # swap.COMPENSATION_METHODS
+DEFAULT_COMPENSATION = "moments"                                        # with --calibrate
+DEFAULT_WEIGHT_TUNING = False                                           # with --calibrate
 CALIBRATION_SOURCES = ("float", "approximate")                          # swap.CALIBRATION_SOURCES
 DEFAULT_CALIBRATION_SOURCE = "float"
 CALIBRATION_METHODS = ("minmax", "percentile", "mse")                   # swap.CALIBRATION_METHODS
@@ -78,6 +80,7 @@ DEFAULT_SCHEDULE = "cosine"
 #: (cli constant, API subpackage, API name): what the startup test compares
 OPTION_VALUES = tuple((name, package, name) for package, names in (
     ("graphswap.swap", ("LAYER_TYPES", "MAX_CHECK_BATCH", "BACKWARD_MODES", "COMPENSATION_METHODS",
+                        "DEFAULT_COMPENSATION", "DEFAULT_WEIGHT_TUNING",
                         "CALIBRATION_SOURCES", "DEFAULT_CALIBRATION_SOURCE", "CALIBRATION_METHODS",
                         "DEFAULT_CALIBRATION_METHOD", "DEFAULT_CALIBRATION_SAMPLES",
                         "MIN_CALIBRATION_SAMPLES", "QUANTIZATION_PRESETS")),
@@ -247,7 +250,7 @@ class SweepProgress:
 QUANTIZATION_PARAMS = ("quantization", "weights", "weight_granularity", "observer",
                        "observer_momentum", "calibrate", "calibration_samples",
                        "calibration_method", "calibration_source", "bias_correction",
-                       "calibration_bn", "fold_batchnorm")
+                       "calibration_bn", "fold_batchnorm", "weight_tuning")
 
 
 def quantization_options(command):
@@ -265,11 +268,18 @@ def quantization_options(command):
         click.option("--recalibrate-bn", "calibration_bn", is_flag=True,
                      help="With --calibrate: re-estimate BatchNormalization statistics with the "
                           "approximate forward (no gradient steps)."),
-        click.option("--bias-correction", type=click.Choice(list(COMPENSATION_METHODS)),
+        click.option("--weight-tuning/--no-weight-tuning", default=None,
+                     help="With --calibrate: replace each multiplier layer's weight codes by the "
+                          "codes whose approximate products best match the exact ones over the "
+                          "layer's calibrated inputs (ALWANN's weight tuning; docs/RECOVERY.md)"
+                          f" [default with --calibrate: "
+                          f"{'on' if DEFAULT_WEIGHT_TUNING else 'off'}]."),
+        click.option("--bias-correction", type=click.Choice(["none", *COMPENSATION_METHODS]),
                      default=None,
                      help="With --calibrate: compensate each multiplier layer's product error "
                           "per output channel - 'mean' (mean error) or 'moments' (mean and "
-                          "spread; recommended, see docs/RECOVERY.md)."),
+                          f"spread), or 'none' [default with --calibrate: {DEFAULT_COMPENSATION},"
+                          f" the best measured, see docs/RECOVERY.md]."),
         click.option("--calibration-source", type=click.Choice(list(CALIBRATION_SOURCES)),
                      default=DEFAULT_CALIBRATION_SOURCE, show_default=True,
                      help="Observe each layer's input in the float model, or with the layers "
@@ -322,8 +332,9 @@ def _rewrite_options(rewrite: dict, model=None, ctx=None) -> dict:
                                "granularity; drop --weights/--weight-granularity, or use them "
                                "without the preset")
     if rewrite["calibrate"] is None:
-        needing = [f"--{name.replace('_', '-')}" for name in ("bias_correction", "calibration_bn")
-                   if rewrite[name]]
+        needing = [f"--{name.replace('_', '-')}" for name in ("bias_correction", "calibration_bn",
+                                                               "weight_tuning")
+                   if rewrite[name] and rewrite[name] != "none"]
         if ctx is not None:
             needing += [f"--{name.replace('_', '-')}"
                         for name in ("calibration_samples", "calibration_method",
@@ -348,9 +359,20 @@ def _rewrite_options(rewrite: dict, model=None, ctx=None) -> dict:
                        calibration_samples=rewrite["calibration_samples"],
                        calibration_method=rewrite["calibration_method"],
                        calibration_source=rewrite["calibration_source"],
-                       bias_correction=rewrite["bias_correction"],
+                       bias_correction=_default_recipe(rewrite)[0],
                        recalibrate_bn=rewrite["calibration_bn"])
+        if _default_recipe(rewrite)[1]:
+            options["weight_tuning"] = True
     return options
+
+
+def _default_recipe(rewrite: dict) -> tuple:
+    """(bias_correction, weight_tuning) with --calibrate: the options as given, the best measured
+    recipe (DEFAULT_COMPENSATION, DEFAULT_WEIGHT_TUNING) where not given; 'none' is None."""
+    bias = rewrite["bias_correction"]
+    bias = DEFAULT_COMPENSATION if bias is None else (None if bias == "none" else bias)
+    tuning = rewrite["weight_tuning"]
+    return bias, DEFAULT_WEIGHT_TUNING if tuning is None else bool(tuning)
 
 
 def _load(path, custom_objects=None, unsafe=False):

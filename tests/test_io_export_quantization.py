@@ -74,7 +74,7 @@ def test_kept_kernel_onnx_without_the_quant_attribute_runs_its_old_scheme(lenet,
 
 def test_export_metadata_records_the_quantization(lenet, digits, tmp_path):
     swapped = graphswap.rewrite_model(lenet, kernel="mul8u_drum4",
-                                      calibration_data=digits["x_train"][:64])
+                                      bias_correction=None, calibration_data=digits["x_train"][:64])
     result = graphswap.export_model(swapped, tmp_path / "lowered.onnx", format="onnx")
     records = [layer.to_dict() for layer in result.layers]
     assert records[0]["quantization"]["activations"] == "static"

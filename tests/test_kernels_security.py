@@ -491,7 +491,7 @@ def test_tampered_static_layer_is_refused(attack, stock):
     graphswap.trust(attack.honest)
     calibration = np.random.default_rng(0).uniform(size=(16, *shape)).astype(np.float32)
     swapped = graphswap.rewrite_model(model, kernel=str(attack.honest),
-                                      calibration_data=calibration)
+                                      bias_correction=None, calibration_data=calibration)
     layer = swapped.get_layer("fc")
     channels = int(layer.output.shape[-1])
     layer.set_output_correction(np.full(channels, 0.5), np.full(channels, 0.25))

@@ -55,7 +55,7 @@ def test_cosine_schedule_decays_to_zero_over_the_run():
 def test_batchnorm_is_reestimated_after_training_by_default(digits):
     model = keras.models.load_model(CNN_BN)
     swapped = graphswap.rewrite_model(model, kernel="mul8u_drum4",
-                                      calibration_data=digits["x_train"][:128])
+                                      bias_correction=None, calibration_data=digits["x_train"][:128])
     data = (digits["x_train"][:256], digits["y_train"][:256])
     default = graphswap.finetune(swapped, data, epochs=1, verbose=0)
     assert any(note.startswith("after training: re-estimated the statistics of 3 "

@@ -31,7 +31,7 @@ def float_layer_inputs(model, names, x):
 
 def test_minmax_ranges_are_the_float_inputs_extremes(lenet, digits):
     x = digits["x_train"][:CALIBRATION]
-    swapped, report = graphswap.rewrite_model(lenet, kernel="mul8u_drum4", calibration_data=x,
+    swapped, report = graphswap.rewrite_model(lenet, kernel="mul8u_drum4", bias_correction=None, calibration_data=x,
                                               calibration_method="minmax", return_report=True)
     names = [layer.name for layer in swapped.layers if hasattr(layer, "arithmetic")]
     inputs = float_layer_inputs(lenet, names, x)
@@ -46,9 +46,9 @@ def test_minmax_ranges_are_the_float_inputs_extremes(lenet, digits):
 @pytest.mark.parametrize("method", ["percentile", "mse"])
 def test_percentile_and_mse_clip_inside_the_minmax_range(lenet, digits, method):
     x = digits["x_train"][:CALIBRATION]
-    minmax = graphswap.rewrite_model(lenet, kernel="mul8u_drum4", calibration_data=x,
+    minmax = graphswap.rewrite_model(lenet, kernel="mul8u_drum4", bias_correction=None, calibration_data=x,
                                      calibration_method="minmax")
-    other = graphswap.rewrite_model(lenet, kernel="mul8u_drum4", calibration_data=x,
+    other = graphswap.rewrite_model(lenet, kernel="mul8u_drum4", bias_correction=None, calibration_data=x,
                                     calibration_method=method)
     narrower = 0
     for a, b in zip(minmax.layers, other.layers):
@@ -62,8 +62,8 @@ def test_percentile_and_mse_clip_inside_the_minmax_range(lenet, digits, method):
 
 def test_approximate_source_sees_the_approximate_activations(lenet, digits):
     x = digits["x_train"][:CALIBRATION]
-    plain = graphswap.rewrite_model(lenet, kernel="mul8u_drum3", calibration_data=x)
-    aware = graphswap.rewrite_model(lenet, kernel="mul8u_drum3", calibration_data=x,
+    plain = graphswap.rewrite_model(lenet, kernel="mul8u_drum3", bias_correction=None, calibration_data=x)
+    aware = graphswap.rewrite_model(lenet, kernel="mul8u_drum3", bias_correction=None, calibration_data=x,
                                     calibration_source="approximate")
     ranges = [(a.current_quantization().activation_range, b.current_quantization().activation_range)
               for a, b in zip(plain.layers, aware.layers) if hasattr(a, "arithmetic")]
@@ -75,7 +75,7 @@ def test_approximate_source_sees_the_approximate_activations(lenet, digits):
 def test_calibrated_predictions_do_not_depend_on_the_batch(lenet, digits, kernel):
     x = digits["x_test"][:200]
     static = graphswap.rewrite_model(lenet, kernel=kernel,
-                                     calibration_data=digits["x_train"][:CALIBRATION])
+                                     bias_correction=None, calibration_data=digits["x_train"][:CALIBRATION])
     probabilities = predictions_in_batches(static, x, 200)
     # graphswap's part ends at the logits: bit for bit whatever the batch.  The softmax after it
     # is TensorFlow's, whose vectorised exp may round a row's value by one ulp differently
@@ -127,7 +127,7 @@ def test_files_without_a_scheme_reload_with_the_scheme_they_were_made_with(lenet
 
 def test_moving_average_observer_follows_its_formula(lenet, digits):
     x = digits["x_train"][:CALIBRATION]
-    swapped = graphswap.rewrite_model(lenet, kernel="mul8u_drum4", calibration_data=x,
+    swapped = graphswap.rewrite_model(lenet, kernel="mul8u_drum4", bias_correction=None, calibration_data=x,
                                       quantization={"observer": "moving_average",
                                                     "momentum": 0.75})
     layer = swapped.get_layer("fc1")
@@ -140,7 +140,7 @@ def test_moving_average_observer_follows_its_formula(lenet, digits):
     observed = np.array([fc1_input.min(), fc1_input.max()])
     np.testing.assert_allclose(after, 0.75 * before + 0.25 * observed, rtol=0.02, atol=1e-6)
     assert layer.get_config()["quantization"]["activation_range"] == [float(v) for v in after]
-    fixed = graphswap.rewrite_model(lenet, kernel="mul8u_drum4", calibration_data=x)
+    fixed = graphswap.rewrite_model(lenet, kernel="mul8u_drum4", bias_correction=None, calibration_data=x)
     range_before = fixed.get_layer("fc1").current_quantization().activation_range
     fixed(x[:32], training=True)
     assert fixed.get_layer("fc1").current_quantization().activation_range == range_before
@@ -157,17 +157,17 @@ def test_calibrate_function_on_an_existing_model(lenet, digits):
 def test_bad_calibration_input_is_refused(lenet, digits):
     x = digits["x_train"]
     with pytest.raises(QuantizationError, match=r"shape \(40, 32, 32\).*takes \(N, 32, 32, 1\)"):
-        graphswap.rewrite_model(lenet, kernel="mul8u_drum4", calibration_data=x[:40, :, :, 0])
+        graphswap.rewrite_model(lenet, kernel="mul8u_drum4", bias_correction=None, calibration_data=x[:40, :, :, 0])
     with pytest.raises(QuantizationError, match="has 5 example.*at least 16"):
-        graphswap.rewrite_model(lenet, kernel="mul8u_drum4", calibration_data=x[:5])
+        graphswap.rewrite_model(lenet, kernel="mul8u_drum4", bias_correction=None, calibration_data=x[:5])
     with pytest.raises(QuantizationError, match="unknown calibration method 'median'"):
-        graphswap.rewrite_model(lenet, kernel="mul8u_drum4", calibration_data=x,
+        graphswap.rewrite_model(lenet, kernel="mul8u_drum4", bias_correction=None, calibration_data=x,
                                 calibration_method="median")
     with pytest.raises(QuantizationError, match="unknown calibration source"):
-        graphswap.rewrite_model(lenet, kernel="mul8u_drum4", calibration_data=x,
+        graphswap.rewrite_model(lenet, kernel="mul8u_drum4", bias_correction=None, calibration_data=x,
                                 calibration_source="hardware")
     with pytest.raises(QuantizationError, match="samples must be a whole number >= 16"):
-        graphswap.rewrite_model(lenet, kernel="mul8u_drum4", calibration_data=x,
+        graphswap.rewrite_model(lenet, kernel="mul8u_drum4", bias_correction=None, calibration_data=x,
                                 calibration_samples=3)
     with pytest.raises(QuantizationError, match="static activations need calibration data"):
         graphswap.rewrite_model(lenet, kernel="mul8u_drum4",

@@ -39,7 +39,7 @@ def conv1_error(model, lenet, x):
 @pytest.mark.parametrize("method", ["mean", "moments"])
 def test_bias_compensation_lowers_the_error_on_held_out_data(lenet, digits, method):
     calibration, held_out = digits["x_train"][:256], digits["x_test"]
-    model = graphswap.rewrite_model(lenet, kernel="mul8u_trunc8", calibration_data=calibration)
+    model = graphswap.rewrite_model(lenet, kernel="mul8u_trunc8", bias_correction=None, calibration_data=calibration)
     before_layer = np.abs(conv1_error(model, lenet, held_out)).mean()
     reference = np.asarray(lenet(held_out, training=False))
     before_output = np.abs(np.asarray(model(held_out, training=False)) - reference).mean()
@@ -59,7 +59,7 @@ def test_mean_compensation_is_the_mean_error_of_the_products(lenet, digits):
     """The offset of the first layer equals the per-channel mean of (exact products - approximate
     products) on the calibration data, computed here with the kernels directly."""
     x = digits["x_train"][:64]
-    model = graphswap.rewrite_model(lenet, kernel="mul8u_drum3", calibration_data=x)
+    model = graphswap.rewrite_model(lenet, kernel="mul8u_drum3", bias_correction=None, calibration_data=x)
     swap.compensate_bias(model, x, samples=64, method="mean", layers=["conv1"])
     layer = model.get_layer("conv1")
     inputs = conv1_inputs(lenet, x)
@@ -75,7 +75,7 @@ def test_mean_compensation_is_the_mean_error_of_the_products(lenet, digits):
 
 def test_moments_compensation_matches_mean_and_spread(lenet, digits):
     x = digits["x_train"][:64]
-    model = graphswap.rewrite_model(lenet, kernel="mul8u_drum3", calibration_data=x)
+    model = graphswap.rewrite_model(lenet, kernel="mul8u_drum3", bias_correction=None, calibration_data=x)
     swap.compensate_bias(model, x, samples=64, method="moments", layers=["conv1"])
     layer = model.get_layer("conv1")
     inputs = conv1_inputs(lenet, x)
@@ -92,7 +92,7 @@ def test_moments_compensation_matches_mean_and_spread(lenet, digits):
 def test_batchnorm_reestimation_sets_the_approximate_forward_statistics(digits):
     model = keras.models.load_model(CNN_BN)
     x = digits["x_train"][:256]
-    swapped = graphswap.rewrite_model(model, kernel="mul8s_drum3", calibration_data=x)
+    swapped = graphswap.rewrite_model(model, kernel="mul8s_drum3", bias_correction=None, calibration_data=x)
     test, labels = digits["x_test"], digits["y_test"]
     before = float(np.mean(np.asarray(swapped(test, training=False)).argmax(1) == labels))
     step = swap.recalibrate_batchnorm(swapped, x)

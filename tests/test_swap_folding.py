@@ -131,7 +131,7 @@ def test_folding_keeps_what_calibration_compensation_and_bn_reestimation_won(cnn
 
 def test_folded_model_trains_saves_reloads_and_exports(cnn_bn, digits, tmp_path):
     swapped = graphswap.rewrite_model(cnn_bn, kernel="mul8u_drum4", fold_batchnorm=True,
-                                      calibration_data=digits["x_train"][:256])
+                                      bias_correction=None, calibration_data=digits["x_train"][:256])
     result = graphswap.finetune(swapped, (digits["x_train"][:256], digits["y_train"][:256]),
                                 epochs=1, verbose=0)
     trained = result.model

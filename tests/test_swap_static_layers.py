@@ -58,7 +58,7 @@ def in_batches(model, x, size):
 
 def test_minmax_ranges_of_the_static_layers_are_the_float_inputs_extremes(images):
     model = small_model()
-    swapped = graphswap.rewrite_model(model, kernel="mul8u_drum4", calibration_data=images[:64],
+    swapped = graphswap.rewrite_model(model, kernel="mul8u_drum4", bias_correction=None, calibration_data=images[:64],
                                       calibration_method="minmax")
     names = ("depthwise", "sep", "transpose", "conv1d", "ein")
     probe = keras.Model(model.inputs, [model.get_layer(n).input for n in names])
@@ -270,7 +270,7 @@ def test_moving_average_observer_follows_its_formula_in_fit(images):
     """lo, hi <- m lo + (1 - m) min/max of what each range saw in the training step: the
     depthwise layer's input, and the separable layer's depthwise result (its pointwise range)."""
     model = small_model()
-    swapped = graphswap.rewrite_model(model, kernel="mul8u_drum4", calibration_data=images[:64],
+    swapped = graphswap.rewrite_model(model, kernel="mul8u_drum4", bias_correction=None, calibration_data=images[:64],
                                       quantization={"observer": "moving_average",
                                                     "momentum": 0.5})
     depthwise, separable = swapped.get_layer("depthwise"), swapped.get_layer("sep")
@@ -302,7 +302,7 @@ def test_depthwise_gradients_are_the_stock_layers_through_the_correction():
     model = keras.Sequential([keras.Input((6, 6, 4)), keras.layers.DepthwiseConv2D(
         3, padding="same", name="depthwise")])
     x = np.random.default_rng(2).normal(size=(16, 6, 6, 4)).astype(np.float32)
-    swapped = graphswap.rewrite_model(model, kernel="mul8u_exact", calibration_data=x)
+    swapped = graphswap.rewrite_model(model, kernel="mul8u_exact", bias_correction=None, calibration_data=x)
     layer = swapped.get_layer("depthwise")
     gain = np.linspace(0.5, 1.5, 4).astype(np.float32)
     offset = np.linspace(-0.1, 0.1, 4).astype(np.float32)
@@ -326,7 +326,7 @@ def test_depthwise_gradients_are_the_stock_layers_through_the_correction():
 
 def test_compensation_covers_every_static_layer(images):
     swapped = graphswap.rewrite_model(small_model(), kernel="mul8u_drum4",
-                                      calibration_data=images[:64])
+                                      bias_correction=None, calibration_data=images[:64])
     step = compensation.compensate_bias(swapped, images[:64], samples=64, method="moments")
     assert sorted(step.layers) == sorted(STATIC_LAYERS)
     for name in STATIC_LAYERS:
@@ -431,7 +431,7 @@ def test_static_transposed_conv_equals_the_scatter_reference(images):
     model = keras.Sequential([keras.Input((5, 5, 3)), keras.layers.Conv2DTranspose(
         2, 3, strides=2, padding="same", name="transpose")])
     calibration, x = images[:32, :5, :5] - 0.3, images[32:36, :5, :5] - 0.3
-    swapped = graphswap.rewrite_model(model, kernel="mul8s_drum4", calibration_data=calibration)
+    swapped = graphswap.rewrite_model(model, kernel="mul8s_drum4", bias_correction=None, calibration_data=calibration)
     layer = swapped.get_layer("transpose")
     kernel = np.asarray(layer.kernel, np.float64)
     # the reference's own geometry, checked on float values against TensorFlow's op
@@ -483,7 +483,7 @@ def sequences():
 def test_attention_projections_calibrate_to_their_own_float_inputs(sequences):
     model = attention_model()
     swapped, report = graphswap.rewrite_model(model, kernel="mul8u_drum4",
-                                              calibration_data=sequences[:64],
+                                              bias_correction=None, calibration_data=sequences[:64],
                                               calibration_method="minmax", return_report=True)
     parts = swapped.get_layer("mha").quantized_parts()
     assert sorted(parts) == ["key_dense", "output_dense", "query_dense", "value_dense"]

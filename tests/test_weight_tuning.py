@@ -287,3 +287,101 @@ def graphswap_sample(name):
 def test_weight_tuning_needs_calibration_data(lenet):
     with pytest.raises(QuantizationError, match="weight tuning reads each layer's calibrated"):
         graphswap.rewrite_model(lenet, "mul8u_drum4", weight_tuning=True)
+
+
+# -- the command line and the default recipe -----------------------------------------------------
+
+def invoke(*args):
+    from click.testing import CliRunner
+
+    from graphswap.cli import main
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def test_convert_calibrate_alone_applies_the_default_recipe_and_says_so(tmp_path):
+    from conftest import SAMPLE_DATA, SAMPLE_MODEL
+    base = ["convert", SAMPLE_MODEL, "-k", "mul8u_drum4", "--calibrate", SAMPLE_DATA,
+            "--calibration-samples", 32]
+    result = invoke(*base, "-o", tmp_path / "default.keras")
+    assert result.exit_code == 0, result.output
+    assert "zero-training recipe: static calibration + moments bias compensation (the " \
+           "default" in result.output
+    assert "bias compensation on 32 samples" in result.output
+    assert "weight tuning (multiplier-aware" not in result.output
+    default = keras.models.load_model(tmp_path / "default.keras")
+    assert any(layer.output_correction for layer in default.layers
+               if hasattr(layer, "output_correction"))
+    result = invoke(*base, "--bias-correction", "none", "--weight-tuning",
+                    "-o", tmp_path / "tuned.keras")
+    assert result.exit_code == 0, result.output
+    assert "zero-training recipe: static calibration + weight tuning (the default" \
+           in result.output
+    assert "bias compensation on" not in result.output
+    assert "weight tuning (multiplier-aware weight codes) on 32 samples:" in result.output
+    tuned = keras.models.load_model(tmp_path / "tuned.keras")
+    assert not any(layer.output_correction for layer in tuned.layers
+                   if hasattr(layer, "output_correction"))
+    stock = keras.models.load_model(SAMPLE_MODEL)
+    assert any(not np.array_equal(a, b) for a, b in zip(stock.get_weights(), tuned.get_weights()))
+
+
+def test_weight_tuning_without_calibration_is_a_usage_error(tmp_path):
+    from conftest import SAMPLE_MODEL
+    result = invoke("convert", SAMPLE_MODEL, "-k", "mul8u_drum4", "--weight-tuning",
+                    "-o", tmp_path / "out.keras")
+    assert result.exit_code == 2 and "--weight-tuning needs --calibrate DATA" in result.output
+    assert not (tmp_path / "out.keras").exists()
+
+
+def test_rewrite_model_default_recipe_with_and_without_calibration(lenet, digits):
+    x = digits["x_train"][:32]
+    _, report = graphswap.rewrite_model(lenet, "mul8u_drum4", calibration_data=x,
+                                        return_report=True)
+    notes = "\n".join(report.notes)
+    assert "zero-training recipe: static calibration + moments bias compensation" in notes
+    _, report = graphswap.rewrite_model(lenet, "mul8u_drum4", return_report=True)
+    assert "zero-training recipe" not in "\n".join(report.notes)
+    with pytest.raises(QuantizationError, match="weight_tuning must be True, False or 'default'"):
+        graphswap.rewrite_model(lenet, "mul8u_drum4", calibration_data=x, weight_tuning="yes")
+
+
+def small_residual_model(seed=0):
+    """A tiny residual network with BatchNorm (two blocks, 6 channels)."""
+    keras.utils.set_random_seed(seed)
+    layers = keras.layers
+    inputs = keras.Input((32, 32, 1))
+    x = layers.Rescaling(1.0 / 255.0)(inputs)
+    x = layers.MaxPooling2D(2)(x)
+    x = layers.Conv2D(6, 3, padding="same", use_bias=False)(x)
+    x = layers.ReLU()(layers.BatchNormalization(momentum=0.8)(x))
+    for _ in range(2):
+        y = layers.Conv2D(6, 3, padding="same", use_bias=False)(x)
+        y = layers.ReLU()(layers.BatchNormalization(momentum=0.8)(y))
+        y = layers.BatchNormalization(momentum=0.8)(layers.Conv2D(6, 3, padding="same",
+                                                                  use_bias=False)(y))
+        x = layers.ReLU()(layers.Add()([x, y]))
+    x = layers.GlobalAveragePooling2D()(x)
+    model = keras.Model(inputs, layers.Dense(10, activation="softmax")(x))
+    model.compile(keras.optimizers.Adam(1e-2), "sparse_categorical_crossentropy")
+    return model
+
+
+def test_the_default_recipe_recovers_more_than_calibration_alone(digits):
+    """The default recipe's measured gain on a (seeded, tiny) residual BN model: agreement with
+    the float model's predictions on held-out images, calibration alone vs the default."""
+    model = small_residual_model()
+    model.fit(digits["x_train"], digits["y_train"], batch_size=64, epochs=3, verbose=0)
+    x = digits["x_test"][:200].astype(np.float32)
+    reference = np.asarray(model(x, training=False)).argmax(axis=1)
+    calibration = digits["x_train"][:64]
+
+    def agreement(**options):
+        swapped = graphswap.rewrite_model(model, "mul8s_drum3", calibration_data=calibration,
+                                          **options)
+        return float(np.mean(np.asarray(swapped(x, training=False)).argmax(axis=1) == reference))
+
+    alone = agreement(bias_correction=None)
+    default = agreement()
+    # the default recipe is the best measured: it recovers a margin (several images) over
+    # calibration alone here too
+    assert default >= alone + 0.03, (alone, default)

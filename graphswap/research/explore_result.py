@@ -229,8 +229,8 @@ def describe_rewrite(requested, prepared) -> dict:
         convert += ["--calibrate", shown, "--calibration-samples", str(samples),
                     "--calibration-method", calibration["calibration_method"],
                     "--calibration-source", calibration["calibration_source"]]
-        if calibration["bias_correction"] is not None:
-            convert += ["--bias-correction", calibration["bias_correction"]]
+        # convert compensates by default with --calibrate: say "none" when it was left out
+        convert += ["--bias-correction", calibration["bias_correction"] or "none"]
         if calibration["recalibrate_bn"]:
             convert.append("--recalibrate-bn")
         data = prepared["calibration_data"]

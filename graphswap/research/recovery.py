@@ -169,7 +169,8 @@ def make_optimizer(optimizer, learning_rate, schedule: str = "constant", steps: 
 
 
 REWRITE_OPTIONS = ("quantization", "calibration_data", "calibration_samples", "calibration_method",
-                   "calibration_source", "bias_correction", "recalibrate_bn", "fold_batchnorm")
+                   "calibration_source", "bias_correction", "recalibrate_bn", "fold_batchnorm",
+                   "weight_tuning")
 
 
 def prepared_rewrite_options(options, model, resize: bool = False, pad: bool = False,

@@ -29,6 +29,7 @@ from graphswap.swap.catalog import (LAYER_TYPES, SWAPPABLE_TYPES, is_swappable_f
                                     is_swapped, refusal, swapped_from, type_name)
 from graphswap.swap.clone import copy_compile_config, transform_model
 from graphswap.swap.compensation import COMPENSATION_METHODS, calibrate_and_compensate
+from graphswap.swap.recipe import DEFAULT_RECIPE, recipe_defaults, recipe_note
 from graphswap.swap.folding import fold_batchnorm as fold_pairs
 from graphswap.swap.quantstate import legacy_scheme
 from graphswap.swap.report import LayerReport, RewriteReport, attention_macs, layer_macs
@@ -177,8 +178,8 @@ def rewrite_model(model, kernel="exact", include=None, exclude=None, kernel_map=
                   quantization=None, calibration_data=None,
                   calibration_samples=DEFAULT_CALIBRATION_SAMPLES,
                   calibration_method=DEFAULT_CALIBRATION_METHOD,
-                  calibration_source=DEFAULT_CALIBRATION_SOURCE, bias_correction=None,
-                  recalibrate_bn=False, fold_batchnorm=False, weight_tuning=False):
+                  calibration_source=DEFAULT_CALIBRATION_SOURCE, bias_correction=DEFAULT_RECIPE,
+                  recalibrate_bn=False, fold_batchnorm=False, weight_tuning=DEFAULT_RECIPE):
     """Return a copy of `model` whose selected layers' forward products run `kernel`.
 
     Args:
@@ -213,28 +214,24 @@ def rewrite_model(model, kernel="exact", include=None, exclude=None, kernel_map=
         operand, MultiHeadAttention one per projection.
       bias_correction: with calibration data, also compensate each multiplier layer's product
         error per output channel: "mean" (mean-error) or "moments" (mean and spread;
-        graphswap.swap.compensation).
+        graphswap.swap.compensation); None/"none": none; "default": graphswap.swap.recipe.
       recalibrate_bn: with calibration data, also re-estimate the BatchNormalization statistics
         with the approximate forward (graphswap.swap.compensation).
       fold_batchnorm: fold each Dense/Conv2D + BatchNormalization pair first
         (graphswap.swap.folding); a model with no foldable pair gets a report note.
-      weight_tuning: with calibration data, also replace each multiplier layer's weight codes by
-        the codes whose approximate products best match the exact ones over the layer's
-        calibrated input distribution (ALWANN's weight tuning, graphswap.swap.weight_tuning),
-        in the stored weights; after calibration, before bias compensation.
+      weight_tuning: with calibration data, also tune each multiplier layer's stored weight
+        codes to its multiplier (graphswap.swap.weight_tuning), before bias compensation.
 
     Raises UnsupportedLayerError (naming the layer and option) for a selected layer whose options
     cannot be reproduced, and KernelSpecError for unknown kernels.
     """
     ops.check_backward_mode(backward)
     calibrated = calibration_data is not None
+    bias_correction, weight_tuning = recipe_defaults(bias_correction, weight_tuning, calibrated)
     scheme_for = quantization_request(quantization, calibrated)
     if calibrated:   # checked before any work is done
         check_method(calibration_method, calibration_source)
         calibration_inputs(model, calibration_data, calibration_samples)
-    if weight_tuning and not calibrated:
-        raise QuantizationError("weight tuning reads each layer's calibrated input distribution: "
-                                "pass calibration_data= (--calibrate DATA) as well")
     if recalibrate_bn and not calibrated:
         raise QuantizationError("BatchNorm re-estimation in rewrite_model runs on the calibration "
                                 "data: pass calibration_data= (--calibrate DATA) as well")
@@ -349,12 +346,15 @@ def rewrite_model(model, kernel="exact", include=None, exclude=None, kernel_map=
         calibration_notes = calibrate_and_compensate(
             new_model, calibration_data, samples=calibration_samples, method=calibration_method,
             source=calibration_source, bias_correction=bias_correction,
-            recalibrate_bn=recalibrate_bn, weight_tuning=bool(weight_tuning)) if calibrated else []
+            recalibrate_bn=recalibrate_bn, weight_tuning=weight_tuning) if calibrated else []
         # each layer's own scheme, once calibrated (already swapped layers keep theirs); the
         # ranges are listed by the calibration note
         described = sorted({dataclasses.replace(layer.quantization, activation_range=None).describe(
             getattr(getattr(layer, "arithmetic", 0), "weight_bits", 8)) for layer in quantizing})
         notes.append(f"quantization: {'; '.join(described)}")
+        if calibrated:
+            notes.append(recipe_note(bias_correction, weight_tuning, recalibrate_bn,
+                                     fold_batchnorm))
         notes.extend(calibration_notes)
     elif calibrated:
         notes.append("calibration data given, but no swapped layer quantizes (no 8-bit "

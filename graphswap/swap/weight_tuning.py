@@ -42,13 +42,16 @@ import keras
 import numpy as np
 
 from graphswap.errors import QuantizationError
-from graphswap.kernels.quantized import activation_quantization, quantize_weights
+from graphswap.kernels.quantized import LutKernel, activation_quantization, quantize_weights
 from graphswap.native.einsum import ELLIPSIS
 from graphswap.native import einsum_plan
 from graphswap.swap.calibration import (BATCH_SIZE, DEFAULT_CALIBRATION_SAMPLES,
                                         calibration_inputs, observing, quantizing_layers,
                                         run_batches, select_layers)
 
+#: whether rewrite_model tunes weights by default whenever calibration data is given (measured:
+#: docs/RECOVERY.md, the harder model's table)
+DEFAULT_WEIGHT_TUNING = False
 #: relative tolerance under which two expected errors count as equal (the identity wins a tie)
 TIE = 1e-9
 #: a remapped negative weight of magnitude 0 stores -STORED_ZERO * s (quantizes to 0, sign kept)
@@ -311,7 +314,10 @@ class WeightTuningReport:
 
 
 def _table_of(arithmetic):
-    multiplier = getattr(arithmetic, "multiplier", None)
+    """(the 256x256 integer table, weight bits) of an integer multiplier kernel, else (None, 8)."""
+    if not isinstance(arithmetic, LutKernel):
+        return None, 8     # float kernels, FP8 multipliers (their codes are not integers)
+    multiplier = arithmetic.multiplier
     table = getattr(multiplier, "table", None)
     if table is None or np.asarray(table).size != 65536:
         return None, 8
