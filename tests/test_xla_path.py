@@ -116,6 +116,20 @@ def test_products_compiled_by_xla_are_the_c_kernels_bit_for_bit():
         np.testing.assert_array_equal(g, e)
 
 
+def test_empty_operands_give_the_c_kernels_empty_or_zero_products():
+    for name in ("drum4", "trunc3s"):
+        kernel = KERNELS[name]()
+        resolved = kernel.resolve_scheme(None)
+        for m, k, n in ((0, 5, 3), (4, 0, 3)):
+            a, b = np.ones((m, k), np.float32), np.ones((k, n), np.float32)
+            got = dp.lut_matmul(a, b, kernel.multiplier.table, kernel.signed, resolved).numpy()
+            np.testing.assert_array_equal(got, kernel.matmul(a, b, quant=resolved))
+            assert got.shape == (m, n)
+        got = dp.lut_matmul(np.ones((4, 5), np.float32), np.ones((5, 0), np.float32),
+                            kernel.multiplier.table, kernel.signed, resolved)
+        assert tuple(got.shape) == (4, 0)
+
+
 CONVS = [  # input shape, filter shape, strides, dilations, padding, groups
     ((2, 9, 8, 6), (3, 3, 3, 4), (2, 1), (1, 1), "same", 2),
     ((1, 7, 7, 3), (2, 3, 3, 5), (1, 1), (2, 1), "valid", 1),

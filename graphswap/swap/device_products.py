@@ -57,9 +57,19 @@ def finite_range(t, axis=None):
     """(lo, hi) float64 of the finite values of float32 `t` (over `axis`, or all): +inf, -inf
     where there are none - what the C kernels' range scan returns."""
     finite = ops.isfinite(t)
-    lo = ops.min(ops.where(finite, t, ops.cast(np.inf, t.dtype)), axis=axis)
-    hi = ops.max(ops.where(finite, t, ops.cast(-np.inf, t.dtype)), axis=axis)
+    lo = _reduce(ops.min, ops.where(finite, t, ops.cast(np.inf, t.dtype)), axis, np.inf)
+    hi = _reduce(ops.max, ops.where(finite, t, ops.cast(-np.inf, t.dtype)), axis, -np.inf)
     return _f64(lo), _f64(hi)
+
+
+def _reduce(reduction, t, axis, identity):
+    """`reduction` (ops.min / ops.max) of `t` over all (axis None) or axis 0, also of an empty
+    tensor (the backends refuse those): one `identity` element / row is appended first."""
+    if axis is None:
+        return reduction(ops.concatenate([ops.reshape(t, (-1,)),
+                                          ops.full((1,), identity, t.dtype)]))
+    extra = ops.full((1, *t.shape[1:]), identity, t.dtype)
+    return reduction(ops.concatenate([t, extra], axis=0), axis=0)
 
 
 def quant_params(lo, hi, signed: bool, levels: float | None = None):
@@ -123,7 +133,7 @@ def weight_codes(w2, signed: bool, scheme, bits: int = 8):
     n = w2.shape[1]
     if scheme.weights == "sign_magnitude":
         magnitude = ops.where(ops.isfinite(w2), ops.abs(w2), 0.0)
-        amax = _f64(ops.max(magnitude, axis=axis)) if w2.shape[0] else ops.zeros((n,), "float64")
+        amax = _f64(_reduce(ops.max, magnitude, axis, 0.0))
         if not per_channel:
             amax = ops.broadcast_to(amax, (n,))
         scale = ops.where(amax > 0, amax / unsigned_levels, 1.0)
@@ -222,6 +232,8 @@ def _grouped_product(a_codes, a_bad, sa, za, w2, groups: int, table, signed: boo
     N = G x Ng, output channel j in group j // Ng.  a_bad: bool (M, G) rows/windows holding a
     non-finite value.  Returns float32 (M, N)."""
     kg, n = (int(d) for d in w2.shape)
+    if n == 0:   # no output channel: nothing to quantize (the backends refuse empty reductions)
+        return ops.zeros((ops.shape(a_codes)[0], 0), "float32")
     per_group = n // groups
     sm = scheme.weights == "sign_magnitude"
     qb, negative, sb, zb, bad_b = weight_codes(w2, signed, scheme, bits)
