@@ -5,6 +5,7 @@ measured and belong to the study's fingerprint."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import shlex
 
@@ -17,7 +18,7 @@ import graphswap
 from conftest import SAMPLE_DATA
 from graphswap.cli import main
 from graphswap.errors import GraphswapError
-from graphswap.research import explore
+from graphswap.research import design_space, explore
 
 CIRCUITS = ["mul8u_drum4", "mul8u_drum3"]
 POWER = {"exact": 0.40, "mul8u_drum4": 0.20, "mul8u_drum3": 0.12}
@@ -99,18 +100,28 @@ def test_calibrated_front_converts_to_every_points_accuracy(bn_model, tmp_path):
 
 
 def test_calibration_once_gives_the_numbers_of_calibrating_every_assignment(bn_model):
+    # ranges only (no step that observes the approximate forward): calibrated once
     options = {"calibration_data": str(bn_model["calibration"]), "calibration_samples": 128,
-               "calibration_method": "mse", "bias_correction": "mean"}
+               "calibration_method": "mse", "bias_correction": None}
     common = dict(metrics=bn_model["table"], budget=0.5, estimate_samples=None,
                   progress=False, exhaustive_limit=0, trials=5, seed=3)
     reused = explore(bn_model["path"], bn_model["data"], CIRCUITS, rewrite_options=options,
                      **common)
     fresh = explore(bn_model["path"], bn_model["data"], CIRCUITS, rewrite_options=options,
                     reuse_calibration=False, **common)
+    # rewrite_model gaining a step the reuse does not know turns it off (correct, slower)
+    known = not (set(inspect.signature(graphswap.rewrite_model).parameters)
+                 - design_space.KNOWN_REWRITE_PARAMETERS)
+    assert reused.counts["calibration_reused"] is known
+    assert fresh.counts["calibration_reused"] is False
     scores = {tuple(p["assignment"].values()): (p["accuracy"], p["loss"]) for p in reused.points}
     assert len(scores) >= 4
     for point in fresh.points:
         assert scores[tuple(point["assignment"].values())] == (point["accuracy"], point["loss"])
+    # with bias correction every assignment is calibrated by rewrite_model itself
+    corrected = explore(bn_model["path"], bn_model["data"], CIRCUITS, **common,
+                        rewrite_options={**options, "bias_correction": "mean"})
+    assert corrected.counts["calibration_reused"] is False
     # and the calibration matters: dynamic ranges measure other numbers
     dynamic = explore(bn_model["path"], bn_model["data"], CIRCUITS, **common)
     losses = {tuple(p["assignment"].values()): p["loss"] for p in dynamic.points}

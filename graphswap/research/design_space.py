@@ -26,6 +26,7 @@ the model predicted every assignment it then measured.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import itertools
 import time
 
@@ -36,8 +37,7 @@ from graphswap.research.scoring import predict
 from graphswap.research.study_database import (  # noqa: F401 - the study, as before
     DEFAULT_CLAIM_TIMEOUT, Study, check_study_file, data_fingerprint, model_fingerprint,
     study_storage)
-from graphswap.swap import (DEFAULT_CALIBRATION_SAMPLES, DEFAULT_CALIBRATION_SOURCE,
-                            compensate_bias, recalibrate_batchnorm, rewrite_model)
+from graphswap.swap import DEFAULT_CALIBRATION_SOURCE, rewrite_model
 from graphswap.swap.calibration import quantizing_layers
 
 
@@ -64,12 +64,12 @@ class Evaluator:
     R^2 for regression - and "drop" the score lost against the model).
 
     Each assignment's model is the one rewrite_model builds with `rewrite_options` (what
-    `graphswap convert --kernel-map` builds with the same options).  With calibration data and
-    the float calibration source, the activation ranges do not depend on the assignment (every
-    layer is observed in the float forward): they are calibrated once, on the all-exact model,
-    and set on each assignment's model (`reuse_calibration`); bias compensation and BatchNorm
-    re-estimation, which observe the approximate forward, run for each assignment as
-    rewrite_model runs them (after the ranges, in that order)."""
+    `graphswap convert --kernel-map` builds with the same options).  When calibration sets only
+    the activation ranges, from the float forward (`_reusable`), they do not depend on the
+    assignment: they are calibrated once, on the all-exact model, and set on each assignment's
+    model (`reuse_calibration`).  Steps that observe the approximate forward (bias correction,
+    BatchNorm re-estimation) depend on every layer before them, so with them each assignment's
+    model is calibrated by rewrite_model itself."""
 
     def __init__(self, model, data, layers: list, library: CircuitLibrary, task,
                  batch_size: int, backward: str = "native", rewrite_options=None,
@@ -96,22 +96,22 @@ class Evaluator:
 
     def rewrite(self, assignment: dict):
         options = self.rewrite_options
+        kernel_map = self.kernel_map(assignment)
         if not self.reuses_calibration:
             started = time.perf_counter()
-            model = rewrite_model(self.model, kernel=None, kernel_map=self.kernel_map(assignment),
+            model = rewrite_model(self.model, kernel=None, kernel_map=kernel_map,
                                   backward=self.backward, **options)
             if options.get("calibration_data") is not None:
                 self.calibration_seconds += time.perf_counter() - started
             return model
         plain = {k: v for k, v in options.items() if k not in CALIBRATION_OPTIONS}
-        model = rewrite_model(self.model, kernel=None, kernel_map=self.kernel_map(assignment),
+        model = rewrite_model(self.model, kernel=None, kernel_map=kernel_map,
                               backward=self.backward, **plain)
         started = time.perf_counter()
         if self._ranges is None:
             calibrated = rewrite_model(
                 self.model, kernel=None, kernel_map=self.kernel_map(all_exact(self.layers)),
-                backward=self.backward, **{**options, "bias_correction": None,
-                                           "recalibrate_bn": False})
+                backward=self.backward, **options)
             self._ranges = {path: (layer.quantization, layer.intermediate_ranges())
                             for path, layer in quantizing_layers(calibrated)}
         for path, layer in quantizing_layers(model):
@@ -120,12 +120,6 @@ class Evaluator:
             for point, value in intermediate.items():
                 if value is not None:
                     layer.set_intermediate_range(point, *value)
-        samples = options.get("calibration_samples", DEFAULT_CALIBRATION_SAMPLES)
-        if options.get("bias_correction") is not None:
-            compensate_bias(model, options["calibration_data"], samples=samples,
-                            method=options["bias_correction"])
-        if options.get("recalibrate_bn"):
-            recalibrate_batchnorm(model, options["calibration_data"], samples=samples)
         self.calibration_seconds += time.perf_counter() - started
         return model
 
@@ -141,13 +135,28 @@ class Evaluator:
         return self.measure_model(self.rewrite(assignment))
 
 
+#: rewrite_model's parameters when the reuse below was written: a newer step (a parameter not
+#: here) may depend on the assignment, so its presence turns the reuse off
+KNOWN_REWRITE_PARAMETERS = frozenset({
+    "model", "kernel", "include", "exclude", "kernel_map", "layer_types", "backward",
+    "return_report", "inplace", "quantization", "calibration_data", "calibration_samples",
+    "calibration_method", "calibration_source", "bias_correction", "recalibrate_bn",
+    "fold_batchnorm"})
+
+
 def _reusable(options: dict) -> bool:
-    """Whether calibrated ranges are the same for every assignment: float calibration source,
-    and activations created dynamic before calibration (every preset; a dict unless it asks
-    for static activations itself)."""
+    """Whether the calibrated model of every assignment is the all-exact one's ranges set on
+    it: static ranges from the float forward (the float calibration source), activations
+    created dynamic before calibration (every preset; a dict unless it asks for static ones),
+    and no step after the ranges that observes the approximate forward (bias correction,
+    BatchNorm re-estimation, or any step rewrite_model gained since)."""
     if options.get("calibration_data") is None:
         return False
+    if set(inspect.signature(rewrite_model).parameters) - KNOWN_REWRITE_PARAMETERS:
+        return False
     if options.get("calibration_source", DEFAULT_CALIBRATION_SOURCE) != "float":
+        return False
+    if options.get("bias_correction") not in (None, "none") or options.get("recalibrate_bn"):
         return False
     quantization = options.get("quantization")
     return quantization is None or isinstance(quantization, str) or (

@@ -24,6 +24,7 @@ one answers new budgets without evaluating anything again):
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import os
@@ -34,7 +35,8 @@ import numpy as np
 from graphswap.errors import GraphswapError
 from graphswap.io import load_model
 from graphswap.research.circuits import EXACT, OBJECTIVES, CircuitLibrary, load_library
-from graphswap.research.design_space import (DEFAULT_CLAIM_TIMEOUT, ERROR_MODELS, ErrorModel,
+from graphswap.research.design_space import (CALIBRATION_OPTIONS, DEFAULT_CLAIM_TIMEOUT,
+                                             ERROR_MODELS, ErrorModel,
                                              Evaluator, Study, all_exact,
                                              assignment_key, data_fingerprint, every_assignment,
                                              model_fingerprint, relative_cost, single, uniform)
@@ -44,7 +46,7 @@ from graphswap.research.explore_search import progress_bar, retrain, search
 from graphswap.research.loading import load_data
 from graphswap.research.recovery import prepared_rewrite_options
 from graphswap.research.task import derive_task
-from graphswap.swap import plan
+from graphswap.swap import plan, rewrite_model
 
 def _rank_correlation(a, b) -> float:
     if len(a) < 2 or np.std(a) == 0 or np.std(b) == 0:
@@ -151,6 +153,10 @@ def explore(model, data, library, *, budget: float = 0.01, objective: str = "pow
                            name="validation data", task=task)
     # read as 'graphswap convert --calibrate DATA' reads it: what convert then builds is this
     options = prepared_rewrite_options(rewrite_options, model)
+    if options.get("calibration_data") is not None:
+        # the zero-training steps convert applies by default apply here too, explicitly
+        defaults = inspect.signature(rewrite_model).parameters
+        options = {**{name: defaults[name].default for name in CALIBRATION_OPTIONS}, **options}
     rewrite = describe_rewrite(rewrite_options, options)
     later = []   # notes printed once every input (the study too) is checked
     report = plan(model, kernel=library.exact.spec, include=include, exclude=exclude,
@@ -377,6 +383,7 @@ def _explore(model, task, library, validation, subset, layers, macs, choices, sp
               "estimate_evaluations_this_run": estimator.evaluations if estimator is not
               evaluator else None, "seconds": round(time.perf_counter() - started, 1)}
     if rewrite["options"].get("calibrate") is not None:
+        counts["calibration_reused"] = evaluator.reuses_calibration
         counts["calibration_seconds"] = round(
             evaluator.calibration_seconds +
             (estimator.calibration_seconds if estimator is not evaluator else 0.0), 2)
