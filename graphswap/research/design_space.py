@@ -39,6 +39,7 @@ from graphswap.research.study_database import (  # noqa: F401 - the study, as be
     study_storage)
 from graphswap.swap import DEFAULT_CALIBRATION_SOURCE, rewrite_model
 from graphswap.swap.calibration import quantizing_layers
+from graphswap.swap.recipe import DEFAULT_RECIPE, recipe_defaults
 
 
 def assignment_key(assignment: dict, layers: list) -> tuple:
@@ -55,7 +56,8 @@ def relative_cost(assignment: dict, macs: dict, library: CircuitLibrary, objecti
 
 #: rewrite_model's options that calibrate the model on data (rewrite_model's zero-training steps)
 CALIBRATION_OPTIONS = ("calibration_data", "calibration_samples", "calibration_method",
-                       "calibration_source", "bias_correction", "recalibrate_bn")
+                       "calibration_source", "bias_correction", "recalibrate_bn",
+                       "weight_tuning")
 
 
 class Evaluator:
@@ -141,22 +143,26 @@ KNOWN_REWRITE_PARAMETERS = frozenset({
     "model", "kernel", "include", "exclude", "kernel_map", "layer_types", "backward",
     "return_report", "inplace", "quantization", "calibration_data", "calibration_samples",
     "calibration_method", "calibration_source", "bias_correction", "recalibrate_bn",
-    "fold_batchnorm"})
+    "fold_batchnorm", "weight_tuning"})
 
 
 def _reusable(options: dict) -> bool:
     """Whether the calibrated model of every assignment is the all-exact one's ranges set on
     it: static ranges from the float forward (the float calibration source), activations
     created dynamic before calibration (every preset; a dict unless it asks for static ones),
-    and no step after the ranges that observes the approximate forward (bias correction,
-    BatchNorm re-estimation, or any step rewrite_model gained since)."""
+    and no step after the ranges that depends on the layers' multipliers (bias correction, weight
+    tuning, BatchNorm re-estimation, or any step rewrite_model gained since)."""
     if options.get("calibration_data") is None:
         return False
     if set(inspect.signature(rewrite_model).parameters) - KNOWN_REWRITE_PARAMETERS:
         return False
     if options.get("calibration_source", DEFAULT_CALIBRATION_SOURCE) != "float":
         return False
-    if options.get("bias_correction") not in (None, "none") or options.get("recalibrate_bn"):
+    # convert's defaults resolved as rewrite_model resolves them (graphswap.swap.recipe)
+    bias_correction, weight_tuning = recipe_defaults(
+        options.get("bias_correction", DEFAULT_RECIPE), options.get("weight_tuning",
+                                                                    DEFAULT_RECIPE), True)
+    if bias_correction is not None or weight_tuning or options.get("recalibrate_bn"):
         return False
     quantization = options.get("quantization")
     return quantization is None or isinstance(quantization, str) or (

@@ -233,6 +233,9 @@ def describe_rewrite(requested, prepared) -> dict:
         convert += ["--bias-correction", calibration["bias_correction"] or "none"]
         if calibration["recalibrate_bn"]:
             convert.append("--recalibrate-bn")
+        if prepared.get("weight_tuning") is True:
+            options["weight_tuning"] = True
+            convert.append("--weight-tuning")
         data = prepared["calibration_data"]
         digest = hashlib.sha256()
         for array in (data if isinstance(data, (list, tuple)) else [data]):
