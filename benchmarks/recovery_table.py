@@ -152,7 +152,9 @@ def has_bn(model) -> bool:
 
 
 def zero_step(ctx, model, spec, **options):
-    return graphswap.rewrite_model(model, kernel=spec, **options)
+    """A zero-step column's model: only the options given (no default compensation - the
+    "calibrated" column is calibration alone)."""
+    return graphswap.rewrite_model(model, kernel=spec, **{"bias_correction": None, **options})
 
 
 def recovered(ctx, model, spec, observer="fixed"):
