@@ -231,7 +231,7 @@ def test_regression_mlp_calibrates_from_inputs_alone_evaluates_and_finetunes(tmp
     assert payload["task"] == "regression" and payload["score"] == "r2"
     original, approximate = payload["rows"]
     reference = np.asarray(model(x), np.float64)
-    swapped = rewrite_model(model, kernel=APPROXIMATE, bias_correction=None, calibration_data=x[:32])
+    swapped = rewrite_model(model, kernel=APPROXIMATE, calibration_data=x[:32])  # the default recipe
     outputs = np.asarray(swapped(x), np.float64)
     for row, values in ((original, reference), (approximate, outputs)):
         error = values - y
@@ -271,7 +271,7 @@ def test_conv_autoencoder_reconstructs_its_inputs_psnr_and_finetune(tmp_path):
     row = result.rows[0]
     assert row["mse"] == pytest.approx(mse, rel=1e-5)
     assert row["psnr"] == pytest.approx(10 * np.log10(peak ** 2 / mse), rel=1e-5)
-    swapped = rewrite_model(model, kernel=APPROXIMATE, bias_correction=None, calibration_data=x)
+    swapped = rewrite_model(model, kernel=APPROXIMATE, calibration_data=x)  # the default recipe
     outputs = np.asarray(swapped(x), np.float64)
     assert result.rows[1]["max_abs_diff"] == pytest.approx(np.max(np.abs(outputs - reference)),
                                                            rel=1e-5)
