@@ -385,3 +385,35 @@ def test_the_default_recipe_recovers_more_than_calibration_alone(digits):
     # the default recipe is the best measured: it recovers a margin (several images) over
     # calibration alone here too
     assert default >= alone + 0.03, (alone, default)
+
+
+@pytest.mark.parametrize("granularity", ["per_channel", "per_tensor"])
+def test_8xn_weights_are_tuned_among_their_own_n_bit_codes(granularity):
+    """An 8x4 multiplier's weights are tuned at 4 bits: re-quantized by the kernel's quantizer at
+    4 bits they keep their scales and signs, every code stays in 0..15, and the expected product
+    error over those codes (the independent definition) does not grow - it drops for a DRUM
+    table. (Tuning used to quantize at 8 bits whatever the multiplier's weight width.)"""
+    import dataclasses
+    bits = 4
+    multiplier = dataclasses.replace(builtin("mul8u_drum3"), weight_bits=bits)
+    rng = np.random.default_rng(3)
+    weights = (rng.normal(size=(40, 5)) * np.array([0.1, 1.0, 3.0, 0.5, 1.5])).astype(np.float32)
+    activations = np.maximum(rng.normal(0.3, 1.0, size=4000), -0.2).astype(np.float32)
+    scheme = QuantScheme(granularity=granularity).resolve(False).with_range(
+        float(activations.min()), float(activations.max()))
+    codes = activation_quantization(activations, scheme, False)[0]
+    counts = np.bincount(codes.reshape(-1), minlength=256)
+    table = np.asarray(multiplier.table)
+    tuned, summary = tune_operand(weights, scheme, table, counts, signed=False, bits=bits)
+    q0, neg0, s0, _, _ = quantize_weights(weights, scheme, bits)
+    q1, neg1, s1, _, _ = quantize_weights(tuned, scheme, bits)
+    np.testing.assert_array_equal(s0, s1)
+    np.testing.assert_array_equal(neg0, neg1)
+    assert q1.max() <= 2 ** bits - 1 and summary["changed"] > 0
+    zero = activation_quantization(np.zeros(0, np.float32), scheme, False)[2]
+    _, errors = reference_errors(table, counts, "sign_magnitude", False, zero, 0)
+    q0, q1 = q0.astype(int), q1.astype(int)
+    before, after = errors[q0, q0].sum(), errors[q1, q0].sum()
+    assert after < before
+    np.testing.assert_allclose([summary["error_before"], summary["error_after"]],
+                               [before, after], rtol=1e-6)

@@ -157,7 +157,7 @@ def tune_operand(values: np.ndarray, scheme, table, counts, *, signed: bool, bit
     summary = {"weights": int(flat.size), "changed": 0, "error_before": 0.0, "error_after": 0.0}
     if flat.size == 0:
         return values.copy(), summary
-    codes8, negative, scale, zero, _ = quantize_weights(flat, scheme)
+    codes8, negative, scale, zero, _ = quantize_weights(flat, scheme, bits)
     codes = _code_integers(codes8, encoding)
     negative = np.zeros_like(codes, bool) if negative is None else negative
     _, zero_a = (None, 0) if signed else activation_zero_of(scheme)
@@ -198,7 +198,7 @@ def tune_operand(values: np.ndarray, scheme, table, counts, *, signed: bool, bit
     tuned = tuned.astype(np.float32)
     # re-quantizing must give the tuned codes (and signs) with the same scales; an entry that
     # would not (never expected: float32 rounding at the edge of a code) keeps its value
-    check, check_negative, check_scale, check_zero, _ = quantize_weights(tuned, scheme)
+    check, check_negative, check_scale, check_zero, _ = quantize_weights(tuned, scheme, bits)
     if not (np.array_equal(check_scale, scale) and np.array_equal(check_zero, zero)):
         return values.copy(), summary
     wrong = changed & (_code_integers(check, encoding) != target)
