@@ -53,7 +53,9 @@ def measure(kernel: str, mode: str, images: np.ndarray, labels: np.ndarray,
     import graphswap
 
     original = graphswap.load_model(REPO / "sample_models" / "lenet5.keras")
-    options = MODES[mode] if MODES[mode] is not None else {"calibration_data": calibration}
+    # static: calibrated ranges alone (compensation, the default with calibration data, is off)
+    options = MODES[mode] if MODES[mode] is not None else {"calibration_data": calibration,
+                                                           "bias_correction": None}
     model = logits_model(graphswap.rewrite_model(original, kernel=kernel, **options))
     together = np.asarray(model(images, training=False))
     alone = np.concatenate([np.asarray(model(images[i:i + 1], training=False))

@@ -69,8 +69,10 @@ def main() -> None:
         multiplier = kernels.resolve_kernel(spec).multiplier
         mae = graphswap.multipliers.metrics(multiplier)["MAE%"]
         dynamic = accuracy(graphswap.rewrite_model(model, kernel=spec))
+        # calibration alone: compensation is the default whenever calibration data is given
         calibrated = accuracy(graphswap.rewrite_model(model, kernel=spec,
-                                                      calibration_data=x_train[:512]))
+                                                      calibration_data=x_train[:512],
+                                                      bias_correction=None))
         compensated_model = graphswap.rewrite_model(
             model, kernel=spec, calibration_data=x_train[:512],
             bias_correction=graphswap.research.DEFAULT_BIAS_CORRECTION)
