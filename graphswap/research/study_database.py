@@ -87,7 +87,8 @@ def check_study_file(path) -> None:
         raise GraphswapError(
             f"the study {text} is an SQLite database with tables of its own ({shown}), not a "
             f"graphswap study; graphswap would add optuna's tables to it. {new_file.capitalize()}")
-    if tables and STUDY_NAME not in studies:
+    # an optuna database with no study at all is one another worker is creating now
+    if studies and STUDY_NAME not in studies:
         shown = ", ".join(sorted(map(str, studies))[:6]) or "none"
         raise GraphswapError(
             f"the study {text} is an optuna database without graphswap's study "
@@ -205,14 +206,24 @@ class Study:
         if url is not None:
             kwargs = ({"connect_args": {"timeout": 120}} if url.startswith("sqlite") else
                       {"pool_pre_ping": True, "connect_args": {"connect_timeout": 10}})
-            try:
-                self.storage = optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
-            except Exception as exc:  # noqa: BLE001 - sqlalchemy/drivers raise many types
-                raise _storage_error(self.path, exc) from None
+            # workers starting together race to create optuna's tables and the study: the
+            # loser's IntegrityError (a row the winner wrote) is retried, other errors are not
+            for attempt in range(6):
+                try:
+                    self.storage = optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+                    self.study = optuna.create_study(
+                        study_name=STUDY_NAME, storage=self.storage, load_if_exists=True,
+                        directions=["minimize", "minimize"], sampler=sampler)
+                    break
+                except Exception as exc:  # noqa: BLE001 - sqlalchemy/drivers raise many types
+                    if "IntegrityError" not in f"{type(exc).__name__} {exc}" or attempt == 5:
+                        raise _storage_error(self.path, exc) from None
+                    time.sleep(0.2 * (attempt + 1))
         try:
-            self.study = optuna.create_study(
-                study_name=STUDY_NAME, storage=self.storage, load_if_exists=True,
-                directions=["minimize", "minimize"], sampler=sampler)
+            if self.storage is None:
+                self.study = optuna.create_study(
+                    study_name=STUDY_NAME, storage=None, directions=["minimize", "minimize"],
+                    sampler=sampler)
         except Exception as exc:  # noqa: BLE001 - sqlalchemy/optuna raise many types
             raise _storage_error(self.path, exc) from None
         stored = self.study.user_attrs.get("fingerprint")
