@@ -323,7 +323,8 @@ def test_a_handle_from_another_process_is_refused():
 def test_bad_bridge_setting_is_one_clear_error(monkeypatch):
     monkeypatch.setenv("GRAPHSWAP_BRIDGE", "ctypes")
     with pytest.raises(KernelLoadError, match=r"GRAPHSWAP_BRIDGE='ctypes' is not one of "
-                                              r"\('auto', 'op', 'numpy'\)"):
+                                              r"\('auto', 'op', 'numpy', 'xla'\).*set "
+                                              r"GRAPHSWAP_BRIDGE to auto\|op\|numpy\|xla"):
         forward_op.supports(resolve_kernel("exact"), "matmul")
 
 
