@@ -295,13 +295,48 @@ def _wrapper_source(fn: _CFunction, sig: _Signature, include_name: str,
         "}\n")
 
 
-def _compile_error(path: str, exc: Exception, copied: Path) -> KernelSpecError:
+def compile_error(path: str, exc: Exception, copied: Path, what: str = "multiplier",
+                   instead: str = "a prebuilt 'lib.so:symbol' or a .lut table") -> KernelSpecError:
     """The compiler's whole output, with the private copy's name replaced by the user's file."""
     output = str(exc).replace(str(copied), path)
-    output = re.sub(r"\S*/wrapper-[0-9a-f]+\.c", "graphswap's generated wrapper", output)
-    return KernelSpecError(f"cannot compile multiplier {path}: {output}\nFix the C source (it "
-                           f"must compile with 'cc -c'), or pass a prebuilt 'lib.so:symbol' or a "
-                           f".lut table")
+    output = re.sub(r"\S*/wrapper-(?:fp8-)?[0-9a-f]+\.c", "graphswap's generated wrapper", output)
+    return KernelSpecError(f"cannot compile {what} {path}: {output}\nFix the C source (it "
+                           f"must compile with 'cc -c'), or pass {instead}")
+
+
+def private_source_copy(content: FileContent) -> tuple[Path, Path]:
+    """(the owner-only cache folder of these source bytes, the private copy of exactly those
+    bytes in it): the compiler sees the copy, never the user's file."""
+    # per-user cache: nobody else may plant binaries in it
+    workdir = owner_only_directory(owner_only_directory(cache_dir() / "multipliers")
+                                   / content.sha256[:24])
+    copied = workdir / ("source_" + re.sub(r"[^A-Za-z0-9_.-]", "_", os.path.basename(content.path)))
+    write_atomically(copied, content.data)  # a rename replaces whatever was there
+    return workdir, copied
+
+
+def built_wrapper(workdir: Path, wrapper: str, wrapper_name: str, library_path: Path,
+                  compile_error):
+    """The recorded artefact of `wrapper` compiled into `library_path` (closed; its sha256 is
+    what the evaluating process checks): reused only if it is the binary graphswap built (its
+    hash matches graphswap's record in the cache; a planted file, or a `.sha256` file beside
+    one, counts for nothing), else rebuilt; `compile_error(exc)` is the error a failed build
+    raises."""
+    checked = recorded_artefact(library_path)
+    if checked is None:
+        remove_stale(library_path)
+        wrapper_path = workdir / wrapper_name
+        write_atomically(wrapper_path, wrapper.encode())
+        try:
+            # portable: the table is filled once, and a cache shared by machines (a home directory
+            # on a cluster) must not hold code another CPU cannot run
+            compiler.compile_shared([wrapper_path], library_path, include_dirs=[workdir],
+                                    portable=True)
+        except compiler.CompilerError as exc:
+            raise compile_error(exc) from None
+        checked = record_artefact(library_path)
+    checked.close()
+    return checked
 
 
 def from_c_source(content: FileContent, function: str | None, isolated: bool = True,
@@ -312,14 +347,10 @@ def from_c_source(content: FileContent, function: str | None, isolated: bool = T
     The table is evaluated in a child process (`isolated`, graphswap.multipliers.evaluation), or
     in this one with the rows in `row_order` (kernels check's re-entrancy check)."""
     path = content.path
-    raw = content.data
     sha = content.sha256
-    source = raw.decode("utf-8", "replace")
-    # per-user cache: nobody else may plant binaries in it
-    workdir = owner_only_directory(owner_only_directory(cache_dir() / "multipliers") / sha[:24])
-    include_name = "source_" + re.sub(r"[^A-Za-z0-9_.-]", "_", os.path.basename(path))
-    copied = workdir / include_name
-    write_atomically(copied, raw)  # always these bytes (a rename replaces whatever was there)
+    source = content.data.decode("utf-8", "replace")
+    workdir, copied = private_source_copy(content)
+    include_name = copied.name
 
     functions = [f for f in _find_functions(source) if len(f.params) == 2]
     declared = None
@@ -340,7 +371,7 @@ def from_c_source(content: FileContent, function: str | None, isolated: bool = T
         try:
             compiler.compile_shared([copied], workdir / "syntax-check.so", portable=True)
         except compiler.CompilerError as exc:
-            raise _compile_error(path, exc, copied) from None
+            raise compile_error(path, exc, copied) from None
         found = [f"{f.ret} {f.name}({', '.join(' '.join(p) for p in f.params)})"
                  for f in _find_functions(source)]
         raise KernelSpecError(
@@ -357,22 +388,8 @@ def from_c_source(content: FileContent, function: str | None, isolated: bool = T
     wrapper = _wrapper_source(fn, sig, include_name, weight_bits)
     key = hashlib.sha256((sha + fn.name + _WRAPPER_VERSION + wrapper).encode()).hexdigest()[:16]
     library_path = workdir / f"{fn.name}-{key}.so"
-    # reused only if it is the binary graphswap built (its hash matches graphswap's record in the
-    # cache; a planted file, or a `.sha256` file beside one, counts for nothing): else rebuilt
-    checked = recorded_artefact(library_path)
-    if checked is None:
-        remove_stale(library_path)
-        wrapper_path = workdir / f"wrapper-{key}.c"
-        write_atomically(wrapper_path, wrapper.encode())
-        try:
-            # portable: the table is filled once, and a cache shared by machines (a home directory
-            # on a cluster) must not hold code another CPU cannot run
-            compiler.compile_shared([wrapper_path], library_path, include_dirs=[workdir],
-                                    portable=True)
-        except compiler.CompilerError as exc:
-            raise _compile_error(path, exc, copied) from None
-        checked = record_artefact(library_path)
-    checked.close()
+    checked = built_wrapper(workdir, wrapper, f"wrapper-{key}.c", library_path,
+                            lambda exc: compile_error(path, exc, copied))
     # the evaluating process loads it only with this hash, checked on the descriptor it loads from
     plan = EvaluationPlan(source=path, name=fn.name, library=str(library_path),
                           sha256=checked.sha256, mode="wrapper")

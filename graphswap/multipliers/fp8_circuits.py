@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import os
 import re
 
 import numpy as np
@@ -31,8 +30,8 @@ import numpy as np
 from graphswap.errors import KernelSpecError
 from graphswap.multipliers.evaluation import EvaluationPlan, evaluate_isolated
 from graphswap.multipliers.metrics import parse_header_metrics
-from graphswap.native import (FileContent, cache_dir, compiler, owner_only_directory,
-                              record_artefact, recorded_artefact, remove_stale, write_atomically)
+from graphswap.multipliers.csource import built_wrapper, compile_error, private_source_copy
+from graphswap.native import FileContent
 
 TABLE_SHAPE = (256, 256)
 _WRAPPER_VERSION = "fp8-1"
@@ -89,31 +88,14 @@ def table_from_c(content: FileContent, function: str | None) -> tuple[np.ndarray
     path = content.path
     source = content.data.decode("utf-8", "replace")
     name = _choose_function(source, path, function)
-    sha = content.sha256
-    workdir = owner_only_directory(owner_only_directory(cache_dir() / "multipliers") / sha[:24])
-    include_name = "source_" + re.sub(r"[^A-Za-z0-9_.-]", "_", os.path.basename(path))
-    copied = workdir / include_name
-    write_atomically(copied, content.data)
-    wrapper = _wrapper_source(name, include_name)
-    key = hashlib.sha256((sha + name + _WRAPPER_VERSION + wrapper).encode()).hexdigest()[:16]
+    workdir, copied = private_source_copy(content)
+    wrapper = _wrapper_source(name, copied.name)
+    key = hashlib.sha256((content.sha256 + name + _WRAPPER_VERSION + wrapper).encode()) \
+        .hexdigest()[:16]
     library_path = workdir / f"fp8-{name}-{key}.so"
-    checked = recorded_artefact(library_path)
-    if checked is None:
-        remove_stale(library_path)
-        wrapper_path = workdir / f"wrapper-fp8-{key}.c"
-        write_atomically(wrapper_path, wrapper.encode())
-        try:
-            compiler.compile_shared([wrapper_path], library_path, include_dirs=[workdir],
-                                    portable=True)
-        except compiler.CompilerError as exc:
-            output = str(exc).replace(str(copied), path)
-            output = re.sub(r"\S*/wrapper-fp8-[0-9a-f]+\.c", "graphswap's generated wrapper",
-                            output)
-            raise KernelSpecError(f"cannot compile FP8 multiplier {path}: {output}\nFix the C "
-                                  f"source (it must compile with 'cc -c'), or pass a .npy "
-                                  f"table") from None
-        checked = record_artefact(library_path)
-    checked.close()
+    checked = built_wrapper(workdir, wrapper, f"wrapper-fp8-{key}.c", library_path,
+                            lambda exc: compile_error(path, exc, copied, "FP8 multiplier",
+                                                      "a .npy table"))
     plan = EvaluationPlan(source=path, name=name, library=str(library_path),
                           sha256=checked.sha256, mode="wrapper")
     raw = evaluate_isolated(plan, False)
