@@ -16,7 +16,18 @@ import abc
 
 import numpy as np
 
+from graphswap.errors import ShapeError
 from graphswap.native import ConvGeometry
+
+
+def matmul_operands(a, b) -> tuple[np.ndarray, np.ndarray]:
+    """a (m, k) and b (k, n) as float32 arrays; ShapeError when they do not agree."""
+    a = np.asarray(a, dtype=np.float32)
+    b = np.asarray(b, dtype=np.float32)
+    if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
+        raise ShapeError(f"matmul shapes do not agree: {a.shape} x {b.shape}; expected "
+                         f"(m, k) x (k, n)")
+    return a, b
 
 
 class Kernel(abc.ABC):

@@ -54,8 +54,8 @@ import re
 import numpy as np
 
 from graphswap import native
-from graphswap.errors import KernelSpecError, QuantizationError, ShapeError
-from graphswap.kernels.base import Kernel
+from graphswap.errors import KernelSpecError, QuantizationError
+from graphswap.kernels.base import Kernel, matmul_operands
 from graphswap.kernels.scheme import QuantScheme
 from graphswap.multipliers import fp8_circuits
 
@@ -324,11 +324,7 @@ class Fp8Kernel(Kernel):
         return self._library.lut_float_matmul(qa, qb, self.table)
 
     def matmul(self, a, b, quant=None):
-        a = np.asarray(a, dtype=np.float32)
-        b = np.asarray(b, dtype=np.float32)
-        if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
-            raise ShapeError(f"matmul shapes do not agree: {a.shape} x {b.shape}; expected "
-                             f"(m, k) x (k, n)")
+        a, b = matmul_operands(a, b)
         scheme = self.resolve_scheme(quant)
         if a.size == 0 or b.size == 0:
             return np.zeros((a.shape[0], b.shape[1]), np.float32)

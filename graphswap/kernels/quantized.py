@@ -64,8 +64,8 @@ import dataclasses
 import numpy as np
 
 from graphswap import native
-from graphswap.errors import QuantizationError, ShapeError
-from graphswap.kernels.base import Kernel
+from graphswap.errors import QuantizationError
+from graphswap.kernels.base import Kernel, matmul_operands
 from graphswap.kernels.scheme import QuantScheme, tfapprox_scheme
 from graphswap.multipliers import Multiplier, builtin
 from graphswap.native import ConvGeometry
@@ -298,11 +298,7 @@ class LutKernel(Kernel):
 
     # -- matmul ------------------------------------------------------------------------------
     def matmul(self, a: np.ndarray, b: np.ndarray, quant: QuantScheme | None = None) -> np.ndarray:
-        a = np.asarray(a, dtype=np.float32)
-        b = np.asarray(b, dtype=np.float32)
-        if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
-            raise ShapeError(f"matmul shapes do not agree: {a.shape} x {b.shape}; expected "
-                             f"(m, k) x (k, n)")
+        a, b = matmul_operands(a, b)
         scheme = self.resolve_scheme(quant)
         if self._fused and a.size and b.size:
             return self._library.lut_matmul_f32(a, b, self._table32,
