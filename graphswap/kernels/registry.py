@@ -158,17 +158,18 @@ def resolve_file_named(spec, base_dir, where: str) -> Kernel:
     spec = spec.strip()
     fp8_spec = parse_fp8_spec(spec)
     if fp8_spec is not None and fp8_spec.kind is not None:
-        path = os.path.normpath(os.path.join(os.fspath(base_dir), fp8_spec.path))
-        content = native.read_file(path, fp8_spec.what) if os.path.isfile(path) else None
-        if content is None:
-            raise KernelSpecError(f"{where}: {fp8_spec.what} not found: {fp8_spec.path} "
-                                  f"(resolved to {path}, relative to the kernel map's folder)")
-        if fp8_spec.executable:
-            trust.require_trusted(content, fp8_spec.what, where)
+        path, content = _read_named_file(fp8_spec, base_dir, where)
         return _fp8_file_kernel(fp8_spec.at(path), content)
     file_spec = parse_file_spec(spec)
     if file_spec is None:
         return _builtin_kernel(spec)  # a built-in, or the unknown-kernel error
+    path, content = _read_named_file(file_spec, base_dir, where)
+    return _file_kernel(FileSpec(file_spec.kind, path, file_spec.extra), content)
+
+
+def _read_named_file(file_spec, base_dir, where) -> tuple[str, native.FileContent]:
+    """(path, bytes read once) of the file a kernel map's spec names, relative to the map's
+    folder; executable code only if the user trusts those bytes."""
     path = os.path.normpath(os.path.join(os.fspath(base_dir), file_spec.path))
     content = native.read_file(path, file_spec.what) if os.path.isfile(path) else None
     if content is None:
@@ -176,7 +177,7 @@ def resolve_file_named(spec, base_dir, where: str) -> Kernel:
                               f"to {path}, relative to the kernel map's folder)")
     if file_spec.executable:
         trust.require_trusted(content, file_spec.what, where)
-    return _file_kernel(FileSpec(file_spec.kind, path, file_spec.extra), content)
+    return path, content
 
 
 def remember_named_file(spec) -> tuple[native.FileContent, bool] | None:
