@@ -191,3 +191,33 @@ def test_two_workers_on_a_postgresql_study(dense, tmp_path):
         subprocess.run([*prefix, binary["pg_ctl"], "-D", str(data_dir), "-m", "immediate",
                         "stop"], capture_output=True)
         shutil.rmtree(work, ignore_errors=True)
+
+
+
+OPENER = textwrap.dedent("""
+    import sys, time
+    from pathlib import Path
+    from graphswap.research.study_database import Study
+    path, folder, count = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
+    (folder / f"ready{time.time_ns()}").touch()   # imports done: wait for the others
+    while len(list(folder.glob("ready*"))) < count:
+        time.sleep(0.01)
+    study = Study(path, {"model": "m"}, ["a"], [["exact", "x"]])
+    print(study.study.user_attrs["fingerprint"]["model"])
+""")
+
+
+def test_workers_opening_a_new_sqlite_study_at_one_instant_all_succeed(tmp_path):
+    """The first workers on a new study race to create optuna's tables and the study itself
+    (CI once saw 'table study_directions already exists'): every one of them must open it."""
+    env = {**os.environ, "PYTHONPATH": str(Path(graphswap.__file__).resolve().parent.parent)}
+    for round_ in range(2):
+        folder = tmp_path / f"round{round_}"
+        folder.mkdir()
+        processes = [subprocess.Popen(
+            [sys.executable, "-c", OPENER, str(folder / "race.db"), str(folder), "5"],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            for _ in range(5)]
+        for process in processes:
+            output, _ = process.communicate(timeout=300)
+            assert process.returncode == 0 and output.strip().endswith("m"), output[-2000:]

@@ -171,6 +171,17 @@ def _storage_error(shown, exc) -> GraphswapError:
         f"database server runs and is reachable, and the URL's user, password and database")
 
 
+_CREATE_ATTEMPTS = 8
+
+
+def _lost_creation_race(exc) -> bool:
+    """Whether `exc` is what a worker gets when another created the same tables or study at the
+    same moment: retrying then finds them made."""
+    text = f"{type(exc).__name__} {exc}".lower()
+    return ("integrityerror" in text or "already exists" in text
+            or "database is locked" in text or "duplicate" in text)
+
+
 #: seconds between a worker's heartbeats, and without one after which its claims are taken over
 HEARTBEAT_SECONDS = 5.0
 DEFAULT_CLAIM_TIMEOUT = 60.0
@@ -207,8 +218,9 @@ class Study:
             kwargs = ({"connect_args": {"timeout": 120}} if url.startswith("sqlite") else
                       {"pool_pre_ping": True, "connect_args": {"connect_timeout": 10}})
             # workers starting together race to create optuna's tables and the study: the
-            # loser's IntegrityError (a row the winner wrote) is retried, other errors are not
-            for attempt in range(6):
+            # loser's error (a row or a table the winner wrote, a locked SQLite file) is
+            # retried once the winner is done; other errors are not
+            for attempt in range(_CREATE_ATTEMPTS):
                 try:
                     self.storage = optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
                     self.study = optuna.create_study(
@@ -216,8 +228,9 @@ class Study:
                         directions=["minimize", "minimize"], sampler=sampler)
                     break
                 except Exception as exc:  # noqa: BLE001 - sqlalchemy/drivers raise many types
-                    if "IntegrityError" not in f"{type(exc).__name__} {exc}" or attempt == 5:
+                    if not _lost_creation_race(exc) or attempt == _CREATE_ATTEMPTS - 1:
                         raise _storage_error(self.path, exc) from None
+                    self.storage = None
                     time.sleep(0.2 * (attempt + 1))
         try:
             if self.storage is None:
