@@ -75,7 +75,8 @@ def calibration_cost(args, log):
     library = BUILTINS[:args.circuits]
     model = REPO / "sample_models" / "cnn_bn.keras"
     data = REPO / "sample_models" / "digits.npz"
-    options = {"calibration_data": str(data), "bias_correction": None}   # ranges only
+    options = {"calibration_data": str(data), "bias_correction": None,
+               "recalibrate_bn": False}   # ranges only
     if args.bias_correction != "none":
         options.update(bias_correction=args.bias_correction, recalibrate_bn=True)
     # warm-up (TensorFlow's tracing, the circuits' tables, the data) outside the timings

@@ -67,6 +67,8 @@ BACKWARD_MODES = ("native", "kernel", "lut_grad")                       # swap.B
 COMPENSATION_METHODS = ("mean", "moments")                              # swap.COMPENSATION_METHODS
 DEFAULT_COMPENSATION = "moments"                                        # with --calibrate
 DEFAULT_WEIGHT_TUNING = False                                           # with --calibrate
+DEFAULT_BN_REESTIMATION = True                                  # with --calibrate, BN models
+DEFAULT_RECIPE = "default"                                      # swap.DEFAULT_RECIPE
 CALIBRATION_SOURCES = ("float", "approximate")                          # swap.CALIBRATION_SOURCES
 DEFAULT_CALIBRATION_SOURCE = "float"
 CALIBRATION_METHODS = ("minmax", "percentile", "mse")                   # swap.CALIBRATION_METHODS
@@ -81,6 +83,7 @@ DEFAULT_SCHEDULE = "cosine"
 OPTION_VALUES = tuple((name, package, name) for package, names in (
     ("graphswap.swap", ("LAYER_TYPES", "MAX_CHECK_BATCH", "BACKWARD_MODES", "COMPENSATION_METHODS",
                         "DEFAULT_COMPENSATION", "DEFAULT_WEIGHT_TUNING",
+                        "DEFAULT_BN_REESTIMATION", "DEFAULT_RECIPE",
                         "CALIBRATION_SOURCES", "DEFAULT_CALIBRATION_SOURCE", "CALIBRATION_METHODS",
                         "DEFAULT_CALIBRATION_METHOD", "DEFAULT_CALIBRATION_SAMPLES",
                         "MIN_CALIBRATION_SAMPLES", "QUANTIZATION_PRESETS")),
@@ -265,9 +268,11 @@ def quantization_options(command):
         click.option("--fold-batchnorm", is_flag=True,
                      help="Fold each Dense/Conv2D + BatchNormalization pair into one layer "
                           "before quantizing, as int8 accelerators run it."),
-        click.option("--recalibrate-bn", "calibration_bn", is_flag=True,
+        click.option("--recalibrate-bn/--no-recalibrate-bn", "calibration_bn", default=None,
                      help="With --calibrate: re-estimate BatchNormalization statistics with the "
-                          "approximate forward (no gradient steps)."),
+                          "approximate forward (no gradient steps) [default with --calibrate: "
+                          f"{'on' if DEFAULT_BN_REESTIMATION else 'off'} for a model with "
+                          "BatchNormalization]."),
         click.option("--weight-tuning/--no-weight-tuning", default=None,
                      help="With --calibrate: replace each multiplier layer's weight codes by the "
                           "codes whose approximate products best match the exact ones over the "
@@ -360,7 +365,8 @@ def _rewrite_options(rewrite: dict, model=None, ctx=None) -> dict:
                        calibration_method=rewrite["calibration_method"],
                        calibration_source=rewrite["calibration_source"],
                        bias_correction=_default_recipe(rewrite)[0],
-                       recalibrate_bn=rewrite["calibration_bn"])
+                       recalibrate_bn=(DEFAULT_RECIPE if rewrite["calibration_bn"] is None
+                                       else rewrite["calibration_bn"]))
         if _default_recipe(rewrite)[1]:
             options["weight_tuning"] = True
     return options

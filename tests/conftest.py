@@ -14,6 +14,14 @@ if "GRAPHSWAP_CONFIG_DIR" not in os.environ:
     import tempfile
 
     os.environ["GRAPHSWAP_CONFIG_DIR"] = tempfile.mkdtemp(prefix="graphswap-test-config-")
+# Under pytest-xdist (`pytest -n auto`) each worker gets its own trust store and kernel cache:
+# tests trust, untrust, plant and re-permission them, which must not reach another worker's test.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    for _name in ("GRAPHSWAP_CONFIG_DIR", "GRAPHSWAP_CACHE_DIR"):
+        if os.environ.get(_name):
+            _own = os.path.join(os.environ[_name], os.environ["PYTEST_XDIST_WORKER"])
+            os.makedirs(_own, mode=0o700, exist_ok=True)
+            os.environ[_name] = _own
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
@@ -23,6 +31,12 @@ REPO = Path(__file__).resolve().parent.parent
 SAMPLE_MODEL = REPO / "sample_models" / "lenet5.keras"
 SAMPLE_DATA = REPO / "sample_models" / "digits.npz"
 HEADER_DIR = REPO / "native_kernels" / "include"
+
+
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto`: one worker per core this process may use, at most four (each worker holds a
+    TensorFlow runtime and runs multi-threaded ops of its own)."""
+    return max(1, min(4, len(os.sched_getaffinity(0))))
 
 
 @pytest.fixture(autouse=True)

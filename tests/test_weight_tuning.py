@@ -345,6 +345,51 @@ def test_rewrite_model_default_recipe_with_and_without_calibration(lenet, digits
         graphswap.rewrite_model(lenet, "mul8u_drum4", calibration_data=x, weight_tuning="yes")
 
 
+def test_batchnorm_reestimation_is_in_the_default_recipe_where_the_model_has_batchnorm(
+        lenet, digits, tmp_path):
+    from conftest import REPO, SAMPLE_DATA
+    cnn_bn = REPO / "sample_models" / "cnn_bn.keras"
+    model = keras.models.load_model(cnn_bn)
+    x = digits["x_train"][:64]
+    default, report = graphswap.rewrite_model(model, "mul8s_drum3", calibration_data=x,
+                                              return_report=True)
+    explicit = graphswap.rewrite_model(model, "mul8s_drum3", calibration_data=x,
+                                       recalibrate_bn=True)
+    off, off_report = graphswap.rewrite_model(model, "mul8s_drum3", calibration_data=x,
+                                              recalibrate_bn=False, return_report=True)
+    for name in ("bn1", "bn2", "bn3"):
+        statistics = [m.get_layer(name).moving_mean.numpy() for m in (default, explicit, off)]
+        np.testing.assert_array_equal(statistics[0], statistics[1])
+        assert not np.array_equal(statistics[0], statistics[2])
+        np.testing.assert_array_equal(statistics[2], model.get_layer(name).moving_mean.numpy())
+    def applied(notes) -> str:   # the recipe line's steps, before its note on the default
+        return next(n for n in notes if n.startswith("zero-training recipe:")).split(" (")[0]
+
+    calibrated = "zero-training recipe: static calibration + moments bias compensation"
+    assert applied(report.notes) == calibrated + " + BatchNorm re-estimation"
+    assert applied(off_report.notes) == calibrated
+    # no BatchNorm left (none in lenet; cnn_bn's all folded): nothing to re-estimate, none named
+    for source, options, expected in ((lenet, {}, calibrated),
+                                      (model, {"fold_batchnorm": True}, calibrated.replace(
+                                          "recipe: ", "recipe: BatchNorm folding + "))):
+        _, plain = graphswap.rewrite_model(source, "mul8s_drum3", calibration_data=x,
+                                           return_report=True, **options)
+        assert applied(plain.notes) == expected
+    with pytest.raises(QuantizationError, match="recalibrate_bn must be True, False or"):
+        graphswap.rewrite_model(model, "mul8s_drum3", calibration_data=x, recalibrate_bn="yes")
+    # the command line: --calibrate alone re-estimates, --no-recalibrate-bn opts out
+    base = ["convert", cnn_bn, "-k", "mul8s_drum3", "--calibrate", SAMPLE_DATA,
+            "--calibration-samples", 64]
+    for flag, stem in ((None, "default"), ("--no-recalibrate-bn", "off")):
+        result = invoke(*base, *([flag] if flag else []), "-o", tmp_path / f"{stem}.keras")
+        assert result.exit_code == 0, result.output
+        assert ("+ BatchNorm re-estimation (the default" in result.output) == (flag is None)
+        saved = keras.models.load_model(tmp_path / f"{stem}.keras")
+        reference = default if flag is None else off
+        np.testing.assert_allclose(saved.get_layer("bn2").moving_variance.numpy(),
+                                   reference.get_layer("bn2").moving_variance.numpy(), rtol=1e-6)
+
+
 def small_residual_model(seed=0):
     """A tiny residual network with BatchNorm (two blocks, 6 channels)."""
     keras.utils.set_random_seed(seed)
@@ -380,7 +425,7 @@ def test_the_default_recipe_recovers_more_than_calibration_alone(digits):
                                           **options)
         return float(np.mean(np.asarray(swapped(x, training=False)).argmax(axis=1) == reference))
 
-    alone = agreement(bias_correction=None)
+    alone = agreement(bias_correction=None, recalibrate_bn=False)
     default = agreement()
     # the default recipe is the best measured: it recovers a margin (several images) over
     # calibration alone here too

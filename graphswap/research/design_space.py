@@ -39,7 +39,7 @@ from graphswap.research.study_database import (  # noqa: F401 - the study, as be
     study_storage)
 from graphswap.swap import DEFAULT_CALIBRATION_SOURCE, rewrite_model
 from graphswap.swap.calibration import quantizing_layers
-from graphswap.swap.recipe import DEFAULT_RECIPE, recipe_defaults
+from graphswap.swap.recipe import DEFAULT_RECIPE, has_batchnorm, recipe_defaults
 
 
 def assignment_key(assignment: dict, layers: list) -> tuple:
@@ -90,7 +90,7 @@ class Evaluator:
         self.baseline["accuracy"] = self.baseline["score"]
         self.evaluations = 0
         self.calibration_seconds = 0.0     # time spent calibrating/compensating, all rewrites
-        self.reuses_calibration = reuse_calibration and _reusable(self.rewrite_options)
+        self.reuses_calibration = reuse_calibration and _reusable(self.rewrite_options, model)
         self._ranges = None                # {layer path: (scheme, intermediate ranges)}
 
     def kernel_map(self, assignment: dict) -> dict:
@@ -146,7 +146,7 @@ KNOWN_REWRITE_PARAMETERS = frozenset({
     "fold_batchnorm", "weight_tuning"})
 
 
-def _reusable(options: dict) -> bool:
+def _reusable(options: dict, model) -> bool:
     """Whether the calibrated model of every assignment is the all-exact one's ranges set on
     it: static ranges from the float forward (the float calibration source), activations
     created dynamic before calibration (every preset; a dict unless it asks for static ones),
@@ -159,10 +159,11 @@ def _reusable(options: dict) -> bool:
     if options.get("calibration_source", DEFAULT_CALIBRATION_SOURCE) != "float":
         return False
     # convert's defaults resolved as rewrite_model resolves them (graphswap.swap.recipe)
-    bias_correction, weight_tuning = recipe_defaults(
-        options.get("bias_correction", DEFAULT_RECIPE), options.get("weight_tuning",
-                                                                    DEFAULT_RECIPE), True)
-    if bias_correction is not None or weight_tuning or options.get("recalibrate_bn"):
+    bias_correction, weight_tuning, recalibrate_bn = recipe_defaults(
+        options.get("bias_correction", DEFAULT_RECIPE),
+        options.get("weight_tuning", DEFAULT_RECIPE), True,
+        options.get("recalibrate_bn", DEFAULT_RECIPE), has_batchnorm(model))
+    if bias_correction is not None or weight_tuning or recalibrate_bn:
         return False
     quantization = options.get("quantization")
     return quantization is None or isinstance(quantization, str) or (

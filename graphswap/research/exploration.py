@@ -47,6 +47,8 @@ from graphswap.research.loading import load_data
 from graphswap.research.recovery import prepared_rewrite_options
 from graphswap.research.task import derive_task
 from graphswap.swap import plan, rewrite_model
+from graphswap.swap.folding import fold_batchnorm
+from graphswap.swap.recipe import has_batchnorm, recipe_defaults
 
 def _rank_correlation(a, b) -> float:
     if len(a) < 2 or np.std(a) == 0 or np.std(b) == 0:
@@ -157,6 +159,11 @@ def explore(model, data, library, *, budget: float = 0.01, objective: str = "pow
         # the zero-training steps convert applies by default apply here too, explicitly
         defaults = inspect.signature(rewrite_model).parameters
         options = {**{name: defaults[name].default for name in CALIBRATION_OPTIONS}, **options}
+        # resolved as rewrite_model resolves them, so that the front file names each step
+        folded = fold_batchnorm(model)[0] if options.get("fold_batchnorm") else model
+        options["bias_correction"], options["weight_tuning"], options["recalibrate_bn"] = \
+            recipe_defaults(options["bias_correction"], options["weight_tuning"], True,
+                            options["recalibrate_bn"], has_batchnorm(folded))
     rewrite = describe_rewrite(rewrite_options, options)
     later = []   # notes printed once every input (the study too) is checked
     report = plan(model, kernel=library.exact.spec, include=include, exclude=exclude,

@@ -233,6 +233,8 @@ def describe_rewrite(requested, prepared) -> dict:
         convert += ["--bias-correction", calibration["bias_correction"] or "none"]
         if calibration["recalibrate_bn"]:
             convert.append("--recalibrate-bn")
+        elif requested.get("recalibrate_bn") is False:   # convert's default re-estimates BN
+            convert.append("--no-recalibrate-bn")
         if prepared.get("weight_tuning") is True:
             options["weight_tuning"] = True
             convert.append("--weight-tuning")

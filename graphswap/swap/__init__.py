@@ -28,6 +28,7 @@ from graphswap.swap.compensation import (COMPENSATION_METHODS, DEFAULT_COMPENSAT
                                          RecoveryStep, calibrate_and_compensate, compensate_bias,
                                          recalibrate_batchnorm)
 from graphswap.swap.folding import FoldReport, fold_batchnorm
+from graphswap.swap.recipe import DEFAULT_BN_REESTIMATION, DEFAULT_RECIPE
 from graphswap.swap.weight_tuning import DEFAULT_WEIGHT_TUNING, WeightTuningReport, tune_weights
 from graphswap.swap.layers import SwappedConv2D, SwappedDense, check_conv_options
 from graphswap.swap.layers_attention import SwappedEinsumDense, SwappedMultiHeadAttention
@@ -53,8 +54,8 @@ __all__ = ["LAYER_TYPES", "SWAPPED_CLASSES", "SwappedConv1D", "SwappedConv2DTran
            "MIN_CALIBRATION_SAMPLES", "QUANTIZATION_PRESETS",
            "CalibrationReport", "FoldReport", "RecoveryStep", "calibrate", "calibration_inputs",
            "compensate_bias", "fold_batchnorm", "legacy_scheme", "quantization_request",
-           "recalibrate_batchnorm", "DEFAULT_WEIGHT_TUNING", "WeightTuningReport",
-           "tune_weights", "BACKWARD_MODES", "LayerReport", "MAX_CHECK_BATCH",
+           "recalibrate_batchnorm", "DEFAULT_WEIGHT_TUNING", "DEFAULT_BN_REESTIMATION",
+           "DEFAULT_RECIPE", "WeightTuningReport", "tune_weights", "BACKWARD_MODES", "LayerReport", "MAX_CHECK_BATCH",
            "OriginalCannotRunError", "OutputComparison",
            "RewriteReport", "SWAPPABLE_TYPES", "SwappedConv2D", "SwappedDense",
            "check_backward_mode", "check_cloneable", "check_conv_options", "clone_layer",

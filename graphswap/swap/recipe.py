@@ -1,36 +1,58 @@
 """The zero-training recipe rewrite_model applies with calibration data: its defaults (the best
 measured, docs/RECOVERY.md: static calibration + DEFAULT_COMPENSATION bias compensation, weight
-tuning when DEFAULT_WEIGHT_TUNING) and the report line that names what was applied."""
+tuning when DEFAULT_WEIGHT_TUNING, BatchNorm re-estimation for a model that has BatchNormalization
+layers when DEFAULT_BN_REESTIMATION) and the report line that names what was applied."""
 
 from __future__ import annotations
 
+import keras
 import numpy as np
 
 from graphswap.errors import QuantizationError
+from graphswap.swap.clone import iter_layers
 from graphswap.swap.compensation import DEFAULT_COMPENSATION
 from graphswap.swap.weight_tuning import DEFAULT_WEIGHT_TUNING
 
 #: rewrite_model's bias_correction / weight_tuning default: the best measured zero-training
 #: recipe whenever calibration data is given (docs/RECOVERY.md), nothing without
 DEFAULT_RECIPE = "default"
+#: rewrite_model's recalibrate_bn default: re-estimate BatchNorm statistics with calibration data
+#: whenever the model has BatchNormalization (the best measured mean, docs/RECOVERY.md)
+DEFAULT_BN_REESTIMATION = True
 
 
-def recipe_defaults(bias_correction, weight_tuning, calibrated: bool):
-    """(bias_correction, weight_tuning) with DEFAULT_RECIPE resolved: DEFAULT_COMPENSATION and
-    DEFAULT_WEIGHT_TUNING with calibration data, None / False without; "none" is None."""
+def has_batchnorm(model) -> bool:
+    """Whether `model` holds a BatchNormalization layer at any depth."""
+    return any(isinstance(layer, keras.layers.BatchNormalization)
+               for _, layer in iter_layers(model))
+
+
+def recipe_defaults(bias_correction, weight_tuning, calibrated: bool, recalibrate_bn=False,
+                    batchnorm: bool = False):
+    """(bias_correction, weight_tuning, recalibrate_bn) with DEFAULT_RECIPE resolved:
+    DEFAULT_COMPENSATION, DEFAULT_WEIGHT_TUNING and (for a model with BatchNormalization layers,
+    `batchnorm`) DEFAULT_BN_REESTIMATION with calibration data, None / False without; "none" is
+    None."""
     if bias_correction == DEFAULT_RECIPE:
         bias_correction = DEFAULT_COMPENSATION if calibrated else None
     elif bias_correction == "none":
         bias_correction = None
-    if isinstance(weight_tuning, str) and weight_tuning == DEFAULT_RECIPE:
-        weight_tuning = DEFAULT_WEIGHT_TUNING and calibrated
-    elif not isinstance(weight_tuning, (bool, np.bool_)):
-        raise QuantizationError(f"weight_tuning must be True, False or {DEFAULT_RECIPE!r}; got "
-                                f"{weight_tuning!r}")
+    weight_tuning = _switch("weight_tuning", weight_tuning, DEFAULT_WEIGHT_TUNING and calibrated)
+    recalibrate_bn = _switch("recalibrate_bn", recalibrate_bn,
+                             DEFAULT_BN_REESTIMATION and calibrated and batchnorm)
     if weight_tuning and not calibrated:
         raise QuantizationError("weight tuning reads each layer's calibrated input distribution: "
                                 "pass calibration_data= (--calibrate DATA) as well")
-    return bias_correction, bool(weight_tuning)
+    return bias_correction, weight_tuning, recalibrate_bn
+
+
+def _switch(name: str, value, default: bool) -> bool:
+    if isinstance(value, str) and value == DEFAULT_RECIPE:
+        return bool(default)
+    if not isinstance(value, (bool, np.bool_)):
+        raise QuantizationError(f"{name} must be True, False or {DEFAULT_RECIPE!r}; got "
+                                f"{value!r}")
+    return bool(value)
 
 
 def recipe_note(bias_correction, weight_tuning, recalibrate_bn, fold_batchnorm) -> str:
@@ -41,5 +63,7 @@ def recipe_note(bias_correction, weight_tuning, recalibrate_bn, fold_batchnorm) 
         (["BatchNorm re-estimation"] if recalibrate_bn else [])
     return (f"zero-training recipe: {' + '.join(steps)} (the default with calibration data: "
             f"static calibration{' + weight tuning' if DEFAULT_WEIGHT_TUNING else ''} + "
-            f"{DEFAULT_COMPENSATION} bias compensation; bias_correction=None / "
-            f"--bias-correction none to leave compensation out)")
+            f"{DEFAULT_COMPENSATION} bias compensation"
+            f"{' + BatchNorm re-estimation where the model has BatchNorm' if DEFAULT_BN_REESTIMATION else ''}"
+            f"; bias_correction=None / --bias-correction none, recalibrate_bn=False / "
+            f"--no-recalibrate-bn to leave a step out)")

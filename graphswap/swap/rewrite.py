@@ -29,7 +29,7 @@ from graphswap.swap.catalog import (LAYER_TYPES, SWAPPABLE_TYPES, is_swappable_f
                                     is_swapped, refusal, swapped_from, type_name)
 from graphswap.swap.clone import copy_compile_config, transform_model
 from graphswap.swap.compensation import COMPENSATION_METHODS, calibrate_and_compensate
-from graphswap.swap.recipe import DEFAULT_RECIPE, recipe_defaults, recipe_note
+from graphswap.swap.recipe import DEFAULT_RECIPE, has_batchnorm, recipe_defaults, recipe_note
 from graphswap.swap.folding import fold_batchnorm as fold_pairs
 from graphswap.swap.quantstate import legacy_scheme
 from graphswap.swap.report import LayerReport, RewriteReport, attention_macs, layer_macs
@@ -179,7 +179,8 @@ def rewrite_model(model, kernel="exact", include=None, exclude=None, kernel_map=
                   calibration_samples=DEFAULT_CALIBRATION_SAMPLES,
                   calibration_method=DEFAULT_CALIBRATION_METHOD,
                   calibration_source=DEFAULT_CALIBRATION_SOURCE, bias_correction=DEFAULT_RECIPE,
-                  recalibrate_bn=False, fold_batchnorm=False, weight_tuning=DEFAULT_RECIPE):
+                  recalibrate_bn=DEFAULT_RECIPE, fold_batchnorm=False,
+                  weight_tuning=DEFAULT_RECIPE):
     """Return a copy of `model` whose selected layers' forward products run `kernel`.
 
     Args:
@@ -216,7 +217,8 @@ def rewrite_model(model, kernel="exact", include=None, exclude=None, kernel_map=
         error per output channel: "mean" (mean-error) or "moments" (mean and spread;
         graphswap.swap.compensation); None/"none": none; "default": graphswap.swap.recipe.
       recalibrate_bn: with calibration data, also re-estimate the BatchNormalization statistics
-        with the approximate forward (graphswap.swap.compensation).
+        with the approximate forward (graphswap.swap.compensation); "default": whenever the
+        model (after any folding) still has BatchNormalization layers (graphswap.swap.recipe).
       fold_batchnorm: fold each Dense/Conv2D + BatchNormalization pair first
         (graphswap.swap.folding); a model with no foldable pair gets a report note.
       weight_tuning: with calibration data, also tune each multiplier layer's stored weight
@@ -227,7 +229,9 @@ def rewrite_model(model, kernel="exact", include=None, exclude=None, kernel_map=
     """
     ops.check_backward_mode(backward)
     calibrated = calibration_data is not None
-    bias_correction, weight_tuning = recipe_defaults(bias_correction, weight_tuning, calibrated)
+    bn_by_default = isinstance(recalibrate_bn, str) and recalibrate_bn == DEFAULT_RECIPE
+    bias_correction, weight_tuning, recalibrate_bn = recipe_defaults(
+        bias_correction, weight_tuning, calibrated, recalibrate_bn, has_batchnorm(model))
     scheme_for = quantization_request(quantization, calibrated)
     if calibrated:   # checked before any work is done
         check_method(calibration_method, calibration_source)
@@ -252,6 +256,8 @@ def rewrite_model(model, kernel="exact", include=None, exclude=None, kernel_map=
     if fold_batchnorm:
         source_model, fold_report = fold_pairs(model)
         notes.extend(fold_report.lines())
+        if bn_by_default:   # re-estimated by default only where a BatchNorm is left unfolded
+            recalibrate_bn = recalibrate_bn and has_batchnorm(source_model)
     include_patterns = _as_patterns(include)
     exclude_patterns = _as_patterns(exclude)
     mapping = resolve_kernel_map(kernel_map) if kernel_map is not None else {}
