@@ -16,6 +16,7 @@ TensorFlow.  Then only __version__ is defined here and the API loads on first at
 (PEP 562 __getattr__); the command's own imports register the layers when it touches a model.
 """
 
+import importlib.util
 import sys
 
 from graphswap._version import __version__
@@ -80,5 +81,9 @@ def __dir__():
     return sorted(set(globals()) | set(__all__))
 
 
-if not getattr(sys.modules.get("graphswap_command"), "DEFER_API", False):
+# Deferred too where TensorFlow is not installed (a JAX-only GPU machine): there the
+# TensorFlow-free parts - graphswap.kernels (its device_products under Keras's JAX backend),
+# graphswap.multipliers, graphswap.native - still import.
+if not getattr(sys.modules.get("graphswap_command"), "DEFER_API", False) and \
+        importlib.util.find_spec("tensorflow") is not None:
     globals().update(_load_api())

@@ -31,6 +31,7 @@ kernels do), and the window taps are gathered as strided slices (kh x kw of them
 from __future__ import annotations
 
 import numpy as np
+import keras
 from keras import ops
 
 from graphswap.errors import QuantizationError, ShapeError
@@ -48,6 +49,20 @@ INT32_LIMIT = 2 ** 31 - 1
 # ----------------------------------------------------------------------------------------------
 # ranges and quantization (float64, as the spec)
 # ----------------------------------------------------------------------------------------------
+
+def require_float64():
+    """The quantization arithmetic is float64 (the spec's); JAX without 64-bit types would
+    silently compute it in float32, so that is refused."""
+    if keras.backend.backend() == "jax":
+        import jax
+
+        if not jax.config.jax_enable_x64:
+            raise QuantizationError(
+                "the device path's quantization arithmetic is float64, which JAX truncates to "
+                "float32 unless 64-bit types are on; set JAX_ENABLE_X64=1 (or call "
+                "jax.config.update('jax_enable_x64', True)) before using it under Keras's JAX "
+                "backend")
+
 
 def _f64(t):
     return ops.cast(t, "float64")
@@ -201,7 +216,8 @@ def table_sums(a_index, b_index, table_ext: np.ndarray, acc_dtype: str,
             a_c = ops.take(a_block, c, axis=2)                      # (mb, G, kc)
             b_c = ops.take(b_chunks, c, axis=0)                     # (G, kc, N)
             products = ops.take(table, ops.expand_dims(a_c, -1) + ops.expand_dims(b_c, 0))
-            return acc + ops.sum(ops.cast(products, acc_dtype), axis=2)
+            # cast back: under JAX with 64-bit types an int32 sum is int64 (numpy's rule)
+            return acc + ops.cast(ops.sum(ops.cast(products, acc_dtype), axis=2), acc_dtype)
 
         start = ops.zeros((mb, groups, n), acc_dtype)
         if chunks == 1:
@@ -263,6 +279,7 @@ def lut_matmul(a, b, table, signed: bool, scheme, activation_range=None,
                budget: int = DEFAULT_BUDGET, weight_bits: int = 8):
     """(m, k) x (k, n) float32 through the 256x256 `table` (LutKernel.matmul, bit for bit);
     `scheme` resolved for the multiplier, `activation_range` the layer's static range tensor."""
+    require_float64()
     a = ops.convert_to_tensor(a, "float32")
     b = ops.convert_to_tensor(b, "float32")
     if len(a.shape) != 2 or len(b.shape) != 2 or a.shape[1] != b.shape[0]:
@@ -303,6 +320,7 @@ def lut_conv2d(x, w, table, signed: bool, scheme, geometry, activation_range=Non
                budget: int = DEFAULT_BUDGET, weight_bits: int = 8):
     """NHWC x HWIO float32 convolution through the table (LutKernel.conv2d, bit for bit);
     `geometry` a ConvGeometry (any batch: the input's is used)."""
+    require_float64()
     x = ops.convert_to_tensor(x, "float32")
     w = ops.convert_to_tensor(w, "float32")
     g = geometry
