@@ -316,6 +316,12 @@ def _grouped_windows(taps, groups: int):
     return ops.reshape(ops.transpose(grouped, (0, 2, 1, 3)), (-1, groups, t * per))
 
 
+def conv_windows(t, geometry, fill):
+    """(B * OH * OW, groups, taps * C / groups): the window values of NHWC `t` padded with
+    `fill`, K in the HWIO filter's (kh, kw, c) order - the im2col of the C kernels."""
+    return _grouped_windows(_window_taps(t, geometry, fill), geometry.groups)
+
+
 def lut_conv2d(x, w, table, signed: bool, scheme, geometry, activation_range=None,
                budget: int = DEFAULT_BUDGET, weight_bits: int = 8):
     """NHWC x HWIO float32 convolution through the table (LutKernel.conv2d, bit for bit);
@@ -381,7 +387,8 @@ def float_conv2d(x, w, geometry):
     dilations = (g.dilation_height, g.dilation_width)
     if g.groups == 1:
         return ops.conv(padded, w, strides=strides, padding="valid", dilation_rate=dilations)
-    if g.groups == g.in_channels and w.shape[2] == 1:
+    if g.groups == g.in_channels and w.shape[2] == 1 and g.stride_height == g.stride_width:
+        # (TensorFlow's depthwise kernel refuses unequal strides: those go group by group)
         depthwise = ops.reshape(w, (g.filter_height, g.filter_width, g.in_channels,
                                     g.out_channels // g.in_channels))
         return ops.depthwise_conv(padded, depthwise, strides=strides, padding="valid",
@@ -392,6 +399,7 @@ def float_conv2d(x, w, geometry):
                                      dilation_rate=dilations) for xi, wi in zip(xs, ws)], axis=3)
 
 
-__all__ = ["DEFAULT_BUDGET", "block_shape", "extended_table", "finite_range", "float_conv2d",
-           "lut_conv2d", "lut_matmul", "operand_rounding", "quant_params", "quantize",
+__all__ = ["DEFAULT_BUDGET", "block_shape", "conv_windows", "extended_table", "finite_range",
+           "float_conv2d", "lut_conv2d", "lut_matmul", "operand_rounding", "quant_params",
+           "quantize",
            "round_to_bfloat16", "sum_dtype", "table_sums", "truncate_mantissa", "weight_codes"]

@@ -4,9 +4,11 @@
   `tf.numpy_function` - which XLA cannot compile;
 * the device path (graphswap/swap/device_products.py): the same products written in `keras.ops`,
   bit for bit the C kernels' for every table-driven kernel, which XLA compiles and every device
-  runs.  It covers LutKernel (every multiplier table and QuantScheme), "exact" (TensorFlow's own
-  matmul / convolution) and "bf16" / "fp32_m{m}" (operands rounded as the C kernels do, the
-  backend's float32 products).  It is chosen by itself inside `tf.function(jit_compile=True)` and
+  runs.  It covers LutKernel (every multiplier table and QuantScheme), Fp8Kernel (the FP8
+  built-ins and users' FP8 tables: graphswap/swap/device_fp8.py, the codes bit for bit, the
+  float32 sums within round-off), "exact" (TensorFlow's own matmul / convolution) and "bf16" /
+  "fp32_m{m}" (operands rounded as the C kernels do, the backend's float32 products).  It is
+  chosen by itself inside `tf.function(jit_compile=True)` and
   when the op is placed on an accelerator (an input on a GPU/TPU, or no device named and one
   visible), and for every covered kernel with GRAPHSWAP_BRIDGE=xla.  Saved models carry nothing
   of it: a model saved on one path runs on the other.
@@ -38,9 +40,10 @@ import tensorflow as tf
 
 from graphswap.errors import GraphswapError
 from graphswap.kernels.base import SchemeBoundKernel
+from graphswap.kernels.fp8 import Fp8Kernel
 from graphswap.kernels.float_kernels import LibraryKernel, OperandRoundingKernel
 from graphswap.kernels.quantized import LutKernel
-from graphswap.swap import device_products
+from graphswap.swap import device_fp8, device_products
 from graphswap.swap.forward_op import bridge_mode
 
 try:  # no public way to ask whether a graph is being traced for XLA
@@ -49,7 +52,8 @@ except ImportError:  # pragma: no cover - a TensorFlow without it: TensorFlow's 
     GraphOrParentsInXlaContext = None
 
 XLA_ADVICE = ("its kernel runs only as graphswap's C code, which XLA cannot compile (the XLA "
-              "path covers multiplier tables, exact, bf16 and fp32_m{m}); call the model in a "
+              "path covers multiplier tables, FP8 multipliers, exact, bf16 and fp32_m{m}); call "
+              "the model in a "
               "tf.function without jit_compile, or let Keras run it (compile() with "
               "jit_compile=True or 'auto' runs such a model without XLA)")
 GRADIENT_ADVICE = ("backward={backward!r} computes its gradients with graphswap's C code, which "
@@ -101,7 +105,7 @@ def unbound(arithmetic, quant=None):
 def covers(arithmetic) -> bool:
     """Whether the device path computes `arithmetic`'s products (module docstring)."""
     kernel, _ = unbound(arithmetic)
-    if isinstance(kernel, LutKernel):
+    if isinstance(kernel, (LutKernel, Fp8Kernel)):
         return True
     if isinstance(kernel, OperandRoundingKernel):
         return device_products.operand_rounding(kernel.spec) is not None
@@ -156,7 +160,10 @@ def device_matmul(arithmetic, a, b, quant=None, activation_range=None, gain=None
                   relu=False):
     """relu?((a @ b) * gain + shift) for float32 (m, k) x (k, n) on the device path."""
     kernel, quant = unbound(arithmetic, quant)
-    if isinstance(kernel, LutKernel):
+    if isinstance(kernel, Fp8Kernel):
+        scheme, current = _lut_scheme(kernel, quant, activation_range)
+        y = device_fp8.fp8_matmul(a, b, kernel.format, kernel.table, scheme, current)
+    elif isinstance(kernel, LutKernel):
         scheme, current = _lut_scheme(kernel, quant, activation_range)
         y = device_products.lut_matmul(a, b, kernel.multiplier.table, kernel.signed, scheme,
                                        current, weight_bits=getattr(kernel, "weight_bits", 8))
@@ -173,7 +180,10 @@ def device_conv2d(arithmetic, x, w, geometry, quant=None, activation_range=None,
                   shift=None, relu=False):
     """relu?(conv(x, w) * gain + shift), NHWC x HWIO float32, on the device path."""
     kernel, quant = unbound(arithmetic, quant)
-    if isinstance(kernel, LutKernel):
+    if isinstance(kernel, Fp8Kernel):
+        scheme, current = _lut_scheme(kernel, quant, activation_range)
+        y = device_fp8.fp8_conv2d(x, w, kernel.format, kernel.table, scheme, geometry, current)
+    elif isinstance(kernel, LutKernel):
         scheme, current = _lut_scheme(kernel, quant, activation_range)
         y = device_products.lut_conv2d(x, w, kernel.multiplier.table, kernel.signed, scheme,
                                        geometry, current,
