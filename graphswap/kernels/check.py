@@ -29,6 +29,8 @@ import numpy as np
 
 from graphswap import multipliers
 from graphswap.errors import GraphswapError, KernelCrashError, KernelSpecError, MultiplierRangeError
+from graphswap.kernels.fp8 import parse_fp8_spec
+from graphswap.kernels.fp8_check import check_fp8
 from graphswap.kernels.specs import parse_file_spec
 from graphswap.native import conv_geometry
 from graphswap.kernels.quantized import LutKernel
@@ -221,10 +223,10 @@ def _multiplier_checks(spec, multiplier, add) -> dict:
     _stage("sanity checks and metrics")
     result = multipliers.check(multiplier)
     if multiplier.kind in ("c", "so"):
-        bits = getattr(multiplier, "weight_bits", 8)
-        add("results are 8x8-bit products" if bits == 8 else f"results are 8x{bits}-bit products",
-            True, f"every result fits the {8 + bits}-bit range of its signedness at its declared "
-                  f"width")
+        width = getattr(multiplier, "width", "8x8")
+        bits = sum(int(part) for part in width.split("x"))
+        add(f"results are {width}-bit products", True,
+            f"every result fits the {bits}-bit range of its signedness at its declared width")
         # The table above came from a fresh child process; these evaluations run here, one after
         # the other, so state the function keeps between calls shows up as a difference.
         _stage("determinism")
@@ -246,11 +248,15 @@ def _multiplier_checks(spec, multiplier, add) -> dict:
         add("re-entrant (concurrent evaluation)", same,
             "equal" if same else "concurrent evaluations differ: the function is not re-entrant")
     _stage("NaN/Inf inputs through the quantized kernel")
-    c = _matmul_with_non_finite_rows(LutKernel(multiplier).matmul)
+    _report_non_finite(LutKernel(multiplier).matmul, add)
+    return result
+
+
+def _report_non_finite(matmul, add) -> None:
+    c = _matmul_with_non_finite_rows(matmul)
     add("NaN/Inf inputs", None,
         f"outputs depending on a NaN/Inf input are NaN: {bool(np.isnan(c[:2]).all())}; "
         f"others finite: {bool(np.isfinite(c[2]).all())}")
-    return result
 
 
 def failed_result(spec: str, check: str, detail: str, **extra) -> dict:
@@ -270,6 +276,16 @@ def child_main(spec: str, plot: str | None) -> int:
     def add(name, passed, detail):
         extra.append(multipliers.check_entry(name, passed, detail))
 
+    if parse_fp8_spec(spec) is not None:   # an 8-bit float multiplier: graphswap/kernels/fp8_check
+        result, kernel = check_fp8(spec, add, _stage)
+        if kernel is not None:
+            _stage("NaN/Inf inputs through the FP8 kernel")
+            _report_non_finite(kernel.matmul, add)
+        if plot:
+            add("plot", None, "--plot draws integer multipliers' error maps; no heat map written")
+        result["checks"] = extra
+        result["passed"] = all(c["passed"] is not False for c in extra)
+        return _emit(result)
     _stage("evaluating the multiplier table")
     try:
         multiplier = resolve_multiplier(spec)
@@ -319,8 +335,13 @@ def check_kernel(spec: str, plot: str | None = None, timeout: float = 120.0) -> 
 
     A spec that names no file is resolved here first (a built-in runs only graphswap's own
     code), so a typo or a missing file is one clear KernelSpecError, not a table of failures."""
-    file_spec = parse_file_spec(spec.strip())
-    if file_spec is None:
+    fp8_spec = parse_fp8_spec(spec.strip())
+    file_spec = None if fp8_spec is not None else parse_file_spec(spec.strip())
+    if fp8_spec is not None:
+        if fp8_spec.kind is not None and not os.path.isfile(fp8_spec.path):
+            raise KernelSpecError(f"{fp8_spec.what} not found: {fp8_spec.path} (resolved to "
+                                  f"{os.path.abspath(fp8_spec.path)}); check the path")
+    elif file_spec is None:
         resolve_kernel(spec)
     elif not os.path.isfile(file_spec.path):
         raise KernelSpecError(file_not_found_message(file_spec, os.path.abspath(file_spec.path)))

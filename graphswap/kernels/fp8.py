@@ -302,6 +302,21 @@ class Fp8Kernel(Kernel):
         """The exact multiplier of the same format (what bias compensation compares with)."""
         return Fp8Kernel(Fp8Spec(self.format))
 
+    def describe_scheme(self, scheme: QuantScheme) -> str:
+        """The report's quantization line: the FP8 format and each operand's scale
+        granularity (the integer kernels' line says int8 / uint8)."""
+        fmt = f"FP8 {self.format.name.upper()}"
+        weights = f"{fmt} weights, scale {scheme.granularity.replace('_', '-')}"
+        if scheme.activations == "dynamic":
+            return f"{weights}, {fmt} activations, one scale per call (dynamic)"
+        if scheme.activation_range is None:
+            return f"{weights}, {fmt} activations, one static scale (calibrated)"
+        lo, hi = scheme.activation_range
+        activations = f"{fmt} activations, one static scale from [{lo:.4g}, {hi:.4g}]"
+        if scheme.observer == "moving_average":
+            activations += f" (moving average, momentum {scheme.momentum:g})"
+        return f"{weights}, {activations}"
+
     def resolve_scheme(self, quant: QuantScheme | None) -> QuantScheme:
         scheme = (quant if quant is not None else QuantScheme()).resolve(True)
         if not scheme.calibrated:

@@ -126,6 +126,18 @@ class RewriteReport:
         return "\n".join(out)
 
 
+def quantization_line(layer) -> str:
+    """How a swapped layer quantizes, for the report (its static range left out: the
+    calibration note lists ranges): the kernel's own words where it has them (an FP8
+    multiplier names its format), else its QuantScheme's (int8 / uint8, an 8xN's N bits)."""
+    scheme = dataclasses.replace(layer.quantization, activation_range=None)
+    arithmetic = getattr(layer, "arithmetic", None)
+    if hasattr(arithmetic, "describe_scheme"):
+        return arithmetic.describe_scheme(scheme)
+    return scheme.describe(getattr(arithmetic, "weight_bits", 8),
+                           getattr(arithmetic, "activation_bits", 8))
+
+
 def input_shape_of(layer):
     """The (first) input shape a layer was called or built with, or None."""
     try:

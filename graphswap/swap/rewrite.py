@@ -32,7 +32,8 @@ from graphswap.swap.compensation import COMPENSATION_METHODS, calibrate_and_comp
 from graphswap.swap.recipe import DEFAULT_RECIPE, has_batchnorm, recipe_defaults, recipe_note
 from graphswap.swap.folding import fold_batchnorm as fold_pairs
 from graphswap.swap.quantstate import legacy_scheme
-from graphswap.swap.report import LayerReport, RewriteReport, attention_macs, layer_macs
+from graphswap.swap.report import (LayerReport, RewriteReport, attention_macs, layer_macs,
+                                   quantization_line)
 from graphswap.swap.subclassed import (copy_custom_layer, copy_subclassed, held_layers,
                                        is_custom_container, is_custom_layer, is_subclassed,
                                        layer_paths, mark_swapped, own_weights, swap_layers)
@@ -355,8 +356,7 @@ def rewrite_model(model, kernel="exact", include=None, exclude=None, kernel_map=
             recalibrate_bn=recalibrate_bn, weight_tuning=weight_tuning) if calibrated else []
         # each layer's own scheme, once calibrated (already swapped layers keep theirs); the
         # ranges are listed by the calibration note
-        described = sorted({dataclasses.replace(layer.quantization, activation_range=None).describe(
-            getattr(getattr(layer, "arithmetic", 0), "weight_bits", 8)) for layer in quantizing})
+        described = sorted({quantization_line(layer) for layer in quantizing})
         notes.append(f"quantization: {'; '.join(described)}")
         if calibrated:
             notes.append(recipe_note(bias_correction, weight_tuning, recalibrate_bn,
