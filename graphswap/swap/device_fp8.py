@@ -135,6 +135,7 @@ def fp8_matmul(a, b, fmt, table, scheme, activation_range=None,
     """(m, k) x (k, n) float32 through the FP8 multiplier (Fp8Kernel.matmul): `table` None for
     the exact products, else the 256 x 256 float32 table; `scheme` resolved, `activation_range`
     the layer's static range tensor (or None)."""
+    device_products.require_float64()
     a = ops.convert_to_tensor(a, "float32")
     b = ops.convert_to_tensor(b, "float32")
     if len(a.shape) != 2 or len(b.shape) != 2 or a.shape[1] != b.shape[0]:
@@ -157,6 +158,7 @@ def fp8_conv2d(x, w, fmt, table, scheme, geometry, activation_range=None,
                budget: int = device_products.DEFAULT_BUDGET):
     """NHWC x HWIO float32 convolution through the FP8 multiplier (Fp8Kernel.conv2d);
     `geometry` a ConvGeometry (any batch: the input's is used)."""
+    device_products.require_float64()
     x = ops.convert_to_tensor(x, "float32")
     w = ops.convert_to_tensor(w, "float32")
     g = geometry
