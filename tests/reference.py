@@ -156,19 +156,23 @@ def _lookup(table, qa, qb, signed):
     return np.asarray(table, np.int64)[(qa << 8) | qb]
 
 
-def _activations(t, signed, static_range):
-    """(quantized values or codes, scale, zero point)."""
+def _activations(t, signed, static_range, mode=None):
+    """(quantized values or codes, scale, zero point); N-bit activations (an Nx8 multiplier;
+    mode {"activation_bits": N}) use 2^N - 1 levels / the limit 2^(N-1) - 1."""
+    bits = int(dict(mode or {}).get("activation_bits", 8))
+    levels, limit = float(2 ** bits - 1), float(2 ** (bits - 1) - 1)
     if signed:
         if static_range is None:
-            scale = _sym_scale(t)
+            values = [abs(v) for v in _finite(t)]
+            scale = _amax_scale(max(values) if values else 0.0, limit)
         else:
-            scale = _amax_scale(max(abs(static_range[0]), abs(static_range[1])), 127.0)
-        return _sym_values(t, scale), scale, 0
+            scale = _amax_scale(max(abs(static_range[0]), abs(static_range[1])), limit)
+        return _sym_values(t, scale, limit), scale, 0
     if static_range is None:
-        scale, zero = _asym_params(t)
+        scale, zero = _asym_params(t, levels)
     else:
-        scale, zero = _asym_params_of_range(*static_range)
-    return _asym_codes(t, scale, zero), scale, zero
+        scale, zero = _asym_params_of_range(*static_range, levels)
+    return _asym_codes(t, scale, zero, levels), scale, zero
 
 
 def _weight_channel(values, whole, weights, levels=(255.0, 127.0)):
@@ -214,7 +218,7 @@ def quantized_matmul(a, b, table, signed, mode=None):
     m, k = a.shape
     n = b.shape[1]
     out = np.zeros((m, n), np.float64)
-    qa, sa, za = _activations(a, signed, static_range)
+    qa, sa, za = _activations(a, signed, static_range, mode)
     for j in range(n):
         whole = b[:, j] if granularity == "per_channel" else b
         qw, sign, sw, zw = _weight_channel(b[:, j], whole, weights, _weight_levels(mode, signed))
@@ -239,7 +243,7 @@ def quantized_conv2d(x, w, table, signed, strides, dilations, pads, groups, mode
     pt, pb, pl, pr = pads
     oh = (h + pt + pb - dh * (fh - 1) - 1) // sh + 1
     ow = (wd + pl + pr - dw * (fw - 1) - 1) // sw + 1
-    qx, sx, zx = _activations(x, signed, static_range)
+    qx, sx, zx = _activations(x, signed, static_range, mode)
     channels = []
     for o in range(cout):
         whole = w[..., o] if granularity == "per_channel" else w

@@ -155,8 +155,8 @@ def test_signed_8xn_declared_in_the_spec(tmp_path):
 
 
 @pytest.mark.parametrize("body, spec_suffix, message", [
-    ("uint64_t mul4x8u_x(uint64_t A, uint64_t B) { return A * B; }", "",
-     "4x8 multipliers (the activation narrower than the weight) are not supported"),
+    ("uint64_t mul4x4u_x(uint64_t A, uint64_t B) { return A * B; }", "",
+     "operand widths 4x4 are not supported"),
     ("uint64_t f(uint64_t A, uint64_t B) { return A * B; }", ":u4x4",
      "operand widths 4x4 are not supported"),
     ("uint64_t mul8x4u_x(const uint64_t A /* 8-bit unsigned operand */, "

@@ -82,7 +82,8 @@ def lut_matmul_gradients(kernel, a, b, dy, quant=None, half_width: int = DEFAULT
     scheme = kernel.resolve_scheme(quant)
     a = np.asarray(a, np.float32)
     b = np.asarray(b, np.float32)
-    qa, sa, za, _ = activation_quantization(a, scheme, kernel.signed)
+    qa, sa, za, _ = activation_quantization(a, scheme, kernel.signed,
+                                            getattr(kernel, "activation_bits", 8))
     qb, negative, sb, zb, _ = quantize_weights(b, scheme, kernel.weight_bits)
     return _code_gradients(kernel, qa, za, sa, qb, negative, sb, zb, scheme, dy, half_width)
 
@@ -93,7 +94,8 @@ def lut_conv2d_gradients(kernel, x, w, dy, geometry: ConvGeometry, quant=None,
     kernel = _check_kernel(kernel)
     scheme = kernel.resolve_scheme(quant)
     g = geometry
-    qx, sx, zx, _ = activation_quantization(np.asarray(x, np.float32), scheme, kernel.signed)
+    qx, sx, zx, _ = activation_quantization(np.asarray(x, np.float32), scheme, kernel.signed,
+                                            getattr(kernel, "activation_bits", 8))
     qw, negative, sw, zw, _ = quantize_weights(np.asarray(w, np.float32), scheme,
                                                 kernel.weight_bits)
     patches = im2col(qx, g, pad_value=zx)                    # (rows, taps, in_channels) codes

@@ -29,6 +29,9 @@ v of the channel (or tensor), finite ones only:
   8xN multipliers (Multiplier.weight_bits = N < 8): the same with 255 replaced by L = 2^N - 1
   (sign-magnitude magnitudes, asymmetric codes and zero points in 0..L) and 127 by 2^(N-1) - 1
   (symmetric); the codes index the table's columns of N-bit weights (multipliers/record.py).
+  Nx8 multipliers (Multiplier.activation_bits = N < 8): the activations likewise - 255 becomes
+  L = 2^N - 1 (asymmetric codes and zero point in 0..L, for a static range too) and 127 becomes
+  2^(N-1) - 1 (symmetric); the codes index the table's rows of N-bit activations.
 Exact integer sums c (int64; only code x code products go through the table):
   sign_magnitude:  c_ij = sum_k sigma_kj T[qa_ik, m_kj] - z_a sum_k sigma_kj m_kj
   asymmetric:      c_ij = sum_k T[qa_ik, qb_kj] - z_j sum_k qa_ik - z_a sum_k qb_kj + k z_a z_j
@@ -98,25 +101,26 @@ def asymmetric_params(lo, hi, levels: int = UNSIGNED_LEVELS):
     return scale, zero
 
 
-def quantize_asymmetric(t: np.ndarray, value_range=None):
+def quantize_asymmetric(t: np.ndarray, value_range=None, levels: int = UNSIGNED_LEVELS):
     """uint8 codes, scale, zero point, non-finite mask of one tensor (its own range, or the given
-    static (lo, hi))."""
+    static (lo, hi)); `levels`: the largest code (255, or 2^N - 1 for N-bit activations)."""
     t64, bad = _finite_view(t)
     if value_range is None:
         lo = float(t64.min()) if t64.size else 0.0
         hi = float(t64.max()) if t64.size else 0.0
     else:
         lo, hi = value_range
-    scale, zero = asymmetric_params(lo, hi)
+    scale, zero = asymmetric_params(lo, hi, levels)
     scale, zero = float(scale), int(zero)
-    codes = np.clip(np.rint(t64 / scale) + zero, 0, UNSIGNED_LEVELS).astype(np.uint8)
+    codes = np.clip(np.rint(t64 / scale) + zero, 0, levels).astype(np.uint8)
     if bad is not None:
         codes[bad] = zero
     return codes, scale, zero, bad
 
 
-def quantize_symmetric(t: np.ndarray, axis=None, value_range=None):
-    """int8 codes (as uint8 bit patterns), scales (scalar, or per index of the kept axis), mask.
+def quantize_symmetric(t: np.ndarray, axis=None, value_range=None, limit: int = SIGNED_LIMIT):
+    """int8 codes (as uint8 bit patterns), scales (scalar, or per index of the kept axis), mask;
+    `limit`: the largest code (127, or 2^(N-1) - 1 for N-bit activations).
 
     axis=None: one scale for the tensor (from its own max|t|, or max(|lo|, |hi|) of the static
     value_range); otherwise the scale is per slice along `axis`."""
@@ -129,22 +133,24 @@ def quantize_symmetric(t: np.ndarray, axis=None, value_range=None):
         axis = axis % t64.ndim
         others = tuple(d for d in range(t64.ndim) if d != axis)
         amax = np.abs(t64).max(axis=others) if t64.size else np.zeros(t64.shape[axis])
-    scale = np.where(amax > 0, amax / SIGNED_LIMIT, 1.0)
+    scale = np.where(amax > 0, amax / limit, 1.0)
     shape = [1] * t64.ndim
     if axis is not None and value_range is None:
         shape[axis] = -1
-    q = np.clip(np.rint(t64 / scale.reshape(shape)), -SIGNED_LIMIT, SIGNED_LIMIT)
+    q = np.clip(np.rint(t64 / scale.reshape(shape)), -limit, limit)
     codes = q.astype(np.int8).view(np.uint8)
     return codes, scale, bad
 
 
-def activation_quantization(t: np.ndarray, scheme: QuantScheme, signed: bool):
-    """(codes, scale, zero point, non-finite mask) of activations under `scheme`."""
+def activation_quantization(t: np.ndarray, scheme: QuantScheme, signed: bool, bits: int = 8):
+    """(codes, scale, zero point, non-finite mask) of activations under `scheme`, at `bits`
+    bits (an Nx8 multiplier's N; module docstring)."""
     value_range = scheme.activation_range if scheme.activations == "static" else None
     if signed:
-        codes, scale, bad = quantize_symmetric(t, value_range=value_range)
+        codes, scale, bad = quantize_symmetric(t, value_range=value_range,
+                                               limit=weight_limit(True, bits))
         return codes, float(scale), 0, bad
-    return quantize_asymmetric(t, value_range)
+    return quantize_asymmetric(t, value_range, weight_limit(False, bits))
 
 
 def weight_limit(signed: bool, bits: int = 8) -> int:
@@ -210,11 +216,14 @@ def _join_signs(acc: np.ndarray, groups: int = 1) -> np.ndarray:
     return (parts[..., 0, :] - parts[..., 1, :]).reshape(*lead, groups * per)
 
 
-def fused_quant(scheme: QuantScheme, signed: bool, weight_bits: int = 8) -> native.LutQuant:
+def fused_quant(scheme: QuantScheme, signed: bool, weight_bits: int = 8,
+                activation_bits: int = 8) -> native.LutQuant:
     """The graphswap_lut_quant of a resolved scheme (graphswap_kernels.h), for weights of
-    `weight_bits` bits (an 8xN multiplier's N)."""
+    `weight_bits` bits (an 8xN multiplier's N) and activations of `activation_bits` bits (an Nx8
+    multiplier's N, in weight_bits' second byte; 8 leaves that byte 0)."""
     quant = native.LutQuant()
-    quant.weight_bits = int(weight_bits)
+    quant.weight_bits = int(weight_bits) | ((int(activation_bits) << 8) if activation_bits != 8
+                                            else 0)
     quant.scheme = native.LUT_SIGNED if signed else native.LUT_UNSIGNED
     quant.weight_mode = (native.QUANT_PER_CHANNEL if scheme.granularity == "per_channel"
                          else native.QUANT_PER_TENSOR)
@@ -225,9 +234,9 @@ def fused_quant(scheme: QuantScheme, signed: bool, weight_bits: int = 8) -> nati
         lo, hi = scheme.activation_range
         if signed:
             amax = max(abs(float(lo)), abs(float(hi)))
-            scale, zero = (amax / SIGNED_LIMIT if amax > 0 else 1.0), 0
+            scale, zero = (amax / weight_limit(True, activation_bits) if amax > 0 else 1.0), 0
         else:
-            scale, zero = asymmetric_params(lo, hi)
+            scale, zero = asymmetric_params(lo, hi, weight_limit(False, activation_bits))
             scale, zero = float(scale), int(zero)
         quant.activation_mode = native.QUANT_STATIC
         quant.activation_scale = scale
@@ -249,8 +258,10 @@ class LutKernel(Kernel):
         self.spec = multiplier.spec
         self.signed = bool(multiplier.signed)
         self.weight_bits = int(getattr(multiplier, "weight_bits", 8))
+        self.activation_bits = int(getattr(multiplier, "activation_bits", 8))
         default = QuantScheme().resolve(self.signed)
-        self.description = (f"{multiplier.description}; {default.describe(self.weight_bits)} by "
+        self.description = (f"{multiplier.description}; "
+                            f"{default.describe(self.weight_bits, self.activation_bits)} by "
                             f"default")
         self._library = native.shipped_library()
         self._fused = self._library.has_fused_lut
@@ -282,9 +293,12 @@ class LutKernel(Kernel):
         """The exact multiplier of the same signedness: the same codes, exact products (what bias
         compensation measures the approximate products against)."""
         exact = builtin("mul8s_exact" if self.signed else "mul8u_exact")
-        if self.weight_bits != 8:   # the same N-bit weight codes (the table is exact everywhere)
+        if self.weight_bits != 8 or self.activation_bits != 8:
+            # the same N-bit codes (the table is exact everywhere)
             exact = dataclasses.replace(exact, weight_bits=self.weight_bits,
-                                        spec=f"{exact.spec}:8x{self.weight_bits}")
+                                        activation_bits=self.activation_bits,
+                                        spec=f"{exact.spec}:{self.activation_bits}x"
+                                             f"{self.weight_bits}")
         return LutKernel(exact)
 
     def resolve_scheme(self, quant: QuantScheme | None) -> QuantScheme:
@@ -302,10 +316,11 @@ class LutKernel(Kernel):
         scheme = self.resolve_scheme(quant)
         if self._fused and a.size and b.size:
             return self._library.lut_matmul_f32(a, b, self._table32,
-                                                fused_quant(scheme, self.signed, self.weight_bits))
+                                                fused_quant(scheme, self.signed, self.weight_bits,
+                                                            self.activation_bits))
         k = a.shape[1]
         table = self.multiplier.table
-        qa, sa, za, bad_a = activation_quantization(a, scheme, self.signed)
+        qa, sa, za, bad_a = activation_quantization(a, scheme, self.signed, self.activation_bits)
         qb, negative, sb, zb, bad_b = quantize_weights(b, scheme, self.weight_bits)
         if scheme.weights == "sign_magnitude":
             acc = _join_signs(self._library.lut_matmul(qa, _split_signs(qb, negative), table))
@@ -337,12 +352,12 @@ class LutKernel(Kernel):
         scheme = self.resolve_scheme(quant)
         if self._fused and x.size and w.size:
             return self._library.lut_conv2d_f32(x, w, self._table32,
-                                                fused_quant(scheme, self.signed, self.weight_bits),
-                                                g)
+                                                fused_quant(scheme, self.signed, self.weight_bits,
+                                                            self.activation_bits), g)
         table = self.multiplier.table
         cout_g = g.out_channels // g.groups
         group_of_channel = np.arange(g.out_channels) // max(cout_g, 1)
-        qx, sx, zx, bad_x = activation_quantization(x, scheme, self.signed)
+        qx, sx, zx, bad_x = activation_quantization(x, scheme, self.signed, self.activation_bits)
         qw, negative, sw, zw, bad_w = quantize_weights(w, scheme, self.weight_bits)
         if scheme.weights == "sign_magnitude":
             acc2, _ = self._library.lut_conv2d(qx, _split_signs(qw, negative, g.groups), table, zx,

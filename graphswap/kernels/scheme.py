@@ -141,9 +141,10 @@ class QuantScheme:
         """Whether the scheme can run: dynamic, or static with its range."""
         return self.activations == "dynamic" or self.activation_range is not None
 
-    def describe(self, weight_bits: int = 8) -> str:
+    def describe(self, weight_bits: int = 8, activation_bits: int = 8) -> str:
         """One line for reports, naming the mode (and the hardware it matches); `weight_bits`:
-        an 8xN multiplier's N (its weights are quantized to N bits)."""
+        an 8xN multiplier's N (its weights are quantized to N bits); `activation_bits`: an Nx8
+        multiplier's N (its activations are quantized to N bits)."""
         weights = {"sign_magnitude": "sign-magnitude", "asymmetric": "asymmetric uint8",
                    "symmetric": "symmetric int8", None: "default"}[self.weights]
         if weight_bits != 8:
@@ -161,6 +162,8 @@ class QuantScheme:
                 activations += f" (moving average, momentum {self.momentum:g})"
         else:
             activations = "dynamic activations (range per call, as TFApprox)"
+        if activation_bits != 8:
+            activations = f"{activation_bits}-bit {activations}"
         return f"{weights} weights {granularity}, {activations}"
 
 

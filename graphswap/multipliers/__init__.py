@@ -58,8 +58,12 @@ unsigned operand */, const uint64_t B /* N-bit unsigned operand */)`), recognise
 comments, or declared in the spec: PATH.c:u8x4 / PATH.c:s8x4, LIB.so:SYMBOL:u8x4 (operands as bit
 patterns, signature u64 order ab by default), or a version-2 .lut file (table_files).  The N-bit
 operand is the weight; the products are read at the circuit's width 8 + N and embedded in the
-256x256 layout at the N-bit weight codes (record.py); the weights are quantized to N bits.  An
-activation narrower than the weight (Nx8) is refused.
+256x256 layout at the N-bit weight codes (record.py); the weights are quantized to N bits.
+Nx8 multipliers (an N-bit activation x an 8-bit weight; Multiplier.activation_bits): named
+mul4x8u_X / mul4x8s_X, the N-bit operand comment on the parameter named A, or declared
+PATH.c:u4x8 / LIB.so:SYMBOL:u4x8; the products sit at the rows of the N-bit activation codes and
+the activations are quantized to N bits (widths.py recognises both forms).  One operand always
+has 8 bits.
 
 Anything else (e.g. "exact", "bf16", an operation-level "lib.so") is not a multiplier spec.  Bad
 multiplier files raise KernelSpecError saying what was wrong, what is allowed and what to do.

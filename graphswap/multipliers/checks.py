@@ -50,15 +50,15 @@ def _signedness_check(multiplier: Multiplier, approx, error, computed) -> dict:
     always returns 0, "looks signed" by MAE alone)."""
     kind = "signed" if multiplier.signed else "unsigned"
     other_kind = "unsigned" if multiplier.signed else "signed"
-    bits = 8 + multiplier.weight_bits  # the product's width
+    bits = multiplier.activation_bits + multiplier.weight_bits  # the product's width
     mask, half = 2 ** bits - 1, 2 ** (bits - 1)
     other_table = approx & mask if multiplier.signed else np.where(approx >= half,
                                                                     approx - 2 ** bits, approx)
-    if multiplier.weight_bits == 8:
+    if multiplier.width == "8x8":
         table = other_table.astype(np.int32).ravel()
-    else:  # the same columns (N-bit codes) read the other way
+    else:  # the same rows / columns (N-bit codes) read the other way
         table = embed_weight_table(other_table, not multiplier.signed, multiplier.weight_bits,
-                                   multiplier.spec)
+                                   multiplier.spec, multiplier.activation_bits)
     other = dataclasses.replace(multiplier, signed=not multiplier.signed, table=table)
     other_computed = metrics(other)
     mae_declared, mae_other = computed["MAE"], other_computed["MAE"]
@@ -84,7 +84,8 @@ def _resolution_detail(multiplier: Multiplier) -> str:
     def shown(count, of):
         return f"{count} of {of} values told apart ({np.log2(count):.1f} bits)"
 
-    return (f"first operand (activation): {shown(levels['first'], 256)}, "
+    return (f"first operand (activation): "
+            f"{shown(levels['first'], 2 ** multiplier.activation_bits)}, "
             f"{levels['first_nonnegative']} of the {levels['nonnegative_values']} non-negative "
             f"ones (what a ReLU output uses); second operand (weight): "
             f"{shown(levels['second'], 2 ** multiplier.weight_bits)}")
@@ -103,13 +104,20 @@ def check(multiplier: Multiplier) -> dict:
         "comparison with the exact product", None,
         f"{exact_pairs} of {error.size} operand pairs exact; largest error "
         f"{int(np.abs(error).max())} (at f({first_values[worst[0]]}, {second_values[worst[1]]}))"))
-    if multiplier.weight_bits == 8:
+    if multiplier.width == "8x8":
         asymmetric = int(np.count_nonzero(approx != approx.T)) // 2
         checks.append(check_entry(
             "operand-order symmetry", None,
             "f(a, b) = f(b, a) for every pair: operand order does not matter" if asymmetric == 0
             else f"f(a, b) != f(b, a) for {asymmetric} unordered pairs: operand order matters "
                  f"(first operand = activation, second = weight)"))
+    elif multiplier.activation_bits != 8:
+        bits = multiplier.activation_bits
+        checks.append(check_entry(
+            "operand widths", None,
+            f"{bits}x8: {bits}-bit activation (first operand) x 8-bit weight (second operand); "
+            f"the activations are quantized to {bits} bits; metrics at the {bits + 8}-bit "
+            f"output width"))
     else:
         checks.append(check_entry(
             "operand widths", None,

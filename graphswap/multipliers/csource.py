@@ -24,13 +24,13 @@ import os
 import re
 from pathlib import Path
 
-import numpy as np
-
 from graphswap.errors import KernelSpecError
 from graphswap.multipliers.evaluation import (EvaluationPlan, ResultType, evaluate_in_process,
                                               evaluate_isolated, table_from_raw)
 from graphswap.multipliers.metrics import parse_header_metrics
-from graphswap.multipliers.record import Multiplier, embed_weight_table
+from graphswap.multipliers.record import Multiplier
+from graphswap.multipliers.widths import (NAMED_WIDTHS, WIDTH_DECLARATION, Widths, narrow_table,
+                                         operand_widths)
 from graphswap.native import (FileContent, cache_dir, compiler, owner_only_directory,
                               record_artefact, recorded_artefact, remove_stale,
                               write_atomically)
@@ -50,93 +50,6 @@ ACCEPTED_SIGNATURES = (
     "uint64_t mul8u_NAME(const uint64_t B, const uint64_t A)  (EvoApproxLib legacy), "
     "uint16_t f(uint8_t A, uint8_t B), int16_t mul8s_NAME(int8_t A, int8_t B), or any integer "
     "return type with two 8/16/32/64-bit integer operands")
-
-
-#: a width declared in the spec: u8x4 = unsigned, 8-bit activation x 4-bit weight
-WIDTH_DECLARATION = re.compile(r"^(?P<sign>[us])(?P<a>[1-8])x(?P<b>[1-8])$")
-_NAMED_WIDTHS = re.compile(r"^mul(?P<a>[1-8])x(?P<b>[1-8])(?P<sign>[us])_")
-_OPERAND_COMMENT = re.compile(r"(?P<bits>[1-8])-bit\s+(?P<sign>signed|unsigned)\s+operand",
-                              re.IGNORECASE)
-WIDTH_HELP = ("an 8xN multiplier (N = 1..7 bits of weight) is named mul8xNu_... / mul8xNs_... "
-              "(EvoApproxLib), carries '/* N-bit unsigned operand */' comments on its operands, "
-              "or is declared in the spec: 'FILE.c:u8x4' (unsigned) / 'FILE.c:s8x4' (signed), "
-              "'LIB.so:SYMBOL:u8x4'")
-
-
-@dataclasses.dataclass(frozen=True)
-class _Widths:
-    """Operand widths of an 8xN multiplier: its signedness, N, the parameter holding the weight."""
-
-    signed: bool
-    weight_bits: int
-    weight_param: int   # 0 or 1: which C parameter is the N-bit weight
-    how: str
-
-
-def _check_widths(a_bits: int, b_bits: int, where: str) -> None:
-    if a_bits == 8 and 1 <= b_bits <= 8:
-        return
-    if b_bits == 8:
-        raise KernelSpecError(
-            f"{where}: {a_bits}x{b_bits} multipliers (the activation narrower than the weight) are "
-            f"not supported; graphswap runs 8xN multipliers whose weight (second operand) has "
-            f"N = 1..8 bits: {WIDTH_HELP}")
-    raise KernelSpecError(f"{where}: operand widths {a_bits}x{b_bits} are not supported; one "
-                          f"operand must be the 8-bit activation: {WIDTH_HELP}")
-
-
-def _operand_comments(source: str, fn_name: str) -> list:
-    """[(bits, signed)] of the operands' '/* 4-bit unsigned operand */' comments, or []."""
-    match = re.search(rf"\b{re.escape(fn_name)}\s*\((?P<params>[^(){{}};]*)\)\s*\{{", source)
-    if not match:
-        return []
-    found = []
-    for part in match.group("params").split(","):
-        comment = _OPERAND_COMMENT.search(part)
-        if comment is None:
-            return []
-        found.append((int(comment.group("bits")), comment.group("sign").lower() == "signed"))
-    return found if len(found) == 2 else []
-
-
-def operand_widths(fn_name: str, declared: str | None, source: str, where: str) -> _Widths | None:
-    """The widths of an 8xN multiplier (None for an 8x8 one): from the spec's declaration, the
-    EvoApproxLib name, or the operand comments, in that order; contradictions are errors."""
-    comments = _operand_comments(source, fn_name)
-    if declared is not None:
-        m = WIDTH_DECLARATION.match(declared)
-        a_bits, b_bits, signed, how = (int(m.group("a")), int(m.group("b")), m.group("sign") == "s",
-                                       f"widths {declared} declared in the spec")
-    elif _NAMED_WIDTHS.match(fn_name):
-        m = _NAMED_WIDTHS.match(fn_name)
-        a_bits, b_bits, signed, how = (int(m.group("a")), int(m.group("b")), m.group("sign") == "s",
-                                       f"widths {m.group('a')}x{m.group('b')} from the name "
-                                       f"{fn_name}")
-    elif comments and {bits for bits, _ in comments} != {8}:
-        bits = sorted(b for b, _ in comments)
-        if len({s for _, s in comments}) != 1:
-            raise KernelSpecError(f"{where}: {fn_name}'s operand comments mix signed and unsigned "
-                                  f"operands; declare the widths in the spec: {WIDTH_HELP}")
-        a_bits, b_bits, signed = bits[1], bits[0], comments[0][1]
-        how = f"widths {a_bits}x{b_bits} from the operand comments"
-    else:
-        return None
-    _check_widths(a_bits, b_bits, where)
-    if b_bits == 8:
-        return None
-    if comments:
-        comment_bits = [b for b, _ in comments]
-        if sorted(comment_bits) != sorted([a_bits, b_bits]) or comments[0][1] != signed:
-            raise KernelSpecError(
-                f"{where}: {fn_name}'s operand comments ({', '.join(f'{b}-bit' for b in comment_bits)}"
-                f" {'signed' if comments[0][1] else 'unsigned'}) contradict the {how}; fix the "
-                f"name or the spec: {WIDTH_HELP}")
-        weight_param = comment_bits.index(b_bits)
-        how += f"; the {b_bits}-bit weight is parameter {weight_param + 1} (operand comments)"
-    else:
-        weight_param = 1
-        how += f"; the {b_bits}-bit weight is parameter 2 (no operand comments)"
-    return _Widths(signed, b_bits, weight_param, how)
 
 
 def _strip_comments(source: str) -> str:
@@ -192,7 +105,7 @@ class _Signature:
     notes: tuple
 
 
-def _classify(fn: _CFunction, path: str, widths: _Widths | None = None) -> _Signature:
+def _classify(fn: _CFunction, path: str, widths: Widths | None = None) -> _Signature:
     unsupported = (f"{path}: function {fn.name}({', '.join(' '.join(p) for p in fn.params)}) "
                    f"returning {fn.ret} has an unsupported signature; a multiplier takes two integer "
                    f"operands and returns an integer, e.g. {ACCEPTED_SIGNATURES}")
@@ -206,15 +119,15 @@ def _classify(fn: _CFunction, path: str, widths: _Widths | None = None) -> _Sign
     prefix = "s" if fn.name.startswith("mul8s") else "u" if fn.name.startswith("mul8u") else None
     notes = []
     if widths is not None:
+        width = f"{widths.activation_bits}x{widths.weight_bits}"
         if type_signed and not widths.signed:
             raise KernelSpecError(
-                f"{path}: {fn.name} is an unsigned 8x{widths.weight_bits} multiplier ({widths.how}) "
+                f"{path}: {fn.name} is an unsigned {width} multiplier ({widths.how}) "
                 f"but takes signed {t1} operands; graphswap will not guess which is right: "
-                f"declare its operands unsigned, or use mul8x{widths.weight_bits}s_ / "
-                f"s8x{widths.weight_bits}")
+                f"declare its operands unsigned, or use mul{width}s_ / s{width}")
         return _Signature(widths.signed, t1, widths.weight_param == 0,
                           ResultType(ret_bits, ret_signed, widths.signed, fn.ret),
-                          f"8x{widths.weight_bits} ({bits}-bit operand types)",
+                          f"{width} ({bits}-bit operand types)",
                           (widths.how,))
     if prefix == "s" and not type_signed:
         signed = True
@@ -267,7 +180,7 @@ _WRAPPER_VERSION = "3"  # 2: built portable (no -march=native); 3: 8xN operands
 
 
 def _wrapper_source(fn: _CFunction, sig: _Signature, include_name: str,
-                    weight_bits: int = 8) -> str:
+                    weight_bits: int = 8, activation_bits: int = 8) -> str:
     """C that fills one row of raw results: each return value at its declared width, zero- or
     sign-extended to 64 bits (graphswap.multipliers.evaluation reads and range-checks them).
     An 8xN multiplier's weight operand gets y's low N bits (sign-extended when signed): the
@@ -281,6 +194,10 @@ def _wrapper_source(fn: _CFunction, sig: _Signature, include_name: str,
         mask, half = 2 ** weight_bits - 1, 2 ** (weight_bits - 1)
         second = (f"({sig.arg_type})(int64_t)((int)((y & {mask}u) ^ {half}u) - {half})"
                   if sig.signed else f"({sig.arg_type})(y & {mask}u)")
+    if activation_bits != 8:   # an Nx8 multiplier: rows x < 2^N are its products
+        mask, half = 2 ** activation_bits - 1, 2 ** (activation_bits - 1)
+        first = (f"({sig.arg_type})(int64_t)((int)((x & {mask}u) ^ {half}u) - {half})"
+                 if sig.signed else f"({sig.arg_type})(x & {mask}u)")
     args = f"{second}, {first}" if sig.swap else f"{first}, {second}"
     widen = "(uint64_t)(int64_t)" if sig.result.type_signed else "(uint64_t)"
     return (
@@ -365,7 +282,7 @@ def from_c_source(content: FileContent, function: str | None, isolated: bool = T
                 f"{', '.join(all_names) or 'none'}")
     else:
         chosen = [f for f in functions if f.name.startswith(("mul8u", "mul8s"))
-                  or _NAMED_WIDTHS.match(f.name)] or functions
+                  or NAMED_WIDTHS.match(f.name)] or functions
     if not chosen:
         # Maybe the source does not even compile: the compiler's message is the useful one then.
         try:
@@ -384,8 +301,9 @@ def from_c_source(content: FileContent, function: str | None, isolated: bool = T
     fn = chosen[0]
     widths = operand_widths(fn.name, declared, source, path)
     weight_bits = 8 if widths is None else widths.weight_bits
+    activation_bits = 8 if widths is None else widths.activation_bits
     sig = _classify(fn, path, widths)
-    wrapper = _wrapper_source(fn, sig, include_name, weight_bits)
+    wrapper = _wrapper_source(fn, sig, include_name, weight_bits, activation_bits)
     key = hashlib.sha256((sha + fn.name + _WRAPPER_VERSION + wrapper).encode()).hexdigest()[:16]
     library_path = workdir / f"{fn.name}-{key}.so"
     checked = built_wrapper(workdir, wrapper, f"wrapper-{key}.c", library_path,
@@ -397,10 +315,10 @@ def from_c_source(content: FileContent, function: str | None, isolated: bool = T
         raw = evaluate_isolated(plan, sig.signed)
     else:
         raw = evaluate_in_process(plan, row_order)
-    if weight_bits == 8:
+    if widths is None:
         table = table_from_raw(raw, sig.result, path, fn.name)
     else:
-        table = narrow_table(raw, sig.result, weight_bits, path, fn.name)
+        table = narrow_table(raw, sig.result, weight_bits, path, fn.name, activation_bits)
     header, header_text = parse_header_metrics(source)
     absolute = path
     spec = absolute + (f":{function}" if function else f":{declared}" if declared else "")
@@ -409,32 +327,5 @@ def from_c_source(content: FileContent, function: str | None, isolated: bool = T
                       description=f"{kind} multiplier {fn.name} from {os.path.basename(path)} "
                                   f"({sig.generation})",
                       kind="c", path=absolute, sha256=sha, header_metrics=header,
-                      header_metrics_text=header_text, notes=sig.notes, weight_bits=weight_bits)
-
-
-def narrow_table(raw, result: ResultType, weight_bits: int, where: str, name: str):
-    """The 65536-entry table of an 8xN multiplier from its raw results (columns y < 2^N hold the
-    products of the N-bit weight codes): each product read at the circuit's width 8 + N (a signed
-    product in an unsigned type as an (8 + N)-bit two's-complement pattern), range-checked."""
-    bits = 8 + weight_bits
-    raw = np.asarray(raw, dtype=np.uint64).reshape(256, 256)[:, :2 ** weight_bits]
-    if result.multiplier_signed and not result.type_signed:
-        low = (raw & np.uint64(2 ** bits - 1)).astype(np.int64)
-        products = np.where(low >= 2 ** (bits - 1), low - 2 ** bits, low)
-        ok = (raw < 2 ** bits) | (raw >= np.uint64(2 ** 64 - 2 ** (bits - 1)))
-    else:
-        products = raw.view(np.int64) if result.type_signed else raw.astype(np.int64)
-        lo, hi = (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1) if result.multiplier_signed \
-            else (0, 2 ** bits - 1)
-        ok = (products >= lo) & (products <= hi)
-        if not result.type_signed:
-            ok &= raw <= np.uint64(hi)
-    bad = np.argwhere(~ok)
-    if bad.size:
-        a, b = (int(v) for v in bad[0])
-        raise KernelSpecError(
-            f"{where}: {name} returned {int(raw[a, b])} for activation code {a} and weight code {b}, "
-            f"outside the {bits}-bit range of an 8x{weight_bits} product ({bad.shape[0]} such "
-            f"results); check the declared widths and signedness: {WIDTH_HELP}")
-    return embed_weight_table(products, result.multiplier_signed, weight_bits, f"{where}:{name}")
-
+                      header_metrics_text=header_text, notes=sig.notes, weight_bits=weight_bits,
+                      activation_bits=activation_bits)

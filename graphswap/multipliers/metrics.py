@@ -42,15 +42,16 @@ def lut(multiplier: Multiplier) -> np.ndarray:
 
 
 def operand_axes(multiplier: Multiplier) -> tuple[np.ndarray, np.ndarray]:
-    """(values of the 256 first-operand codes, values of the second operand's codes): 256 codes
-    for an 8x8 multiplier, the 2^N N-bit codes of an 8xN one (record.weight_values)."""
-    return (operand_values(multiplier.signed),
+    """(values of the first operand's codes, values of the second operand's codes): 256 codes
+    each for an 8x8 multiplier, the 2^N N-bit codes of the narrow operand of an 8xN / Nx8 one
+    (record.weight_values)."""
+    return (weight_values(multiplier.signed, multiplier.activation_bits),
             weight_values(multiplier.signed, multiplier.weight_bits))
 
 
 def errors(multiplier: Multiplier):
     """(approx, exact, approx - exact) over all operand pairs in code order: 256x256, or
-    256 x 2^N for an 8xN multiplier (its own domain, Multiplier.weight_table())."""
+    256 x 2^N for an 8xN multiplier, 2^N x 256 for an Nx8 one (its own domain, Multiplier.weight_table())."""
     first, second = operand_axes(multiplier)
     exact = first[:, None] * second[None, :]
     approx = multiplier.weight_table()
@@ -58,8 +59,8 @@ def errors(multiplier: Multiplier):
 
 
 def output_bits(multiplier: Multiplier) -> int:
-    """Width of the circuit's exact product: 16 for 8x8, 8 + N for 8xN."""
-    return 8 + multiplier.weight_bits
+    """Width of the circuit's exact product: 16 for 8x8, 8 + N for 8xN and Nx8."""
+    return multiplier.activation_bits + multiplier.weight_bits
 
 
 def metrics(multiplier: Multiplier) -> dict:
@@ -97,7 +98,7 @@ def operand_levels(multiplier: Multiplier) -> dict:
     Returns {"first", "second": levels over all 256 values, "first_nonnegative": levels among the
     non-negative first-operand values (those a ReLU output can take: 0..127 for a signed
     multiplier, 0..255 unsigned), "nonnegative_values": how many such values there are}."""
-    values = operand_values(multiplier.signed)
+    values = weight_values(multiplier.signed, multiplier.activation_bits)
     table = multiplier.weight_table()
     return {"first": len(np.unique(table, axis=0)), "second": np.unique(table, axis=1).shape[1],
             "first_nonnegative": len(np.unique(table[values >= 0], axis=0)),

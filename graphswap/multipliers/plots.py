@@ -27,10 +27,11 @@ def plot_error_heatmap(multiplier: Multiplier, path) -> str:
     fig, ax = plt.subplots(figsize=(6.4, 5.4), dpi=100)
     image = ax.imshow(error, cmap="RdBu_r", vmin=-limit, vmax=limit, origin="lower",
                       extent=extent, interpolation="nearest",
-                      aspect="equal" if multiplier.weight_bits == 8 else "auto")
+                      aspect="equal" if multiplier.width == "8x8" else "auto")
     ax.set_xlabel("second operand b (weight)" if multiplier.weight_bits == 8
                   else f"second operand b ({multiplier.weight_bits}-bit weight)")
-    ax.set_ylabel("first operand a (activation)")
+    ax.set_ylabel("first operand a (activation)" if multiplier.activation_bits == 8
+                  else f"first operand a ({multiplier.activation_bits}-bit activation)")
     ax.set_title(f"{multiplier.name}: approx - exact")
     fig.colorbar(image, ax=ax, label="error")
     fig.tight_layout()

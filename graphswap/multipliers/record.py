@@ -11,6 +11,13 @@ two's-complement byte of -2^(N-1)..2^(N-1)-1 signed); the weight quantizer never
 code (graphswap/kernels/quantized.py), and the entries of the other codes hold the exact product
 (never read by a forward pass; they keep the table's finite differences sensible at the edge of
 the N-bit range).  `weight_table()` gives the 256 x 2^N function itself.
+
+Nx8 multipliers (EvoApproxLib-style mul4x8u_..., or declared `:u4x8`): the activation (first
+operand) has N < 8 bits, `activation_bits` = N, the weight 8.  The 2^N x 256 products sit in the
+same layout at the rows of the N-bit activation codes (the same code rule as for weights); every
+other row holds the exact product, never read by a forward pass (the activation quantizer never
+produces such a code).  `weight_table()` then gives the (2^N, 256) function.  One operand is
+always 8 bits wide: an NxM multiplier with both operands narrower is refused.
 """
 
 from __future__ import annotations
@@ -42,24 +49,34 @@ class Multiplier:
     header_metrics_text: dict = dataclasses.field(default_factory=dict)  # as printed
     notes: tuple = ()           # how signature / order / signedness were determined
     weight_bits: int = 8        # N of an 8xN multiplier: the weight (second operand) has N bits
+    activation_bits: int = 8    # N of an Nx8 multiplier: the activation (first operand) has N bits
 
     def __post_init__(self):
-        if self.weight_bits not in WEIGHT_BITS or (self.signed and self.weight_bits < 2):
+        for operand, bits in (("weight", self.weight_bits), ("activation", self.activation_bits)):
+            if bits not in WEIGHT_BITS or (self.signed and bits < 2):
+                raise KernelSpecError(
+                    f"{self.spec}: a multiplier's {operand} operand has 1..8 bits (2..8 signed); "
+                    f"got {bits!r}")
+        if self.weight_bits != 8 and self.activation_bits != 8:
             raise KernelSpecError(
-                f"{self.spec}: a multiplier's weight operand has 1..8 bits (2..8 signed); got "
-                f"{self.weight_bits!r}")
+                f"{self.spec}: a {self.activation_bits}x{self.weight_bits} multiplier has no 8-bit "
+                f"operand; graphswap runs 8xN (N-bit weight) and Nx8 (N-bit activation) "
+                f"multipliers, N = 1..7: declare one of those widths")
 
     @property
     def width(self) -> str:
-        """"8x8", or "8x4" for an 8xN multiplier (first operand x second operand bits)."""
-        return f"8x{self.weight_bits}"
+        """"8x8", "8x4" for an 8xN multiplier, "4x8" for an Nx8 one (first operand x second
+        operand bits)."""
+        return f"{self.activation_bits}x{self.weight_bits}"
 
     def weight_table(self) -> np.ndarray:
-        """The products as a (256, 2^N) int64 array in code order: rows = the activation's 8-bit
-        codes, columns = the weight's N-bit codes (0..2^N-1 unsigned; the N-bit two's-complement
-        pattern signed, so column c holds the value c - 2^N for c >= 2^(N-1))."""
-        return self.table.reshape(256, 256)[:, weight_codes(self.signed, self.weight_bits)] \
-            .astype(np.int64)
+        """The products as a (2^Na, 2^Nw) int64 array in code order: rows = the activation's
+        Na-bit codes (256 for 8 bits), columns = the weight's Nw-bit codes (0..2^N-1 unsigned; the
+        N-bit two's-complement pattern signed, so code c holds the value c - 2^N for
+        c >= 2^(N-1)).  (256, 2^N) for an 8xN multiplier, (2^N, 256) for an Nx8 one."""
+        rows = weight_codes(self.signed, self.activation_bits)
+        columns = weight_codes(self.signed, self.weight_bits)
+        return self.table.reshape(256, 256)[np.ix_(rows, columns)].astype(np.int64)
 
     def to_config(self) -> dict:
         config = {"spec": self.spec}
@@ -68,7 +85,7 @@ class Multiplier:
         return config
 
     def __repr__(self) -> str:
-        width = "" if self.weight_bits == 8 else f", {self.width}"
+        width = "" if self.width == "8x8" else f", {self.width}"
         return f"<Multiplier {self.spec} ({'signed' if self.signed else 'unsigned'}{width})>"
 
 
@@ -98,17 +115,20 @@ def weight_codes(signed: bool, bits: int) -> np.ndarray:
     return weight_values(signed, bits) % 256
 
 
-def embed_weight_table(products: np.ndarray, signed: bool, bits: int, where: str) -> np.ndarray:
+def embed_weight_table(products: np.ndarray, signed: bool, bits: int, where: str,
+                       activation_bits: int = 8) -> np.ndarray:
     """The 65536-entry table of an 8xN multiplier's (256, 2^N) products (columns in N-bit code
-    order, weight_table()'s layout): the products at their 8-bit codes, the exact product at every
+    order, weight_table()'s layout), or of an Nx8 one's (2^N, 256) products (`activation_bits` =
+    N, rows in N-bit code order): the products at their 8-bit codes, the exact product at every
     other code (see the module docstring)."""
     products = np.asarray(products)
-    if products.shape != (256, 2 ** bits):
-        raise KernelSpecError(f"{where}: an 8x{bits} multiplier's table has shape (256, {2 ** bits}) "
-                              f"(256 activation codes x 2^{bits} weight codes); got "
-                              f"{products.shape}")
+    shape = (2 ** activation_bits, 2 ** bits)
+    if products.shape != shape:
+        raise KernelSpecError(f"{where}: a {activation_bits}x{bits} multiplier's table has shape "
+                              f"{shape} (2^{activation_bits} activation codes x 2^{bits} weight "
+                              f"codes); got {products.shape}")
     values = operand_values(signed)
     full = (values[:, None] * values[None, :]).astype(np.int64)
-    full[:, weight_codes(signed, bits)] = products
+    full[np.ix_(weight_codes(signed, activation_bits), weight_codes(signed, bits))] = products
     return table_from_products(full.reshape(-1), where)
 

@@ -14,7 +14,7 @@ import os
 from graphswap.errors import KernelSpecError
 from graphswap.multipliers.evaluation import (EvaluationPlan, ResultType, evaluate_in_process,
                                               evaluate_isolated, table_from_raw)
-from graphswap.multipliers.csource import WIDTH_DECLARATION, narrow_table, operand_widths
+from graphswap.multipliers.widths import WIDTH_DECLARATION, narrow_table, operand_widths
 from graphswap.multipliers.record import Multiplier
 from graphswap.native import FileContent, private_copy
 
@@ -27,7 +27,7 @@ _SO_SIGNATURES = {
 }
 SO_OPTIONS_HELP = ("options (comma-separated after a second ':'): u8x4 / s8x4 (N = 1..7) = an "
                    "8xN multiplier (8-bit activation, N-bit weight; signature u64, order ab unless "
-                   "given), u8 = uint16_t f(uint8_t, uint8_t), "
+                   "given), u4x8 / s4x8 = an Nx8 multiplier (N-bit activation, 8-bit weight), u8 = uint16_t f(uint8_t, uint8_t), "
                    "s8 = int16_t f(int8_t, int8_t), s8u = signed product declared with uint8_t/uint16_t "
                    "types, u64 = uint64_t f(uint64_t B, uint64_t A) (EvoApproxLib legacy); ab / ba = "
                    "operand order")
@@ -95,10 +95,12 @@ def from_shared_library(content: FileContent, symbol: str, options: str | None,
         table = table_from_raw(raw, result, f"{path}:{symbol}", symbol)
     else:   # the weight's N-bit pattern is the low bits of codes 0..2^N-1
         result = ResultType(bits, False, signed, c_return)
-        table = narrow_table(raw, result, widths.weight_bits, f"{path}:{symbol}", symbol)
+        table = narrow_table(raw, result, widths.weight_bits, f"{path}:{symbol}", symbol,
+                             widths.activation_bits)
     spec = f"{path}:{symbol}" + (f":{options}" if options else "")
     kind = "signed" if signed else "unsigned"
     return Multiplier(spec=spec, name=symbol, signed=signed, table=table,
                       description=f"{kind} multiplier {symbol} from {os.path.basename(path)}",
                       kind="so", path=path, sha256=content.sha256, notes=tuple(notes),
-                      weight_bits=8 if widths is None else widths.weight_bits)
+                      weight_bits=8 if widths is None else widths.weight_bits,
+                      activation_bits=8 if widths is None else widths.activation_bits)

@@ -120,9 +120,16 @@ def quantize(t, scale, zero, signed: bool, levels: float | None = None):
     return ops.cast(q, "int32")
 
 
-def activation_params(a, signed: bool, scheme, activation_range=None):
+def activation_levels(signed: bool, bits: int = 8):
+    """The largest activation code for `bits`-bit activations (an Nx8 multiplier's N): None (the
+    8-bit defaults) for 8 bits, else 2^(N-1) - 1 signed / 2^N - 1 unsigned."""
+    return None if bits == 8 else float(2 ** (bits - 1) - 1 if signed else 2 ** bits - 1)
+
+
+def activation_params(a, signed: bool, scheme, activation_range=None, bits: int = 8):
     """(scale, zero) float64 scalars of the activations: the batch's range (dynamic) or the
-    static range (the layer's current range tensor, else the scheme's)."""
+    static range (the layer's current range tensor, else the scheme's), at `bits` bits."""
+    levels = activation_levels(signed, bits)
     if scheme.activations == "static":
         if activation_range is None:
             if scheme.activation_range is None:
@@ -130,9 +137,9 @@ def activation_params(a, signed: bool, scheme, activation_range=None):
                                         "calibrate the model first")
             activation_range = np.asarray(scheme.activation_range, np.float32)
         bounds = _f64(ops.convert_to_tensor(activation_range, "float32"))
-        return quant_params(bounds[0], bounds[1], signed)
+        return quant_params(bounds[0], bounds[1], signed, levels)
     lo, hi = finite_range(a)
-    return quant_params(lo, hi, signed)
+    return quant_params(lo, hi, signed, levels)
 
 
 def weight_codes(w2, signed: bool, scheme, bits: int = 8):
@@ -276,7 +283,7 @@ def _grouped_product(a_codes, a_bad, sa, za, w2, groups: int, table, signed: boo
 
 
 def lut_matmul(a, b, table, signed: bool, scheme, activation_range=None,
-               budget: int = DEFAULT_BUDGET, weight_bits: int = 8):
+               budget: int = DEFAULT_BUDGET, weight_bits: int = 8, activation_bits: int = 8):
     """(m, k) x (k, n) float32 through the 256x256 `table` (LutKernel.matmul, bit for bit);
     `scheme` resolved for the multiplier, `activation_range` the layer's static range tensor."""
     require_float64()
@@ -285,8 +292,8 @@ def lut_matmul(a, b, table, signed: bool, scheme, activation_range=None,
     if len(a.shape) != 2 or len(b.shape) != 2 or a.shape[1] != b.shape[0]:
         raise ShapeError(f"matmul shapes do not agree: {tuple(a.shape)} x {tuple(b.shape)}; "
                          f"expected (m, k) x (k, n)")
-    sa, za = activation_params(a, signed, scheme, activation_range)
-    qa = quantize(a, sa, za, signed)
+    sa, za = activation_params(a, signed, scheme, activation_range, activation_bits)
+    qa = quantize(a, sa, za, signed, activation_levels(signed, activation_bits))
     a_bad = ops.logical_not(ops.all(ops.isfinite(a), axis=1, keepdims=True))
     return _grouped_product(ops.expand_dims(qa, 1), a_bad, sa, za, b, 1, table, signed, scheme,
                             budget, weight_bits)
@@ -323,7 +330,7 @@ def conv_windows(t, geometry, fill):
 
 
 def lut_conv2d(x, w, table, signed: bool, scheme, geometry, activation_range=None,
-               budget: int = DEFAULT_BUDGET, weight_bits: int = 8):
+               budget: int = DEFAULT_BUDGET, weight_bits: int = 8, activation_bits: int = 8):
     """NHWC x HWIO float32 convolution through the table (LutKernel.conv2d, bit for bit);
     `geometry` a ConvGeometry (any batch: the input's is used)."""
     require_float64()
@@ -333,8 +340,8 @@ def lut_conv2d(x, w, table, signed: bool, scheme, geometry, activation_range=Non
     if len(x.shape) != 4 or len(w.shape) != 4 or int(x.shape[3]) != g.in_channels:
         raise ShapeError(f"conv2d shapes do not agree: input {tuple(x.shape)}, filter "
                          f"{tuple(w.shape)}; expected NHWC with {g.in_channels} channels and HWIO")
-    sx, zx = activation_params(x, signed, scheme, activation_range)
-    qx = quantize(x, sx, zx, signed)
+    sx, zx = activation_params(x, signed, scheme, activation_range, activation_bits)
+    qx = quantize(x, sx, zx, signed, activation_levels(signed, activation_bits))
     codes = _grouped_windows(_window_taps(qx, g, ops.cast(zx, "int32")), g.groups)
     bad_taps = _window_taps(ops.cast(ops.logical_not(ops.isfinite(x)), "int32"), g, 0)
     x_bad = ops.max(_grouped_windows(bad_taps, g.groups), axis=2) > 0       # (M, G)

@@ -218,7 +218,8 @@ def _call(kind: str, arithmetic, gain, shift, relu: bool, geometry, quant,
         # a static range arrives per call (the layer's state): its scale is computed in the op
         scheme = quant.with_range(0.0, 1.0) if has_range else quant
         call.quant = fused_quant(arithmetic.resolve_scheme(scheme), arithmetic.signed,
-                                 getattr(arithmetic, "weight_bits", 8))
+                                 getattr(arithmetic, "weight_bits", 8),
+                                 getattr(arithmetic, "activation_bits", 8))
     else:
         library = arithmetic.library
         call.kind = MATMUL if kind == "matmul" else CONV2D

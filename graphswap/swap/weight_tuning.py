@@ -341,6 +341,10 @@ def tune_weights(model, data, *, samples: int = DEFAULT_CALIBRATION_SAMPLES,
         if table is None:
             report.skipped[path] = f"{layer.arithmetic.spec} is not table-driven"
             continue
+        if getattr(layer.arithmetic, "activation_bits", 8) != 8:
+            report.skipped[path] = (f"{layer.arithmetic.spec} is an Nx8 multiplier (N-bit "
+                                    f"activations); weight tuning takes 8-bit activation codes")
+            continue
         if layer.current_quantization() is None or \
                 layer.current_quantization().activations != "static":
             report.skipped[path] = "not calibrated (static activations needed)"

@@ -166,7 +166,8 @@ def device_matmul(arithmetic, a, b, quant=None, activation_range=None, gain=None
     elif isinstance(kernel, LutKernel):
         scheme, current = _lut_scheme(kernel, quant, activation_range)
         y = device_products.lut_matmul(a, b, kernel.multiplier.table, kernel.signed, scheme,
-                                       current, weight_bits=getattr(kernel, "weight_bits", 8))
+                                       current, weight_bits=getattr(kernel, "weight_bits", 8),
+                                       activation_bits=getattr(kernel, "activation_bits", 8))
     else:
         rounding = (device_products.operand_rounding(kernel.spec)
                     if isinstance(kernel, OperandRoundingKernel) else None)
@@ -187,7 +188,8 @@ def device_conv2d(arithmetic, x, w, geometry, quant=None, activation_range=None,
         scheme, current = _lut_scheme(kernel, quant, activation_range)
         y = device_products.lut_conv2d(x, w, kernel.multiplier.table, kernel.signed, scheme,
                                        geometry, current,
-                                       weight_bits=getattr(kernel, "weight_bits", 8))
+                                       weight_bits=getattr(kernel, "weight_bits", 8),
+                                       activation_bits=getattr(kernel, "activation_bits", 8))
     else:
         rounding = (device_products.operand_rounding(kernel.spec)
                     if isinstance(kernel, OperandRoundingKernel) else None)

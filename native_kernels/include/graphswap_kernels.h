@@ -190,7 +190,13 @@ typedef struct graphswap_lut_quant {
                                     * 0..L, zero points in 0..L) and the symmetric limit 127 becomes
                                     * 2^(N-1) - 1 (N >= 2); the table is still 256x256 and only its
                                     * columns of N-bit codes are read.  Occupies what was padding:
-                                    * the struct's size and other offsets are unchanged. */
+                                    * the struct's size and other offsets are unchanged.
+                                    * Second byte (bits 8..15): the activation width of an Nx8
+                                    * multiplier, 0 or 8 = 8-bit activations, N = 1..7 (2..7
+                                    * signed, the weights then 8 bits): 255 / 127 of the activation
+                                    * formulas become 2^N - 1 (codes and zero point, STATIC too, in
+                                    * 0..2^N - 1) / 2^(N-1) - 1, only the table's rows of N-bit
+                                    * codes are read.  weight_bits = 8 | (N << 8); higher bits 0. */
 } graphswap_lut_quant;
 
 /* c[m,n] = quantized a[m,k] x b[k,n] through `table` (layout as for graphswap_lut_matmul) per `quant`

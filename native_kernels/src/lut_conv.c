@@ -467,7 +467,7 @@ GRAPHSWAP_EXPORT int32_t graphswap_lut_conv2d_f32(const float *input, const floa
     if (quant->activation_mode == GRAPHSWAP_QUANT_DYNAMIC || quant->observed_range)
         gs_range_f32(input, G.in_elems, &lo, &hi, &any_bad);
     if (quant->observed_range) quant->observed_range[0] = lo, quant->observed_range[1] = hi;
-    if (quant->activation_mode == GRAPHSWAP_QUANT_DYNAMIC) qx = gs_qparams_dynamic(qx.is_signed, lo, hi);
+    if (quant->activation_mode == GRAPHSWAP_QUANT_DYNAMIC) qx = gs_qparams_activation(&qx, lo, hi);
     if (G.out_elems == 0) return GRAPHSWAP_OK;
     if (!output) return gs_fail(GRAPHSWAP_ERR_INVALID_ARGUMENT, "%s: output is NULL (%lld elements)", fn,
                                 (long long)G.out_elems);
@@ -477,9 +477,10 @@ GRAPHSWAP_EXPORT int32_t graphswap_lut_conv2d_f32(const float *input, const floa
     gs_wquant w;
     const int sm = quant->weight_encoding == GRAPHSWAP_WEIGHTS_SIGN_MAGNITUDE;
     const int per_channel = quant->weight_mode == GRAPHSWAP_QUANT_PER_CHANNEL;
-    rc = sm ? gs_wquant_make_sm(fn, filter, G.taps, P.out_channels, per_channel, quant->weight_bits, &w)
+    const int wbits = gs_weight_bits(quant->weight_bits);
+    rc = sm ? gs_wquant_make_sm(fn, filter, G.taps, P.out_channels, per_channel, wbits, &w)
             : gs_wquant_make(fn, filter, G.taps, P.out_channels, qx.is_signed, per_channel,
-                             quant->weight_bits, &w);
+                             wbits, &w);
     if (rc != GRAPHSWAP_OK) return rc;
     double *sasb = gs_alloc(P.out_channels * 8);
     uint8_t *codes = gs_alloc(G.in_elems > 0 ? G.in_elems : 1);
@@ -501,7 +502,7 @@ GRAPHSWAP_EXPORT int32_t graphswap_lut_conv2d_f32(const float *input, const floa
         for (int64_t c = 0; c < chunks; ++c) {
             const int64_t i0 = c * chunk, len = min64(chunk, n - i0);
             const double recip = gs_recip(qx.scale);
-            bad |= gs_quantize_span(isa, input + i0, len, &qx.scale, &recip, &qx.zero, 0, qx.is_signed, codes + i0);
+            bad |= gs_quantize_activations(isa, input + i0, len, &qx, &recip, codes + i0);
         }
         any_bad |= bad;
         if (G.taps == 0) {

@@ -168,6 +168,8 @@ typedef struct gs_qparams {
     int is_signed;
     double scale;
     int32_t zero;   /* 0 for signed */
+    int32_t levels; /* activations only: 0 = 8-bit codes (255 / 127); else the largest code of
+                     * N-bit activations (an Nx8 multiplier): 2^N - 1 unsigned, 2^(N-1) - 1 signed */
 } gs_qparams;
 
 static inline uint8_t gs_quant(const gs_qparams *q, float t)
@@ -182,6 +184,18 @@ void gs_range_f32(const float *x, int64_t n, float *lo, float *hi, int *any_bad)
 
 /* Parameters from a finite range (lo = +inf, hi = -inf when there are no finite values). */
 gs_qparams gs_qparams_dynamic(int is_signed, float lo, float hi);
+
+/* The activation parameters of a range with act's signedness and levels (gs_quant_check's act). */
+gs_qparams gs_qparams_activation(const gs_qparams *act, float lo, float hi);
+
+/* gs_quantize_span with one scale / zero point for activations: 8-bit codes per ISA, or (act->levels
+ * != 0: N-bit activations of an Nx8 multiplier) codes clipped to act->levels by a scalar loop. */
+int gs_quantize_activations(gs_isa_level isa, const float *src, int64_t n, const gs_qparams *act,
+                            const double *recip, uint8_t *dst);
+
+/* The weight width of graphswap_lut_quant.weight_bits (its low byte; the second byte holds the
+ * activation width of an Nx8 multiplier). */
+static inline int gs_weight_bits(int32_t weight_bits) { return (int)(weight_bits & 0xff); }
 
 /* Vectorised quantization, per ISA (bit for bit gs_quant): dst[i] = code of src[i], i < n, with
  * scale[i] / zero[i] / recip[i] (per_element != 0) or scale[0] / zero[0] / recip[0]; non-finite

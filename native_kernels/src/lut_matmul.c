@@ -46,7 +46,7 @@ static void pack_rows(const uint8_t *src8, const float *srcf, const gs_qparams *
                 memcpy(t, src8 + r * k, (size_t)k);
             } else {
                 const double recip = gs_recip(q->scale);
-                const int bad = gs_quantize_span(isa, srcf + r * k, k, &q->scale, &recip, &q->zero, 0, q->is_signed, t);
+                const int bad = gs_quantize_activations(isa, srcf + r * k, k, q, &recip, t);
                 if (badrow) badrow[r] = (uint8_t)bad;
             }
             if (rowsum) {
@@ -232,7 +232,7 @@ GRAPHSWAP_EXPORT int32_t graphswap_lut_matmul_f32(const float *a, const float *b
     if (quant->activation_mode == GRAPHSWAP_QUANT_DYNAMIC || quant->observed_range)
         gs_range_f32(a, m * k, &lo, &hi, &any_bad);
     if (quant->observed_range) quant->observed_range[0] = lo, quant->observed_range[1] = hi;
-    if (quant->activation_mode == GRAPHSWAP_QUANT_DYNAMIC) qa = gs_qparams_dynamic(qa.is_signed, lo, hi);
+    if (quant->activation_mode == GRAPHSWAP_QUANT_DYNAMIC) qa = gs_qparams_activation(&qa, lo, hi);
     if (m == 0 || n == 0) return GRAPHSWAP_OK;
     if (!c) return gs_fail(GRAPHSWAP_ERR_INVALID_ARGUMENT, "%s: c is NULL (m=%lld n=%lld)", fn,
                            (long long)m, (long long)n);
@@ -247,8 +247,9 @@ GRAPHSWAP_EXPORT int32_t graphswap_lut_matmul_f32(const float *a, const float *b
     gs_wquant w;
     const int sm = quant->weight_encoding == GRAPHSWAP_WEIGHTS_SIGN_MAGNITUDE;
     const int per_channel = quant->weight_mode == GRAPHSWAP_QUANT_PER_CHANNEL;
-    rc = sm ? gs_wquant_make_sm(fn, b, k, n, per_channel, quant->weight_bits, &w)
-            : gs_wquant_make(fn, b, k, n, qa.is_signed, per_channel, quant->weight_bits, &w);
+    const int wbits = gs_weight_bits(quant->weight_bits);
+    rc = sm ? gs_wquant_make_sm(fn, b, k, n, per_channel, wbits, &w)
+            : gs_wquant_make(fn, b, k, n, qa.is_signed, per_channel, wbits, &w);
     if (rc != GRAPHSWAP_OK) {
         gs_lut_table_release(t);
         return rc;

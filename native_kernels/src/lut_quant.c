@@ -115,6 +115,39 @@ gs_qparams gs_qparams_dynamic(int is_signed, float flo, float fhi)
     return qparams_levels(is_signed, flo, fhi, is_signed ? 127.0 : 255.0);
 }
 
+gs_qparams gs_qparams_activation(const gs_qparams *act, float flo, float fhi)
+{
+    if (act->levels == 0) return gs_qparams_dynamic(act->is_signed, flo, fhi);
+    gs_qparams q = qparams_levels(act->is_signed, flo, fhi, (double)act->levels);
+    q.levels = act->levels;
+    return q;
+}
+
+int gs_quantize_activations(gs_isa_level isa, const float *src, int64_t n, const gs_qparams *act,
+                            const double *recip, uint8_t *dst)
+{
+    if (act->levels == 0)
+        return gs_quantize_span(isa, src, n, &act->scale, recip, &act->zero, 0, act->is_signed, dst);
+    /* N-bit activations (an Nx8 multiplier): the 8-bit formulas with 255 / 127 replaced by levels */
+    const double top = (double)act->levels, bottom = act->is_signed ? -top : 0.0;
+    const double z = (double)act->zero;
+    int bad = 0;
+    for (int64_t i = 0; i < n; ++i) {
+        const float v = src[i];
+        if (!gs_finite(v)) {
+            dst[i] = (uint8_t)act->zero;
+            bad = 1;
+            continue;
+        }
+        double t = (double)v / act->scale;
+        t = t > 512.0 ? 512.0 : (t < -512.0 ? -512.0 : t);
+        double q = gs_rint(t) + z;
+        q = q < bottom ? bottom : (q > top ? top : q);
+        dst[i] = (uint8_t)(int8_t)(int)q;
+    }
+    return bad;
+}
+
 /* The largest weight code of N-bit weights: 2^N - 1 (unsigned), 2^(N-1) - 1 (signed); 8 bits for
  * weight_bits 0. */
 static double weight_levels(int is_signed, int weight_bits)
@@ -143,11 +176,15 @@ int32_t gs_quant_check(const char *fn, const graphswap_lut_quant *q, gs_qparams 
         return gs_fail(GRAPHSWAP_ERR_INVALID_ARGUMENT,
                        "%s: quant->weight_encoding must be GRAPHSWAP_WEIGHTS_DEFAULT (0) or "
                        "GRAPHSWAP_WEIGHTS_SIGN_MAGNITUDE (1), got %d", fn, (int)q->weight_encoding);
-    if (q->weight_bits < 0 || q->weight_bits > 8 ||
-        (q->scheme == GRAPHSWAP_LUT_SIGNED && q->weight_bits == 1))
+    const int wbits = gs_weight_bits(q->weight_bits), abits = (q->weight_bits >> 8) & 0xff;
+    if (q->weight_bits < 0 || (q->weight_bits >> 16) != 0 || wbits > 8 || abits > 8 ||
+        (q->scheme == GRAPHSWAP_LUT_SIGNED && (wbits == 1 || abits == 1)) ||
+        ((wbits != 0 && wbits != 8) && (abits != 0 && abits != 8)))
         return gs_fail(GRAPHSWAP_ERR_INVALID_ARGUMENT,
-                       "%s: quant->weight_bits must be 0 or 8 (8-bit weights) or 1..7 (2..7 for "
-                       "the signed scheme), got %d", fn, (int)q->weight_bits);
+                       "%s: quant->weight_bits must hold the weight width in its low byte (0 or 8: "
+                       "8-bit weights; 1..7, 2..7 for the signed scheme) and the activation width "
+                       "in its second byte (0 or 8, or 1..7 / 2..7 when the weights have 8 bits), "
+                       "got %d", fn, (int)q->weight_bits);
     if (q->weight_encoding == GRAPHSWAP_WEIGHTS_SIGN_MAGNITUDE && q->scheme != GRAPHSWAP_LUT_UNSIGNED)
         return gs_fail(GRAPHSWAP_ERR_INVALID_ARGUMENT,
                        "%s: sign-magnitude weights need an unsigned multiplier (scheme "
@@ -155,16 +192,19 @@ int32_t gs_quant_check(const char *fn, const graphswap_lut_quant *q, gs_qparams 
     act->is_signed = q->scheme == GRAPHSWAP_LUT_SIGNED;
     act->scale = 1.0;
     act->zero = 0;
+    act->levels = (abits == 0 || abits == 8) ? 0 : (int32_t)weight_levels(act->is_signed, abits);
+    const int32_t top = act->levels ? act->levels : 255;
     if (q->activation_mode == GRAPHSWAP_QUANT_STATIC) {
         const double s = q->activation_scale;
         if (!(s > 0.0) || !isfinite(s))
             return gs_fail(GRAPHSWAP_ERR_INVALID_ARGUMENT,
                            "%s: static quant->activation_scale must be finite and > 0, got %g", fn, s);
         const int32_t z = q->activation_zero_point;
-        if (act->is_signed ? z != 0 : (z < 0 || z > 255))
+        if (act->is_signed ? z != 0 : (z < 0 || z > top))
             return gs_fail(GRAPHSWAP_ERR_INVALID_ARGUMENT,
-                           "%s: static quant->activation_zero_point must be %s, got %d", fn,
-                           act->is_signed ? "0 for the signed scheme" : "in 0..255", (int)z);
+                           "%s: static quant->activation_zero_point must be %s%d, got %d", fn,
+                           act->is_signed ? "0 for the signed scheme" : "in 0..",
+                           act->is_signed ? 0 : (int)top, (int)z);
         act->scale = s;
         act->zero = z;
     }

@@ -59,9 +59,14 @@ struct ForwardCall {
 void static_scale(const float* range, graphswap_lut_quant* quant) {
   double lo = range[0], hi = range[1];
   quant->activation_mode = GRAPHSWAP_QUANT_STATIC;
+  // N-bit activations of an Nx8 multiplier: weight_bits' second byte (graphswap_kernels.h)
+  const int abits = (quant->weight_bits >> 8) & 0xff;
+  const bool narrow = abits >= 1 && abits <= 7;
+  const double levels = narrow ? static_cast<double>((1 << abits) - 1) : 255.0;
+  const double limit = narrow ? static_cast<double>((1 << (abits - 1)) - 1) : 127.0;
   if (quant->scheme == GRAPHSWAP_LUT_SIGNED) {
     const double amax = std::max(std::fabs(lo), std::fabs(hi));
-    quant->activation_scale = amax > 0 ? amax / 127.0 : 1.0;  // std::max keeps NaN as max() does
+    quant->activation_scale = amax > 0 ? amax / limit : 1.0;  // std::max keeps NaN as max() does
     quant->activation_zero_point = 0;
     return;
   }
@@ -72,9 +77,9 @@ void static_scale(const float* range, graphswap_lut_quant* quant) {
     quant->activation_zero_point = 0;
     return;
   }
-  const double scale = (hi - lo) / 255.0;
+  const double scale = (hi - lo) / levels;
   double zero = std::nearbyint(-lo / scale);  // np.rint: round half to even
-  zero = zero < 0 ? 0 : (zero > 255 ? 255 : zero);
+  zero = zero < 0 ? 0 : (zero > levels ? levels : zero);
   quant->activation_scale = scale;
   quant->activation_zero_point = std::isnan(zero) ? 0 : static_cast<int32_t>(zero);
 }
