@@ -390,46 +390,30 @@ def test_batchnorm_reestimation_is_in_the_default_recipe_where_the_model_has_bat
                                    reference.get_layer("bn2").moving_variance.numpy(), rtol=1e-6)
 
 
-def small_residual_model(seed=0):
-    """A tiny residual network with BatchNorm (two blocks, 6 channels)."""
-    keras.utils.set_random_seed(seed)
-    layers = keras.layers
-    inputs = keras.Input((32, 32, 1))
-    x = layers.Rescaling(1.0 / 255.0)(inputs)
-    x = layers.MaxPooling2D(2)(x)
-    x = layers.Conv2D(6, 3, padding="same", use_bias=False)(x)
-    x = layers.ReLU()(layers.BatchNormalization(momentum=0.8)(x))
-    for _ in range(2):
-        y = layers.Conv2D(6, 3, padding="same", use_bias=False)(x)
-        y = layers.ReLU()(layers.BatchNormalization(momentum=0.8)(y))
-        y = layers.BatchNormalization(momentum=0.8)(layers.Conv2D(6, 3, padding="same",
-                                                                  use_bias=False)(y))
-        x = layers.ReLU()(layers.Add()([x, y]))
-    x = layers.GlobalAveragePooling2D()(x)
-    model = keras.Model(inputs, layers.Dense(10, activation="softmax")(x))
-    model.compile(keras.optimizers.Adam(1e-2), "sparse_categorical_crossentropy")
-    return model
-
-
 def test_the_default_recipe_recovers_more_than_calibration_alone(digits):
-    """The default recipe's measured gain on a (seeded, tiny) residual BN model: agreement with
-    the float model's predictions on held-out images, calibration alone vs the default."""
-    model = small_residual_model()
-    model.fit(digits["x_train"], digits["y_train"], batch_size=64, epochs=3, verbose=0)
-    x = digits["x_test"][:200].astype(np.float32)
-    reference = np.asarray(model(x, training=False)).argmax(axis=1)
-    calibration = digits["x_train"][:64]
+    """The default recipe's measured gain on the harder model of docs/RECOVERY.md (resnet_bn,
+    shipped in benchmarks/, float 93.06%): with mul8s_drum3, calibrated on the first 512 training
+    digits, test accuracy with calibration alone, with `moments` alone and with the default
+    (`moments` + BatchNorm re-estimation: this model has BatchNorm) - the table's 35.28 / 57.78 /
+    73.89."""
+    from conftest import REPO
+    model = keras.models.load_model(REPO / "benchmarks" / "resnet_bn.keras")
+    calibration = digits["x_train"][:512]
+    x, y = digits["x_test"], digits["y_test"]
 
-    def agreement(**options):
+    def accuracy(**options):
         swapped = graphswap.rewrite_model(model, "mul8s_drum3", calibration_data=calibration,
                                           **options)
-        return float(np.mean(np.asarray(swapped(x, training=False)).argmax(axis=1) == reference))
+        return float(np.mean(np.asarray(swapped(x, training=False)).argmax(axis=1) == y))
 
-    alone = agreement(bias_correction=None, recalibrate_bn=False)
-    default = agreement()
-    # the default recipe is the best measured: it recovers a margin (several images) over
-    # calibration alone here too
-    assert default >= alone + 0.03, (alone, default)
+    alone = accuracy(bias_correction=None, recalibrate_bn=False)
+    moments = accuracy(recalibrate_bn=False)
+    default = accuracy()
+    print(f"resnet_bn, mul8s_drum3: calibrated {alone:.4f}, + moments {moments:.4f}, "
+          f"default {default:.4f}")
+    # each step of the default recovers a margin of tens of test images (one image = 0.28)
+    assert moments >= alone + 0.10, (alone, moments)
+    assert default >= moments + 0.08, (moments, default)
 
 
 @pytest.mark.parametrize("granularity", ["per_channel", "per_tensor"])
