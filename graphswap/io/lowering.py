@@ -290,18 +290,19 @@ def _marked_class(stock):
 _MARKED: dict = {}
 
 
-def lower_model(model, marked: bool = False):
+def lower_model(model, marked: bool = False, keep=()):
     """A copy of `model` with every swapped layer replaced by its stock layer (same weights).
 
     Returns (lowered_model, [SwappedLayer, ...]).  The lowered model computes what `model` computes
     with the exact kernel.  With `marked=True` the replacements put their ops in a name scope
-    "graphswap_export_<index>" (used to find them in the ONNX graph).
+    "graphswap_export_<index>" (used to find them in the ONNX graph).  Swapped layers at the
+    paths in `keep` stay swapped (the reference of an ONNX export whose FP8 layers are QDQ).
     """
     def class_of(layer):
         stock = stock_class(layer)
         return _marked_class(stock) if marked else stock
 
-    return _replace_swapped(model, class_of, _plain_config)
+    return _replace_swapped(model, class_of, _plain_config, keep=keep)
 
 
 def kept_kernel_model(model):
@@ -337,7 +338,7 @@ def kept_kernel_model(model):
     return _replace_swapped(model, class_of, _config_keeping_arithmetic, custom)
 
 
-def _replace_swapped(model, class_of, config_of, custom=None):
+def _replace_swapped(model, class_of, config_of, custom=None, keep=()):
     records: list[SwappedLayer] = []
 
     def swap_one(path, layer):
@@ -352,6 +353,8 @@ def _replace_swapped(model, class_of, config_of, custom=None):
         return new_layer
 
     def replace(path, layer):
+        if path in keep:
+            return None
         if _holds_swaps(layer):
             if custom is not None:
                 return custom(path, layer, swap_one)

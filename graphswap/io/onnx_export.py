@@ -16,6 +16,7 @@ from graphswap.io import onnx_ops
 from graphswap.io.export_result import (DEFAULT_OPSET, METADATA_KEY, ExportResult,
                                         metadata_document, precision_floor, verify_export)
 from graphswap.io.lowering import MARKER_RE, kept_kernel_model, lower_model, swapped_layers
+from graphswap.io.onnx_fp8 import add_fp8_qdq
 from graphswap.io.paths import atomic_output, check_output_path
 from graphswap.io.signatures import feeds, input_specs, serving_function, signature_names
 from graphswap.swap import run_model, sample_inputs
@@ -175,10 +176,14 @@ def export_onnx(model, path, keep_kernels: bool = False, opset: int = DEFAULT_OP
     if keep_kernels and missing:
         raise ExportError(f"internal error: no custom node found for swapped layer(s) "
                           f"{', '.join(missing)}")
+    # exact FP8 layers: float8 QuantizeLinear / DequantizeLinear around their products
+    fp8_qdq = [] if keep_kernels else add_fp8_qdq(model_proto, records)
     for record in records:
         if hasattr(record, "layer"):
             del record.layer
     doc = metadata_document(records, fmt, model.name, input_names, output_names)
+    if fp8_qdq:
+        doc["fp8_qdq_layers"] = fp8_qdq
     entry = model_proto.metadata_props.add()
     entry.key = METADATA_KEY
     entry.value = json.dumps(doc, sort_keys=True)
@@ -187,6 +192,11 @@ def export_onnx(model, path, keep_kernels: bool = False, opset: int = DEFAULT_OP
     if keep_kernels:
         reference = run_model(model, batch)
         reference_name = "swapped Keras model (same kernels)"
+        relative = 1e-3
+    elif fp8_qdq:   # the FP8 layers compute in FP8, the others lowered
+        reference = run_model(lower_model(model, keep=set(fp8_qdq))[0], batch)
+        reference_name = ("Keras model with the swapped layers lowered (exact kernel), its "
+                          "FP8 layers in FP8 (float8 QDQ)")
         relative = 1e-3
     else:
         reference = run_model(traced, batch)
