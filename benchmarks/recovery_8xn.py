@@ -15,6 +15,11 @@ mul8x2u_gsbam3.c.  Columns: float | dynamic (per-call activation ranges) | calib
 ranges) | + bias comp. | STE 1 (fine-tuned one epoch).
 
     python benchmarks/recovery_8xn.py            # about ten minutes on 2 shared cores
+
+Nx8 rows (a 4-bit activation x an 8-bit weight: an exact 4x8 multiplier written here, and the
+shipped mul4x8u_gsbam4.c), one row per run if you like:
+
+    python benchmarks/recovery_8xn.py --nx8 [--row NAME]
 """
 
 from __future__ import annotations
@@ -34,6 +39,12 @@ import numpy as np  # noqa: E402
 import graphswap  # noqa: E402
 from graphswap import kernels  # noqa: E402
 
+EXACT_NX8 = """#include <stdint.h>
+uint64_t mul4x8u_exact(const uint64_t A /* 4-bit unsigned operand */,
+                       const uint64_t B /* 8-bit unsigned operand */)
+{ return (A & 15u) * (B & 255u); }
+"""
+
 EXACT = """#include <stdint.h>
 uint64_t mul8x{n}u_exact(const uint64_t A /* 8-bit unsigned operand */,
                        const uint64_t B /* {n}-bit unsigned operand */)
@@ -41,14 +52,28 @@ uint64_t mul8x{n}u_exact(const uint64_t A /* 8-bit unsigned operand */,
 """
 
 
-def main() -> None:
+def _nx8_specs(folder: Path) -> list:
+    path = folder / "mul4x8u_exact.c"
+    path.write_text(EXACT_NX8)
+    shipped = REPO / "sample_models" / "multipliers" / "mul4x8u_gsbam4.c"
+    for file in (path, shipped):
+        graphswap.trust(str(file))
+    return [("exact 4x8", str(path)), (shipped.name, str(shipped))]
+
+
+def main(argv=None) -> None:
+    import argparse
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nx8", action="store_true", help="the Nx8 rows (4-bit activations)")
+    parser.add_argument("--row", help="only the row of this name (e.g. 'exact 4x8')")
+    args = parser.parse_args(argv)
     data = np.load(REPO / "sample_models" / "digits.npz")
     x_train, y_train = data["x_train"], data["y_train"]
     x_test, y_test = data["x_test"], data["y_test"]
     model = keras.models.load_model(REPO / "sample_models" / "lenet5.keras")
     folder = Path(tempfile.mkdtemp(prefix="graphswap-8xn-"))
     specs = [("mul8u_exact (8x8)", "mul8u_exact")]
-    for n in (4, 2):
+    for n in (() if args.nx8 else (4, 2)):
         path = folder / f"mul8x{n}u_exact.c"
         path.write_text(EXACT.format(n=n, mask=2 ** n - 1))
         graphswap.trust(str(path))
@@ -57,13 +82,19 @@ def main() -> None:
             "mul8x4u_gsbam4.c" if n == 4 else "mul8x2u_gsbam3.c")
         graphswap.trust(str(shipped))
         specs.append((shipped.name, str(shipped)))
+    if args.nx8:
+        specs += _nx8_specs(folder)
+    if args.row:
+        specs = [(name, spec) for name, spec in specs if name == args.row]
 
     def accuracy(m) -> float:
         predictions = m.predict(x_test, batch_size=128, verbose=0)
         return 100.0 * float(np.mean(np.argmax(predictions, axis=1) == y_test))
 
     float_accuracy = accuracy(model)
-    print("| multiplier | weights | MAE% | float | dynamic | calibrated | + bias comp. | STE 1 |")
+    operand = "activations" if args.nx8 else "weights"
+    print(f"| multiplier | {operand} | MAE% | float | dynamic | calibrated | + bias comp. | "
+          f"STE 1 |")
     print("|---|---|---|---|---|---|---|---|")
     for name, spec in specs:
         multiplier = kernels.resolve_kernel(spec).multiplier
@@ -79,7 +110,8 @@ def main() -> None:
         compensated = accuracy(compensated_model)
         tuned = graphswap.finetune(compensated_model, (x_train, y_train), epochs=1, seed=0,
                                    verbose=0, restore_best=False)
-        print(f"| {name} | {multiplier.weight_bits}-bit | {mae:.2f} | {float_accuracy:.2f} | "
+        bits = multiplier.activation_bits if args.nx8 else multiplier.weight_bits
+        print(f"| {name} | {bits}-bit | {mae:.2f} | {float_accuracy:.2f} | "
               f"{dynamic:.2f} | {calibrated:.2f} | {compensated:.2f} | "
               f"{accuracy(tuned.model):.2f} |", flush=True)
 

@@ -382,3 +382,72 @@ def test_cli_refuses_an_nx8_width_it_cannot_run_in_one_line(tmp_path):
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("Error: ")
     assert "operand widths 4x4 are not supported" in lines[0] and "Nx8" in lines[0]
+
+
+def test_lut_grad_of_an_exact_4x8_multiplier_is_the_straight_through_gradient(tmp_path):
+    """backward="lut_grad" with an exact 4x8 table: dL/da = g @ Wq^T with Wq the 8-bit weights,
+    dL/db = Aq^T @ g with Aq the activations quantized to 4 bits (numpy, independently); the
+    table's derivatives hold at the edge of the 4-bit range (code 15) too."""
+    from graphswap.kernels.derivatives import lut_conv2d_gradients, lut_matmul_gradients
+    _, kernel = _exact_4x8(tmp_path)
+    rng = np.random.default_rng(5)
+    a = rng.normal(size=(6, 11)).astype(np.float32)
+    b = rng.normal(size=(11, 4)).astype(np.float32)
+    g = rng.normal(size=(6, 4)).astype(np.float32)
+    da, db = lut_matmul_gradients(kernel, a, b, g)
+    lo, hi = min(float(a.min()), 0.0), max(float(a.max()), 0.0)
+    sa = (hi - lo) / 15
+    za = np.clip(np.rint(-lo / sa), 0, 15)
+    codes = np.clip(np.rint(a.astype(np.float64) / sa) + za, 0, 15)
+    assert (codes == 15).any() and (codes == 0).any()
+    aq = sa * (codes - za)
+    amax = np.abs(b.astype(np.float64)).max(axis=0)
+    wq = np.sign(b) * np.clip(np.rint(np.abs(b) / (amax / 255)), 0, 255) * (amax / 255)
+    np.testing.assert_allclose(da, g.astype(np.float64) @ wq.T, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(db, aq.T @ g.astype(np.float64), rtol=1e-5, atol=1e-6)
+    approx = _resolve(_copy(tmp_path, EXAMPLE))
+    da_approx, _ = lut_matmul_gradients(approx, a, b, g)
+    assert np.isfinite(da_approx).all() and not np.allclose(da_approx, da)
+    x = rng.normal(size=(1, 5, 5, 2)).astype(np.float32)
+    w = rng.normal(size=(3, 3, 2, 3)).astype(np.float32)
+    geometry = graphswap.native.conv_geometry(x.shape, w.shape, (1, 1), (1, 1), "valid", 1)
+    dx, dw = lut_conv2d_gradients(approx, x, w, np.ones((1, 3, 3, 3), np.float32), geometry)
+    assert dx.shape == x.shape and dw.shape == w.shape and np.isfinite(dw).all()
+
+
+def test_bias_compensation_of_an_exact_4x8_multiplier_changes_nothing(tmp_path):
+    """Compensation measures the products against exact products of the same codes: for a 4x8
+    kernel those of the 4-bit activations (an 8x8 exact reference would count the 4-bit rounding
+    as multiplier error and 'correct' it)."""
+    import keras
+    source, _ = _exact_4x8(tmp_path)
+    keras.utils.set_random_seed(2)
+    model = keras.Sequential([keras.Input((12,)), keras.layers.Dense(8, activation="relu"),
+                              keras.layers.Dense(3)])
+    x = np.random.default_rng(2).normal(size=(64, 12)).astype(np.float32)
+    calibrated = graphswap.rewrite_model(model, kernel=str(source), calibration_data=x,
+                                         bias_correction=None)
+    compensated = graphswap.rewrite_model(model, kernel=str(source), calibration_data=x,
+                                          bias_correction="mean")
+    np.testing.assert_array_equal(np.asarray(compensated(x)), np.asarray(calibrated(x)))
+    exact = calibrated.layers[0].arithmetic.exact_products()
+    assert exact.activation_bits == 4 and exact.multiplier.activation_bits == 4
+
+
+def test_error_heatmap_of_a_4x8_multiplier_covers_its_own_domain(tmp_path, monkeypatch):
+    import matplotlib.axes
+    from graphswap.multipliers import plot_error_heatmap
+    shown = {}
+    original = matplotlib.axes.Axes.imshow
+
+    def spy(self, data, *args, **kwargs):
+        shown["data"], shown["extent"] = np.asarray(data), kwargs.get("extent")
+        return original(self, data, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "imshow", spy)
+    m = _resolve(_copy(tmp_path, EXAMPLE)).multiplier
+    out = plot_error_heatmap(m, tmp_path / "heat.png")
+    assert Path(out).read_bytes().startswith(b"\x89PNG")
+    np.testing.assert_array_equal(shown["data"],
+                                  _bam(4, 4) - np.arange(16)[:, None] * np.arange(256)[None, :])
+    assert shown["extent"] == (-0.5, 255.5, -0.5, 15.5)
