@@ -85,3 +85,16 @@ def test_a_users_fp8_table_stays_exact_float_in_the_lowered_export(tmp_path):
     x = np.random.default_rng(5).normal(size=(4, 8, 8, 2)).astype(np.float32)
     exact = model(x).numpy()
     np.testing.assert_allclose(_run(path, x), exact, rtol=1e-4, atol=1e-5 * np.abs(exact).max())
+
+
+def test_an_fp8_layer_with_an_output_correction_stays_exact_float(tmp_path):
+    """The lowered model leaves output corrections out, so such a layer is not QDQ'd (the
+    export still verifies against the exact-kernel model); the other FP8 layer is."""
+    model = _model()
+    swapped = graphswap.rewrite_model(model, kernel="fp8_e4m3")
+    swapped.get_layer("out").set_output_correction(gain=[1.1, 0.9, 1.0], offset=[0.1, 0, 0])
+    path = tmp_path / "corrected.onnx"
+    graphswap.export_model(swapped, path)
+    proto = onnx.load(path)
+    assert json.loads(proto.metadata_props[0].value)["fp8_qdq_layers"] == ["conv"]
+    assert [n.op_type for n in proto.graph.node].count("QuantizeLinear") == 1

@@ -47,6 +47,7 @@ class SwappedLayer:
     onnx_nodes: list = dataclasses.field(default_factory=list)
     quantization: dict | None = None   # the layer's QuantScheme config (static range included)
     part_quantizations: list | None = None    # per product, when a layer has several
+    corrected: bool = False     # the layer applies an output correction (gain / offset)
 
     def to_dict(self) -> dict:
         record = {"layer": self.path, "name": self.name, "type": self.layer_type,
@@ -271,7 +272,8 @@ def _record(index, path, layer) -> SwappedLayer:
                         quantization=None if getattr(layer, "quantization", None) is None
                         else layer.current_quantization().to_config(),
                         part_quantizations=[scheme.to_config() for scheme in layer.part_schemes()]
-                        if getattr(layer, "quantization", None) is not None else None)
+                        if getattr(layer, "quantization", None) is not None else None,
+                        corrected=getattr(layer, "output_correction", None) is not None)
 
 
 def _marked_class(stock):

@@ -15,8 +15,8 @@ output equals the Keras model's within float32 summation round-off; onnxruntime 
 float32 scale where graphswap divides in float64, which can move a value lying within a float32
 ulp of a rounding boundary to the neighbouring code.  What stays exact float32 (documented in
 docs/FP8.md): users' FP8 tables (no ONNX op multiplies through a table; the kept-kernel export
-keeps them), FP8 layers other than Dense / Conv2D, and a weight the converter did not leave as
-one initializer.
+keeps them), FP8 layers other than Dense / Conv2D, layers with an output correction (the lowered
+model leaves corrections out), and a weight the converter did not leave as one initializer.
 """
 
 from __future__ import annotations
@@ -34,9 +34,10 @@ PRODUCTS = {"Dense": ("MatMul", "Gemm"), "Conv2D": ("Conv",)}
 
 def qdq_format(record):
     """The Fp8Format a lowered layer's record asks for (an exact FP8 built-in on a Dense /
-    Conv2D layer), else None."""
+    Conv2D layer without an output correction), else None."""
     parsed = parse_fp8_spec(record.kernel.get("spec"))
-    if parsed is None or parsed.kind is not None or record.layer_type not in PRODUCTS:
+    if parsed is None or parsed.kind is not None or record.layer_type not in PRODUCTS \
+            or record.corrected:
         return None
     return parsed.format
 
