@@ -232,6 +232,10 @@ def test_xla_device_path_is_bit_exact_with_c(tmp_path):
 @pytest.mark.parametrize("body, spec_suffix, error, message", [
     ("uint64_t f(uint64_t A, uint64_t B) { return A * B; }", ":u4x4", KernelSpecError,
      "operand widths 4x4 are not supported"),
+    ("uint64_t f(uint64_t A, uint64_t B) { return A * B; }", ":u0x8", KernelSpecError,
+     "operand widths 0x8 are not supported; one operand must have 8 bits"),
+    ("uint64_t f(uint64_t A, uint64_t B) { return A * B; }", ":u9x8", KernelSpecError,
+     "operand widths 9x8 are not supported; one operand must have 8 bits"),
     ("uint64_t f(uint64_t A, uint64_t B) { return A * B; }", ":s1x8", KernelSpecError,
      "activation operand has 1..8 bits (2..8 signed); got 1"),
     ("uint64_t f(uint64_t A, uint64_t B) { return A * B; }", "", KernelSpecError,
@@ -451,3 +455,21 @@ def test_error_heatmap_of_a_4x8_multiplier_covers_its_own_domain(tmp_path, monke
     np.testing.assert_array_equal(shown["data"],
                                   _bam(4, 4) - np.arange(16)[:, None] * np.arange(256)[None, :])
     assert shown["extent"] == (-0.5, 255.5, -0.5, 15.5)
+
+
+def test_signed_4x8_in_evoapproxlib_types_is_read_as_a_12_bit_pattern(tmp_path):
+    """mul4x8s_ with uint64_t operands and result: the 4-bit activation arrives as a bit pattern,
+    the product's low 12 bits are its two's-complement value."""
+    source = tmp_path / "mul4x8s_pat.c"
+    source.write_text(
+        "#include <stdint.h>\n"
+        "uint64_t mul4x8s_pat(const uint64_t A /* 4-bit signed operand */,\n"
+        "                     const uint64_t B /* 8-bit signed operand */)\n"
+        "{ int64_t a = (int64_t)(A & 15u); int64_t b = (int8_t)(B & 255u); if (a > 7) a -= 16;\n"
+        "  return (uint64_t)(a * b) & 0xFFFu; }\n")
+    m = _resolve(source).multiplier
+    assert m.signed and (m.activation_bits, m.weight_bits) == (4, 8)
+    a = np.where(np.arange(16) > 7, np.arange(16) - 16, np.arange(16))
+    b = np.where(np.arange(256) > 127, np.arange(256) - 256, np.arange(256))
+    np.testing.assert_array_equal(m.weight_table(), a[:, None] * b[None, :])
+    assert checks.check(m)["passed"]

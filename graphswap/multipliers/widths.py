@@ -16,8 +16,9 @@ from graphswap.errors import KernelSpecError
 from graphswap.multipliers.evaluation import ResultType
 from graphswap.multipliers.record import embed_weight_table
 
-#: a width declared in the spec: u8x4 = unsigned, 8-bit activation x 4-bit weight
-WIDTH_DECLARATION = re.compile(r"^(?P<sign>[us])(?P<a>[1-8])x(?P<b>[1-8])$")
+#: a width declared in the spec: u8x4 = unsigned, 8-bit activation x 4-bit weight (u4x8: Nx8);
+#: any number of bits matches, so that a width graphswap cannot run gets _check_widths' error
+WIDTH_DECLARATION = re.compile(r"^(?P<sign>[us])(?P<a>\d{1,2})x(?P<b>\d{1,2})$")
 NAMED_WIDTHS = re.compile(r"^mul(?P<a>[1-8])x(?P<b>[1-8])(?P<sign>[us])_")
 _OPERAND_COMMENT = re.compile(r"(?P<bits>[1-8])-bit\s+(?P<sign>signed|unsigned)\s+operand",
                               re.IGNORECASE)
