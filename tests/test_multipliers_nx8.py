@@ -473,3 +473,34 @@ def test_signed_4x8_in_evoapproxlib_types_is_read_as_a_12_bit_pattern(tmp_path):
     b = np.where(np.arange(256) > 127, np.arange(256) - 256, np.arange(256))
     np.testing.assert_array_equal(m.weight_table(), a[:, None] * b[None, :])
     assert checks.check(m)["passed"]
+
+
+def test_mse_calibration_searches_the_range_for_4_bit_activations(tmp_path):
+    """calibration_method='mse' picks the clipping range that minimizes the error of the layer's
+    own quantizer: 15 levels for a 4x8 multiplier (numpy search, independently), which is not
+    the range the same search picks for 255 levels."""
+    import keras
+    source, _ = _exact_4x8(tmp_path)
+    keras.utils.set_random_seed(4)
+    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(2, name="out")])
+    x = np.random.default_rng(9).standard_t(3, size=(256, 6)).astype(np.float32)
+    converted = graphswap.rewrite_model(model, kernel=str(source), calibration_data=x,
+                                        calibration_method="mse", bias_correction=None)
+    got = converted.get_layer("out").current_quantization().activation_range
+
+    def search(levels):
+        values = np.concatenate([x.reshape(-1), [x.min(), x.max()]]).astype(np.float64)
+        lo, hi = min(float(x.min()), 0.0), max(float(x.max()), 0.0)
+        best, best_error = None, np.inf
+        for f in np.linspace(0.01, 1.0, 100):
+            a, b = lo * f, hi * f
+            scale = (b - a) / levels
+            zero = np.clip(np.rint(-a / scale), 0, levels)
+            codes = np.clip(np.rint(values / scale) + zero, 0, levels)
+            error = np.mean(((codes - zero) * scale - values) ** 2)
+            if error < best_error:
+                best, best_error = (a, b), error
+        return tuple(float(np.float32(v)) for v in best)
+
+    assert tuple(float(v) for v in got) == pytest.approx(search(15), rel=1e-6)
+    assert search(15) != pytest.approx(search(255), rel=1e-3)

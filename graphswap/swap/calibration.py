@@ -23,8 +23,8 @@ Methods (per layer, over the observed values v; a range always contains 0):
     percentile  unsigned (asymmetric) layers: lo, hi = the (100 - p)th and p-th percentiles;
                 signed (symmetric): +-(the p-th percentile of |v|); p = percentile (99.99)
     mse         the clipping range minimizing the mean squared quantization error of v under the
-                layer's own activation quantizer: the minmax range scaled by f, f over 100 steps
-                from 0.01 to 1 (the best f is kept)
+                layer's own activation quantizer (N-bit for an Nx8 multiplier): the minmax range
+                scaled by f, f over 100 steps from 0.01 to 1 (the best f is kept)
 Percentile and mse read a deterministic subsample of at most SUBSAMPLE_VALUES values per layer (and
 always the exact minimum and maximum); minmax reads every value.
 
@@ -42,7 +42,7 @@ import numpy as np
 
 from graphswap.errors import QuantizationError
 from graphswap.kernels import resolve_kernel
-from graphswap.kernels.quantized import SIGNED_LIMIT, UNSIGNED_LEVELS, asymmetric_params
+from graphswap.kernels.quantized import asymmetric_params, weight_limit
 from graphswap.swap.clone import iter_layers
 from graphswap.swap.subclassed import held_layers, is_custom_container
 from graphswap.swap.compare import model_inputs
@@ -208,7 +208,8 @@ class RangeObserver:
         return np.concatenate([kept, np.array([self.lo, self.hi], np.float32)]) if self.count \
             else kept
 
-    def range(self, method: str, signed: bool, percentile: float = DEFAULT_PERCENTILE):
+    def range(self, method: str, signed: bool, percentile: float = DEFAULT_PERCENTILE,
+              bits: int = 8):
         if not self.count:
             return 0.0, 0.0
         if method == "minmax":
@@ -220,27 +221,31 @@ class RangeObserver:
                 return max(self.lo, -a), min(self.hi, a)
             return (min(float(np.percentile(values, 100 - percentile)), 0.0),
                     float(np.percentile(values, percentile)))
-        return _mse_range(values, self.lo, self.hi, signed)
+        return _mse_range(values, self.lo, self.hi, signed, bits)
 
 
-def _quantization_mse(values, lo, hi, signed) -> float:
+def _quantization_mse(values, lo, hi, signed, bits: int = 8) -> float:
+    """Mean squared error of `values` quantized with the range [lo, hi] at `bits` bits (the
+    activation quantizer of graphswap/kernels/quantized.py; 8 bits: 255 / 127 levels)."""
     if signed:
+        limit = weight_limit(True, bits)
         amax = max(abs(lo), abs(hi))
-        scale = amax / SIGNED_LIMIT if amax > 0 else 1.0
-        restored = np.clip(np.rint(values / scale), -SIGNED_LIMIT, SIGNED_LIMIT) * scale
+        scale = amax / limit if amax > 0 else 1.0
+        restored = np.clip(np.rint(values / scale), -limit, limit) * scale
     else:
-        scale, zero = asymmetric_params(lo, hi)
-        codes = np.clip(np.rint(values / scale) + zero, 0, UNSIGNED_LEVELS)
+        levels = weight_limit(False, bits)
+        scale, zero = asymmetric_params(lo, hi, levels)
+        codes = np.clip(np.rint(values / scale) + zero, 0, levels)
         restored = (codes - zero) * scale
     return float(np.mean((restored - values) ** 2))
 
 
-def _mse_range(values, lo, hi, signed):
+def _mse_range(values, lo, hi, signed, bits: int = 8):
     lo, hi = min(lo, 0.0), max(hi, 0.0)
     best, best_error = (lo, hi), np.inf
     for fraction in np.linspace(1.0 / MSE_STEPS, 1.0, MSE_STEPS):
         candidate = (lo * fraction, hi * fraction)
-        error = _quantization_mse(values, *candidate, signed)
+        error = _quantization_mse(values, *candidate, signed, bits)
         if error < best_error:
             best, best_error = candidate, error
     return best
@@ -315,8 +320,9 @@ def calibrate(model, data, *, samples: int = DEFAULT_CALIBRATION_SAMPLES,
             run_batches(model, inputs, batch_size)
         for path, layer in group:
             signed = layer.quantization.weights == "symmetric"
+            bits = getattr(getattr(layer, "arithmetic", None), "activation_bits", 8)
             for point in (None, *layer.intermediate_points):
-                lo, hi = observers[(id(layer), point)].range(method, signed, percentile)
+                lo, hi = observers[(id(layer), point)].range(method, signed, percentile, bits)
                 ranges[path if point is None else f"{path}:{point}"] = (
                     float(np.float32(lo)), float(np.float32(hi)))
                 if point is None:
