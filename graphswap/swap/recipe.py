@@ -10,7 +10,7 @@ import numpy as np
 
 from graphswap.errors import QuantizationError
 from graphswap.swap.clone import iter_layers
-from graphswap.swap.compensation import DEFAULT_COMPENSATION
+from graphswap.swap.compensation import COMPENSATION_METHODS, DEFAULT_COMPENSATION
 from graphswap.swap.weight_tuning import DEFAULT_WEIGHT_TUNING
 
 #: rewrite_model's bias_correction / weight_tuning default: the best measured zero-training
@@ -29,7 +29,7 @@ def has_batchnorm(model) -> bool:
 
 def recipe_defaults(bias_correction, weight_tuning, calibrated: bool, recalibrate_bn=False,
                     batchnorm: bool = False):
-    """(bias_correction, weight_tuning, recalibrate_bn) with DEFAULT_RECIPE resolved:
+    """(bias_correction, weight_tuning, recalibrate_bn) with DEFAULT_RECIPE resolved and checked:
     DEFAULT_COMPENSATION, DEFAULT_WEIGHT_TUNING and (for a model with BatchNormalization layers,
     `batchnorm`) DEFAULT_BN_REESTIMATION with calibration data, None / False without; "none" is
     None."""
@@ -43,6 +43,16 @@ def recipe_defaults(bias_correction, weight_tuning, calibrated: bool, recalibrat
     if weight_tuning and not calibrated:
         raise QuantizationError("weight tuning reads each layer's calibrated input distribution: "
                                 "pass calibration_data= (--calibrate DATA) as well")
+    if recalibrate_bn and not calibrated:
+        raise QuantizationError("BatchNorm re-estimation in rewrite_model runs on the calibration "
+                                "data: pass calibration_data= (--calibrate DATA) as well")
+    if bias_correction is not None:
+        if bias_correction not in COMPENSATION_METHODS:
+            raise QuantizationError(f"unknown bias compensation method {bias_correction!r}; "
+                                    f"allowed: {', '.join(COMPENSATION_METHODS)}")
+        if not calibrated:
+            raise QuantizationError("bias compensation is estimated on calibration data: pass "
+                                    "calibration_data= (--calibrate DATA) as well")
     return bias_correction, weight_tuning, recalibrate_bn
 
 

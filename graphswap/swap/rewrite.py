@@ -28,7 +28,7 @@ from graphswap.swap.calibration import (DEFAULT_CALIBRATION_METHOD, DEFAULT_CALI
 from graphswap.swap.catalog import (LAYER_TYPES, SWAPPABLE_TYPES, is_swappable_family,
                                     is_swapped, refusal, swapped_from, type_name)
 from graphswap.swap.clone import copy_compile_config, transform_model
-from graphswap.swap.compensation import COMPENSATION_METHODS, calibrate_and_compensate
+from graphswap.swap.compensation import calibrate_and_compensate
 from graphswap.swap.recipe import DEFAULT_RECIPE, has_batchnorm, recipe_defaults, recipe_note
 from graphswap.swap.folding import fold_batchnorm as fold_pairs
 from graphswap.swap.quantstate import legacy_scheme
@@ -237,16 +237,6 @@ def rewrite_model(model, kernel="exact", include=None, exclude=None, kernel_map=
     if calibrated:   # checked before any work is done
         check_method(calibration_method, calibration_source)
         calibration_inputs(model, calibration_data, calibration_samples)
-    if recalibrate_bn and not calibrated:
-        raise QuantizationError("BatchNorm re-estimation in rewrite_model runs on the calibration "
-                                "data: pass calibration_data= (--calibrate DATA) as well")
-    if bias_correction is not None:
-        if bias_correction not in COMPENSATION_METHODS:
-            raise QuantizationError(f"unknown bias compensation method {bias_correction!r}; "
-                                    f"allowed: {', '.join(COMPENSATION_METHODS)}")
-        if not calibrated:
-            raise QuantizationError("bias compensation is estimated on calibration data: pass "
-                                    "calibration_data= (--calibrate DATA) as well")
 
     def layer_scheme(kernel) -> dict:
         scheme = scheme_for(kernel)   # static ones are created dynamic, calibrated after the clone
