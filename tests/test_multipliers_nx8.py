@@ -504,3 +504,23 @@ def test_mse_calibration_searches_the_range_for_4_bit_activations(tmp_path):
 
     assert tuple(float(v) for v in got) == pytest.approx(search(15), rel=1e-6)
     assert search(15) != pytest.approx(search(255), rel=1e-3)
+
+
+def test_a_model_with_a_declared_4x8_spec_saves_and_reloads_with_its_width(tmp_path):
+    import keras
+    source = tmp_path / "plain.c"
+    source.write_text("#include <stdint.h>\nuint64_t plain(uint64_t A, uint64_t B) "
+                      "{ return (A & 15u) * (B & 255u); }\n")
+    trust.trust(str(source))
+    keras.utils.set_random_seed(5)
+    model = keras.Sequential([keras.Input((7,)), keras.layers.Dense(3, name="out")])
+    converted = graphswap.rewrite_model(model, kernel=f"{source}:u4x8")
+    x = np.random.default_rng(6).normal(size=(4, 7)).astype(np.float32)
+    path = tmp_path / "m.keras"
+    converted.save(path)
+    reloaded = graphswap.load_model(path)
+    arithmetic = reloaded.get_layer("out").arithmetic
+    assert arithmetic.activation_bits == 4 and arithmetic.spec.endswith(":u4x8")
+    np.testing.assert_array_equal(np.asarray(reloaded(x)), np.asarray(converted(x)))
+    eight = graphswap.rewrite_model(model, kernel="mul8u_exact")
+    assert not np.array_equal(np.asarray(eight(x)), np.asarray(converted(x)))
