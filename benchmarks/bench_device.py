@@ -1,4 +1,4 @@
-"""The device path (graphswap/swap/device_products.py) on whatever device TensorFlow finds: the
+"""The device path (graphswap/kernels/device_products.py) on whatever device TensorFlow finds: the
 table MAC rate of its LUT matmul under XLA, the two exact formulations the module chose between
 (look-ups in bounded blocks, against a one-hot decomposition into 256 GEMMs), and LeNet-5 /
 ResNet-8 inference and one training step - the float model, the swapped model on the C path
@@ -24,7 +24,7 @@ from keras import ops  # noqa: E402
 
 import graphswap  # noqa: E402
 from graphswap.kernels import resolve_kernel  # noqa: E402
-from graphswap.swap import device_products as dp  # noqa: E402
+from graphswap.kernels import device_products as dp  # noqa: E402
 
 
 def cpu_model() -> str:
@@ -176,7 +176,7 @@ def main():
     repeats = args.repeats or (2 if args.quick else 5)
     batch = args.batch or (16 if args.quick else 128)
     print(device_line())
-    print("path: graphswap/swap/device_products.py under TensorFlow with XLA "
+    print("path: graphswap/kernels/device_products.py under TensorFlow with XLA "
           "(tf.function(jit_compile=True)); the C path for comparison where it runs")
     if args.quick:
         table_rates(256, 256, 64, repeats)

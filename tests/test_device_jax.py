@@ -1,5 +1,6 @@
-"""The device path under Keras's JAX backend: graphswap/swap/device_products.py is written in
-keras.ops only, so the same code runs where JAX (and CUDA) are installed but TensorFlow is not.
+"""The device path under Keras's JAX backend: graphswap/kernels/device_products.py is written in
+keras.ops only and imports nothing of TensorFlow (nor does `import graphswap` where TensorFlow is
+not installed), so the same code runs where JAX (and CUDA) are installed but TensorFlow is not.
 A fresh process with KERAS_BACKEND=jax and TensorFlow made unimportable computes the table-driven
 matmul and convolution under jax.jit; its outputs equal the C kernels' bit for bit (every weight
 encoding, both signednesses, static and dynamic ranges, grouped strided convolutions, 8xN weights,
@@ -31,9 +32,7 @@ WORKER = textwrap.dedent("""
     import keras
     assert keras.backend.backend() == "jax", keras.backend.backend()
     from graphswap.native import ConvGeometry
-    import importlib.util
-    _spec = importlib.util.spec_from_file_location("device_products", sys.argv[3])
-    dp = importlib.util.module_from_spec(_spec); _spec.loader.exec_module(dp)
+    from graphswap.kernels import device_products as dp
     cases, out = sys.argv[1], sys.argv[2]
     data = np.load(cases)
     spec = json.loads(str(data["spec"]))
@@ -97,8 +96,7 @@ def _expected(kernel, scheme, op, a, b, conv, bits):
 def _run_worker(cases_path, out_path, env_extra):
     env = {**os.environ, "KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu", **env_extra,
            "PYTHONPATH": str(Path(graphswap.__file__).resolve().parent.parent)}
-    source = Path(graphswap.__file__).resolve().parent / "swap" / "device_products.py"
-    return subprocess.run([sys.executable, "-c", WORKER, str(cases_path), str(out_path), str(source)],
+    return subprocess.run([sys.executable, "-c", WORKER, str(cases_path), str(out_path)],
                           env=env, capture_output=True, text=True, timeout=900)
 
 

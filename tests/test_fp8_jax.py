@@ -1,4 +1,4 @@
-"""FP8 on the device path under Keras's JAX backend: graphswap/swap/device_fp8.py is keras.ops
+"""FP8 on the device path under Keras's JAX backend: graphswap/kernels/device_fp8.py is keras.ops
 only, so a fresh process with KERAS_BACKEND=jax and TensorFlow made unimportable computes the FP8
 codes and products under jax.jit: codes bit for bit the C path's (every float32 class), integer-
 valued tables' sums bit for bit, the exact built-ins within float32 summation round-off."""
@@ -23,7 +23,7 @@ from graphswap.kernels.fp8 import E4M3, E5M2, Fp8Kernel, Fp8Spec, encode
 from graphswap.native import conv_geometry
 
 WORKER = textwrap.dedent("""
-    import importlib.util, json, sys, types
+    import json, sys, types
     import numpy as np
     sys.modules["tensorflow"] = None          # nothing of TensorFlow may be needed
     import jax
@@ -31,17 +31,7 @@ WORKER = textwrap.dedent("""
     assert keras.backend.backend() == "jax", keras.backend.backend()
     from graphswap.native import ConvGeometry
 
-    def load(name, path):
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-        return module
-
-    # graphswap.swap's __init__ imports the TensorFlow layers: stand in for the package
-    sys.modules["graphswap.swap"] = package = types.ModuleType("graphswap.swap")
-    package.device_products = load("graphswap.swap.device_products", sys.argv[3])
-    fp8 = load("graphswap.swap.device_fp8", sys.argv[4])
+    from graphswap.kernels import device_fp8 as fp8
     data = np.load(sys.argv[1])
     spec = json.loads(str(data["spec"]))
     results = {}
@@ -117,8 +107,7 @@ def test_fp8_device_path_under_jax(tmp_path):
     env = {**os.environ, "KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu", "JAX_ENABLE_X64": "1",
            "PYTHONPATH": str(package.parent)}
     run = subprocess.run([sys.executable, "-c", WORKER, str(tmp_path / "cases.npz"),
-                          str(tmp_path / "out.npz"), str(package / "swap" / "device_products.py"),
-                          str(package / "swap" / "device_fp8.py")],
+                          str(tmp_path / "out.npz")],
                          env=env, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
     assert f"ran {len(cases)} cases on cpu" in run.stdout

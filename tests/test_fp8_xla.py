@@ -1,4 +1,4 @@
-"""FP8 on the device path (graphswap/swap/device_fp8.py, graphswap/swap/xla.py): the FP8 codes
+"""FP8 on the device path (graphswap/kernels/device_fp8.py, graphswap/swap/xla.py): the FP8 codes
 bit for bit with the C path (kernels/fp8.py's encode) for every float32 class, the products of
 the exact built-ins and of users' tables against Fp8Kernel's C path (bit for bit where the sums
 are exact in float32, else within float32 summation round-off scaled to the summed terms), every
@@ -22,7 +22,8 @@ from graphswap.kernels import QuantScheme, resolve_kernel
 from graphswap.kernels.fp8 import (E4M3, E5M2, Fp8Kernel, Fp8Spec, decode, encode,
                                    quantize_activations, quantize_weights)
 from graphswap.native import conv_geometry
-from graphswap.swap import device_fp8, device_products, xla
+from graphswap.kernels import device_fp8, device_products
+from graphswap.swap import xla
 
 FORMATS = {"e4m3": E4M3, "e5m2": E5M2}
 

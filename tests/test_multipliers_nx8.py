@@ -202,7 +202,7 @@ def test_model_with_exact_4x8_equals_numpy_4_bit_activations(tmp_path):
 
 
 def test_xla_device_path_is_bit_exact_with_c(tmp_path):
-    from graphswap.swap import device_products as dp
+    from graphswap.kernels import device_products as dp
     kernel = _resolve(_copy(tmp_path, EXAMPLE))
     rng = np.random.default_rng(4)
     a = rng.normal(size=(6, 21)).astype(np.float32)

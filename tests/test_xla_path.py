@@ -1,4 +1,4 @@
-"""The device path (graphswap/swap/device_products.py, graphswap/swap/xla.py): the table-driven
+"""The device path (graphswap/kernels/device_products.py, graphswap/swap/xla.py): the table-driven
 products in keras.ops, compiled by XLA, against the C kernels bit for bit - every QuantScheme,
 both signednesses, tables with nonzero T[a, 0], odd shapes, non-finite values, every swapped
 layer type - forward and gradients under tf.function(jit_compile=True), one training step
@@ -20,7 +20,7 @@ from graphswap.errors import GraphswapError, KernelLoadError
 from graphswap.kernels import LutKernel, QuantScheme, resolve_kernel
 from graphswap.multipliers import builtin
 from graphswap.native import conv_geometry
-from graphswap.swap import device_products as dp
+from graphswap.kernels import device_products as dp
 from graphswap.swap import forward_op, xla
 from graphswap.swap.xla import XlaCompilationError, model_runs_in_xla
 

@@ -13,7 +13,7 @@ matches the record graphswap wrote when it built it, through the descriptor that
 slower - and say why once.
 
 GRAPHSWAP_BRIDGE=auto (default) | op (the op or an error) | numpy (always numpy_function) |
-xla (the XLA-compilable device path of graphswap/swap/device_products.py for every kernel it
+xla (the XLA-compilable device path of graphswap/kernels/device_products.py for every kernel it
 covers, as inside jit_compile and on accelerators; the rest as "auto").
 
 What a node calls is registered here, in the process (function addresses, geometry, the table and

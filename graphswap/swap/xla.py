@@ -2,10 +2,10 @@
 
 * the C path (the CPU default): graphswap's C kernels through the `GraphswapForward` op or a
   `tf.numpy_function` - which XLA cannot compile;
-* the device path (graphswap/swap/device_products.py): the same products written in `keras.ops`,
+* the device path (graphswap/kernels/device_products.py): the same products written in `keras.ops`,
   bit for bit the C kernels' for every table-driven kernel, which XLA compiles and every device
   runs.  It covers LutKernel (every multiplier table and QuantScheme), Fp8Kernel (the FP8
-  built-ins and users' FP8 tables: graphswap/swap/device_fp8.py, the codes bit for bit, the
+  built-ins and users' FP8 tables: graphswap/kernels/device_fp8.py, the codes bit for bit, the
   float32 sums within round-off), "exact" (TensorFlow's own matmul / convolution) and "bf16" /
   "fp32_m{m}" (operands rounded as the C kernels do, the backend's float32 products).  It is
   chosen by itself inside `tf.function(jit_compile=True)` and
@@ -43,7 +43,7 @@ from graphswap.kernels.base import SchemeBoundKernel
 from graphswap.kernels.fp8 import Fp8Kernel
 from graphswap.kernels.float_kernels import LibraryKernel, OperandRoundingKernel
 from graphswap.kernels.quantized import LutKernel
-from graphswap.swap import device_fp8, device_products
+from graphswap.kernels import device_fp8, device_products
 from graphswap.swap.forward_op import bridge_mode
 
 try:  # no public way to ask whether a graph is being traced for XLA

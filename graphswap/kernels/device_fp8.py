@@ -1,6 +1,6 @@
 """The 8-bit floating-point products (graphswap/kernels/fp8.py) as tensor operations XLA compiles.
 
-The FP8 part of the device path (graphswap/swap/device_products.py has the integer tables and
+The FP8 part of the device path (graphswap/kernels/device_products.py has the integer tables and
 the reduced-precision floats): `keras.ops` only, so it runs inside `tf.function(jit_compile=True)`,
 on any device and under Keras's JAX backend.
 
@@ -32,7 +32,7 @@ import numpy as np
 from keras import ops
 
 from graphswap.errors import QuantizationError, ShapeError
-from graphswap.swap import device_products
+from graphswap.kernels import device_products
 
 
 def _grid(t, fmt):
