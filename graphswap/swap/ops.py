@@ -164,7 +164,8 @@ def swapped_matmul(x, w, arithmetic: Kernel, backward: str = "native", quant=Non
 
     def product_gradients(a, b, dy):
         if backward == "lut_grad" and quant is not None:
-            xla.check_gradient_not_in_xla(backward)
+            if xla.use_device_path(arithmetic, a):   # inside XLA / on an accelerator
+                return xla.device_lut_grad_matmul(arithmetic, a, b, dy, quant, activation_range)
             return _lut_grad_matmul(arithmetic, a, b, dy, quant, activation_range)
         if backward in ("native", "lut_grad"):
             # what TensorFlow registers for MatMul(transpose_a=False, transpose_b=False)
@@ -325,11 +326,15 @@ def swapped_conv2d(x, w, arithmetic: Kernel, strides=(1, 1), padding="valid", di
 
     def product_gradients(inputs, filters, dy):
         if backward == "lut_grad" and quant is not None:
-            xla.check_gradient_not_in_xla(backward)
+            if xla.use_device_path(arithmetic, inputs):   # inside XLA / on an accelerator
+                return xla.device_lut_grad_conv2d(arithmetic, inputs, filters, dy, g_static,
+                                                  quant, activation_range)
             return lut_grad(inputs, filters, dy)
         if backward in ("native", "lut_grad"):
             # what TensorFlow registers for Conv2D (nn_grad._Conv2DGrad)
             return _native_conv_gradients(inputs, filters, dy, strides, dilations, groups, padding)
+        if xla.use_device_path(backward_kernel, inputs):
+            return xla.device_conv2d_gradients(backward_kernel, inputs, filters, dy, g_static)
         xla.check_gradient_not_in_xla(backward)
         dx, dw = tf.numpy_function(backward_np, [inputs, filters, dy], [tf.float32, tf.float32],
                                    stateful=False, name="graphswap_conv2d_grad")

@@ -61,14 +61,15 @@ def _static(shape, what: str) -> list:
 @tf.autograph.experimental.do_not_convert
 def _kernel_op(name, forward_np, stock, kernel_grads_np, out_static, backward, x, w,
                forward_tf=None, quant=None, activation_range=None, gain=None, shift=None,
-               relu=False):
+               relu=False, kernel_grads_tf=None):
     """The custom-gradient op shared by the layers of this module (module docstring);
     `forward_tf(inputs, weights, activation_range, gain, shift)`, when given, builds the forward
     as graphswap's compiled op (graphswap.swap.forward_op) instead of calling `forward_np`
     through numpy_function.  `quant`, `activation_range`, `gain`, `shift`, `relu`: as for
     graphswap.swap.ops.swapped_matmul (forward_np then takes `quant=`; the range and the
     epilogue are extra inputs of the op, so a calibration or an observer update after tracing
-    applies)."""
+    applies).  `kernel_grads_tf(inputs, weights, dy)`, when given (the device path), computes
+    backward="kernel" in TensorFlow ops instead of `kernel_grads_np`."""
     with_range = quant is not None and activation_range is not None
     epilogue = (gain is not None, shift is not None, bool(relu))
 
@@ -93,6 +94,8 @@ def _kernel_op(name, forward_np, stock, kernel_grads_np, out_static, backward, x
                     tape.watch([inputs, weights])
                     reference = stock(inputs, weights)
                 dx, dw = tape.gradient(reference, [inputs, weights], output_gradients=dy)
+            elif kernel_grads_tf is not None:
+                dx, dw = kernel_grads_tf(inputs, weights, dy)
             else:
                 xla.check_gradient_not_in_xla(backward)
                 dx, dw = tf.numpy_function(kernel_grads_np, [inputs, weights, dy],
@@ -193,18 +196,22 @@ def swapped_depthwise_conv2d(x, kernel, arithmetic: Kernel, strides=(1, 1), padd
         return keras.ops.depthwise_conv(inputs, weights, strides=strides, padding=padding,
                                         data_format="channels_last", dilation_rate=dilations)
 
-    forward_tf = None
+    forward_tf = kernel_grads_tf = None
     if xla.use_device_path(arithmetic, x):  # inside XLA / on an accelerator (swap/xla.py)
         def forward_tf(inputs, weights, current_range, g, s):
             return xla.device_conv2d(arithmetic, inputs, tf.reshape(weights, hwio), g_static,
                                      quant, current_range, g, s, relu)
+
+        def kernel_grads_tf(inputs, weights, dy):
+            return xla.device_depthwise_gradients(backward_kernel, inputs, weights, dy, g_static)
     elif forward_op.supports(arithmetic, "conv2d"):
         def forward_tf(inputs, weights, current_range, g, s):
             return forward_op.conv2d(arithmetic, inputs, tf.reshape(weights, hwio), g_static,
                                      g, s, relu, quant, current_range)
 
     return _kernel_op("depthwise_conv2d", forward_np, stock, kernel_grads_np, out_static,
-                      backward, x, kernel, forward_tf, quant, activation_range, gain, shift, relu)
+                      backward, x, kernel, forward_tf, quant, activation_range, gain, shift, relu,
+                      kernel_grads_tf)
 
 
 # --------------------------------------------------------------------------------------------
@@ -295,14 +302,20 @@ def swapped_conv2d_transpose(x, kernel, arithmetic: Kernel, strides=(1, 1), padd
         forward_tf = transposed_forward(arithmetic, quant, plan_of((1, *static[1:])),
                                          subpixel_plan((1, *static[1:]), kernel_shape, strides,
                                                        padding, output_padding, dilations))
+    kernel_grads_tf = None
     if xla.use_device_path(arithmetic, x):  # inside XLA / on an accelerator (swap/xla.py)
         device_plan = plan_of((1, *static[1:]))
 
         def forward_tf(inputs, weights, current_range, g, s):
             return xla.device_conv2d_transpose(arithmetic, inputs, weights, device_plan, quant,
                                                current_range, g, s)
+
+        def kernel_grads_tf(inputs, weights, dy):
+            return xla.device_conv2d_transpose_gradients(backward_kernel, inputs, weights, dy,
+                                                         device_plan)
     return _kernel_op("conv2d_transpose", forward_np, stock, kernel_grads_np, out_static,
-                      backward, x, kernel, forward_tf, quant, activation_range, gain, shift)
+                      backward, x, kernel, forward_tf, quant, activation_range, gain, shift,
+                      kernel_grads_tf=kernel_grads_tf)
 
 
 # --------------------------------------------------------------------------------------------
@@ -352,9 +365,13 @@ def swapped_einsum(equation: str, x, kernel, arithmetic: Kernel, backward: str =
     def stock(inputs, weights):
         return keras.ops.einsum(equation, inputs, weights)
 
-    forward_tf = None
+    forward_tf = kernel_grads_tf = None
     if xla.use_device_path(arithmetic, x):  # inside XLA / on an accelerator (swap/xla.py)
         def forward_tf(inputs, weights, current_range, g, s):
             return xla.device_einsum(arithmetic, plan, inputs, weights, quant, current_range)
+
+        def kernel_grads_tf(inputs, weights, dy):
+            return xla.device_einsum_gradients(backward_kernel, plan, inputs, weights, dy)
     return _kernel_op("einsum", forward_np, stock, kernel_grads_np, out_static, backward, x,
-                      kernel, forward_tf, quant, activation_range)
+                      kernel, forward_tf, quant, activation_range,
+                      kernel_grads_tf=kernel_grads_tf)

@@ -25,8 +25,9 @@ model compiled with jit_compile=True keeps running its products in C, as before.
 `tf.function(jit_compile=True)` around a layer the device path does not cover (an
 operation-level library of the user's) raises XlaCompilationError while the function is traced,
 naming the layer and what to do, instead of TensorFlow's "No registered 'GraphswapForward'
-OpKernel for XLA_CPU_JIT" at run time; so do gradients "kernel" (convolutions) and "lut_grad"
-taken inside XLA.  `compile_config_without_xla`: the compile settings a rewritten model is
+OpKernel for XLA_CPU_JIT" at run time.  The gradients "lut_grad" (Dense, Conv2D) and "kernel"
+(every type) run on the device path too (graphswap/kernels/device_gradients.py and the
+device_*_gradients below).  `compile_config_without_xla`: the compile settings a rewritten model is
 compiled (and saved) with - jit_compile=True becomes False where the model holds a layer that
 cannot run in XLA.
 """
@@ -43,7 +44,8 @@ from graphswap.kernels.base import SchemeBoundKernel
 from graphswap.kernels.fp8 import Fp8Kernel
 from graphswap.kernels.float_kernels import LibraryKernel, OperandRoundingKernel
 from graphswap.kernels.quantized import LutKernel
-from graphswap.kernels import device_fp8, device_products
+from graphswap.kernels import device_fp8, device_gradients, device_products
+from graphswap.kernels.derivatives import derivative_tables
 from graphswap.swap.forward_op import bridge_mode
 
 try:  # no public way to ask whether a graph is being traced for XLA
@@ -204,15 +206,34 @@ def device_conv2d_transpose(arithmetic, inputs, weights, plan, quant=None,
     """A transposed convolution (Keras kernel (h, w, filters, in)) on the device path: the
     stride-1 conv2d of the zero-inserted input with the flipped filter (graphswap.native.
     transpose's plan; what the C path's numpy forward computes)."""
+    return device_conv2d(arithmetic, _zero_inserted(inputs, plan), _flipped(weights),
+                         plan.geometry, quant, activation_range, gain, shift)
+
+
+def _zero_inserted(inputs, plan):
+    """NHWC `inputs` with stride - 1 zeros between samples, cropped as `plan` says
+    (graphswap.native.insert_zeros)."""
     s_h, s_w = plan.strides
     shape = tf.shape(inputs)
     spread = tf.pad(inputs[:, :, None, :, None, :],
                     [[0, 0], [0, 0], [0, s_h - 1], [0, 0], [0, s_w - 1], [0, 0]])
     spread = tf.reshape(spread, [shape[0], shape[1] * s_h, shape[2] * s_w, shape[3]])
-    zero_inserted = spread[:, :plan.crop_height, :plan.crop_width, :]
-    flipped = tf.transpose(tf.reverse(weights, [0, 1]), [0, 1, 3, 2])
-    return device_conv2d(arithmetic, zero_inserted, flipped, plan.geometry, quant,
-                         activation_range, gain, shift)
+    return spread[:, :plan.crop_height, :plan.crop_width, :]
+
+
+def _flipped(weights):
+    """Keras's transposed-conv kernel as the flipped HWIO filter (graphswap.native.
+    flipped_filter)."""
+    return tf.transpose(tf.reverse(weights, [0, 1]), [0, 1, 3, 2])
+
+
+def _linear_vjp(linear, x, cotangent):
+    """The adjoint of `linear` (reshapes, transposes, pads, slices: exact) applied to
+    `cotangent`."""
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = linear(x)
+    return tape.gradient(y, x, output_gradients=cotangent)
 
 
 def device_einsum(arithmetic, plan, inputs, weights, quant=None, activation_range=None):
@@ -227,6 +248,77 @@ def device_einsum(arithmetic, plan, inputs, weights, quant=None, activation_rang
     sizes = plan.sizes((), tuple(int(d) for d in weights.shape))
     y = tf.reshape(y2, tf.concat([free_shape, [sizes[c] for c in plan.produced]], axis=0))
     return tf.transpose(y, plan.output_permutation)
+
+
+def device_lut_grad_matmul(arithmetic, a, b, dy, quant, activation_range=None):
+    """(da, db) of a LUT matmul under backward="lut_grad", on the device path (the table's
+    derivatives, graphswap/kernels/device_gradients.py)."""
+    kernel, quant = unbound(arithmetic, quant)
+    scheme, current = _lut_scheme(kernel, quant, activation_range)
+    return device_gradients.lut_matmul_gradients(
+        a, b, dy, derivative_tables(kernel.multiplier), kernel.signed, scheme, current,
+        weight_bits=getattr(kernel, "weight_bits", 8),
+        activation_bits=getattr(kernel, "activation_bits", 8))
+
+
+def device_lut_grad_conv2d(arithmetic, x, w, dy, geometry, quant, activation_range=None):
+    """(dx, dw) of a LUT convolution under backward="lut_grad", on the device path."""
+    kernel, quant = unbound(arithmetic, quant)
+    scheme, current = _lut_scheme(kernel, quant, activation_range)
+    return device_gradients.lut_conv2d_gradients(
+        x, w, dy, derivative_tables(kernel.multiplier), kernel.signed, scheme, geometry, current,
+        weight_bits=getattr(kernel, "weight_bits", 8),
+        activation_bits=getattr(kernel, "activation_bits", 8))
+
+
+def device_conv2d_gradients(backward_kernel, x, w, dy, geometry):
+    """(dx, dw) of a convolution under backward="kernel" on the device path: its products
+    through `backward_kernel` (dynamic ranges), as the C path's conv_gradients_via_matmul."""
+    return device_gradients.conv2d_gradients_through(
+        lambda p, q: device_matmul(backward_kernel, p, q), x, w, dy, geometry)
+
+
+def device_depthwise_gradients(backward_kernel, x, w, dy, geometry):
+    """backward="kernel" of a depthwise convolution (Keras kernel (h, w, in, multiplier); its
+    `geometry` the grouped convolution's) on the device path."""
+    hwio = (*w.shape[:2], 1, int(w.shape[2]) * int(w.shape[3]))
+    dx, dw = device_conv2d_gradients(backward_kernel, x, tf.reshape(w, hwio), dy, geometry)
+    return dx, tf.reshape(dw, tf.shape(w))
+
+
+def device_conv2d_transpose_gradients(backward_kernel, x, w, dy, plan):
+    """backward="kernel" of a transposed convolution on the device path: the convolution's
+    gradients of the zero-inserted input and flipped filter, taken back through both maps."""
+    spread = _zero_inserted(x, plan)
+    dz, dflipped = device_conv2d_gradients(backward_kernel, spread, _flipped(w), dy,
+                                           plan.geometry)
+    return (_linear_vjp(lambda t: _zero_inserted(t, plan), x, dz),
+            _linear_vjp(_flipped, w, dflipped))
+
+
+def device_einsum_gradients(backward_kernel, plan, x, w, dy):
+    """backward="kernel" of an einsum on the device path: its two backward products through the
+    kernel, the einsum's transposes and reshapes taken back by their adjoints."""
+    k, n = plan.kernel_matrix_shape(tuple(int(d) for d in w.shape))
+    moved_shape = tf.shape(tf.transpose(x, plan.input_permutation))
+
+    def to_x2(t):
+        return tf.reshape(tf.transpose(t, plan.input_permutation), [-1, k])
+
+    def to_w2(t):
+        return tf.reshape(tf.transpose(t, plan.kernel_permutation), [k, n])
+
+    def from_y2(y2):
+        sizes = plan.sizes((), tuple(int(d) for d in w.shape))
+        y = tf.reshape(y2, tf.concat([moved_shape[:len(plan.free)],
+                                      [sizes[c] for c in plan.produced]], axis=0))
+        return tf.transpose(y, plan.output_permutation)
+
+    x2, w2 = to_x2(x), to_w2(w)
+    dy2 = _linear_vjp(from_y2, tf.zeros([tf.shape(x2)[0], n], tf.float32), dy)
+    dx2 = device_matmul(backward_kernel, dy2, tf.transpose(w2))
+    dw2 = device_matmul(backward_kernel, tf.transpose(x2), dy2)
+    return _linear_vjp(to_x2, x, dx2), _linear_vjp(to_w2, w, dw2)
 
 
 def layer_arithmetic(layer):
