@@ -14,9 +14,9 @@
   of it: a model saved on one path runs on the other.
 
 Keras: every swapped layer inherits `RunsOutsideXla` (through `QuantizedLayerMixin`), whose
-`supports_jit` is True only when the device path covers the layer's arithmetic, its backward is
-"native" (the gradients "kernel" and "lut_grad" call C code), and XLA is what this machine should
-run: a GPU/TPU is visible, or GRAPHSWAP_BRIDGE=xla.  On a CPU-only machine the C path stays the
+`supports_jit` is True only when the device path covers the layer's arithmetic (its gradients,
+"native", "kernel" and "lut_grad", run there too) and XLA is what this machine should run: a
+GPU/TPU is visible, or GRAPHSWAP_BRIDGE=xla.  On a CPU-only machine the C path stays the
 default (it is several times faster there than XLA's look-ups: benchmarks/bench_device.py), so a
 model compiled with jit_compile=True keeps running its products in C, as before.  Keras reads
 `supports_jit` when it resolves `jit_compile`: "auto" (XLA on accelerators only) and an explicit
@@ -331,7 +331,7 @@ def layer_arithmetic(layer):
 
 class RunsOutsideXla:
     """Mixin of every swapped layer (module docstring): `supports_jit` is True only when the
-    device path covers the layer's arithmetic, its backward is "native" and Keras may compile it
+    device path covers the layer's arithmetic and Keras may compile it
     (`keras_may_compile`) - whatever Keras's Layer.__init__ (or anyone) assigns to it."""
 
     @property
@@ -339,8 +339,7 @@ class RunsOutsideXla:
         arithmetic = layer_arithmetic(self)
         if arithmetic is None:   # a layer without a product of its own (MultiHeadAttention)
             return True
-        return (covers(arithmetic) and getattr(self, "backward", "native") == "native"
-                and keras_may_compile())
+        return covers(arithmetic) and keras_may_compile()
 
     @supports_jit.setter
     def supports_jit(self, value) -> None:  # Keras's Layer.__init__ sets True: the kernels decide
