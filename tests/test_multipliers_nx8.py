@@ -524,3 +524,35 @@ def test_a_model_with_a_declared_4x8_spec_saves_and_reloads_with_its_width(tmp_p
     np.testing.assert_array_equal(np.asarray(reloaded(x)), np.asarray(converted(x)))
     eight = graphswap.rewrite_model(model, kernel="mul8u_exact")
     assert not np.array_equal(np.asarray(eight(x)), np.asarray(converted(x)))
+
+
+def test_weight_tuning_of_nx8_layers_uses_their_4_bit_activation_codes(tmp_path):
+    """Weight tuning reads an Nx8 layer's histogram of N-bit activation codes: an exact 4x8
+    table changes no weight (each code is its own best match), the approximate example
+    lowers the expected product error it minimises, and no layer is skipped."""
+    import keras
+
+    from graphswap.swap import tune_weights
+    exact_source, _ = _exact_4x8(tmp_path)
+    approximate = _copy(tmp_path, EXAMPLE)
+    trust.trust(str(approximate))
+    keras.utils.set_random_seed(4)
+    model = keras.Sequential([keras.Input((12,)), keras.layers.Dense(8, activation="relu"),
+                              keras.layers.Dense(3)])
+    x = np.random.default_rng(4).normal(size=(128, 12)).astype(np.float32)
+    for source in (exact_source, approximate):
+        calibrated = graphswap.rewrite_model(model, kernel=str(source), calibration_data=x,
+                                             bias_correction=None)
+        before = [w.copy() for w in calibrated.get_weights()]
+        report = tune_weights(calibrated, x)
+        assert not report.skipped and len(report.layers) == 2
+        summaries = [s for layer in report.layers.values() for s in layer.values()]
+        if source == exact_source:
+            assert all(s["changed"] == 0 for s in summaries)
+            for a, b in zip(before, calibrated.get_weights()):
+                np.testing.assert_array_equal(a, b)
+        else:
+            assert sum(s["changed"] for s in summaries) > 0
+            assert all(s["error_after"] <= s["error_before"] for s in summaries)
+            assert sum(s["error_after"] for s in summaries) < \
+                sum(s["error_before"] for s in summaries)

@@ -145,9 +145,11 @@ def _dequantized(codes, negative, scale, zero, encoding):
     return codes * scale
 
 
-def tune_operand(values: np.ndarray, scheme, table, counts, *, signed: bool, bits: int = 8):
+def tune_operand(values: np.ndarray, scheme, table, counts, *, signed: bool, bits: int = 8,
+                 activation_bits: int = 8):
     """The weights `values` (output channel last) tuned for the activation histogram `counts`
-    under the resolved static `scheme` (module docstring).  Returns (tuned float32 values of the
+    under the resolved static `scheme` (module docstring); `bits` / `activation_bits`: the
+    multiplier's weight / activation widths (8xN, Nx8).  Returns (tuned float32 values of the
     same shape, summary dict: changed entries, expected error before and after)."""
     values = np.asarray(values, dtype=np.float32)
     encoding = scheme.weights
@@ -160,7 +162,7 @@ def tune_operand(values: np.ndarray, scheme, table, counts, *, signed: bool, bit
     codes8, negative, scale, zero, _ = quantize_weights(flat, scheme, bits)
     codes = _code_integers(codes8, encoding)
     negative = np.zeros_like(codes, bool) if negative is None else negative
-    _, zero_a = (None, 0) if signed else activation_zero_of(scheme)
+    _, zero_a = (None, 0) if signed else activation_zero_of(scheme, activation_bits)
     per_channel = scheme.granularity == "per_channel"
     # the entries that define each channel's (or the tensor's) scale keep their value
     f64 = flat.astype(np.float64)
@@ -215,9 +217,10 @@ def tune_operand(values: np.ndarray, scheme, table, counts, *, signed: bool, bit
     return tuned.reshape(shape), summary
 
 
-def activation_zero_of(scheme):
-    """(scale, zero point) of a static unsigned scheme's activations (the spec's rule)."""
-    _, scale, zero, _ = activation_quantization(np.zeros(0, np.float32), scheme, False)
+def activation_zero_of(scheme, bits: int = 8):
+    """(scale, zero point) of a static unsigned scheme's `bits`-bit activations (the spec's
+    rule)."""
+    _, scale, zero, _ = activation_quantization(np.zeros(0, np.float32), scheme, False, bits)
     return scale, zero
 
 
@@ -341,10 +344,6 @@ def tune_weights(model, data, *, samples: int = DEFAULT_CALIBRATION_SAMPLES,
         if table is None:
             report.skipped[path] = f"{layer.arithmetic.spec} is not table-driven"
             continue
-        if getattr(layer.arithmetic, "activation_bits", 8) != 8:
-            report.skipped[path] = (f"{layer.arithmetic.spec} is an Nx8 multiplier (N-bit "
-                                    f"activations); weight tuning takes 8-bit activation codes")
-            continue
         if layer.current_quantization() is None or \
                 layer.current_quantization().activations != "static":
             report.skipped[path] = "not calibrated (static activations needed)"
@@ -353,13 +352,16 @@ def tune_weights(model, data, *, samples: int = DEFAULT_CALIBRATION_SAMPLES,
         signed = bool(layer.arithmetic.signed)
         histograms = {operand.point: np.zeros(256, np.int64) for operand in operands}
 
-        def record(observed, x, point=None, layer=layer, histograms=histograms, signed=signed):
+        activation_bits = getattr(layer.arithmetic, "activation_bits", 8)   # Nx8: N
+
+        def record(observed, x, point=None, layer=layer, histograms=histograms, signed=signed,
+                   activation_bits=activation_bits):
             if point not in histograms:
                 return
             scheme = layer.current_quantization(point)
             if scheme is None or scheme.activation_range is None:
                 return
-            codes, _, _, bad = activation_quantization(x, scheme, signed)
+            codes, _, _, bad = activation_quantization(x, scheme, signed, activation_bits)
             codes = codes.reshape(-1) if bad is None else codes[~bad]
             histograms[point] += np.bincount(codes.reshape(-1), minlength=256)
 
@@ -374,7 +376,8 @@ def tune_weights(model, data, *, samples: int = DEFAULT_CALIBRATION_SAMPLES,
             stored = np.array(operand.variable.numpy(), dtype=np.float32)
             flat = stored.reshape(-1)
             tuned, summary = tune_operand(flat[operand.entries], scheme, table, counts,
-                                          signed=signed, bits=bits)
+                                          signed=signed, bits=bits,
+                                          activation_bits=activation_bits)
             flat[operand.entries] = tuned
             operand.variable.assign(flat.reshape(stored.shape))
             summaries[operand.name] = summary
