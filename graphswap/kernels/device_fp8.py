@@ -31,7 +31,7 @@ from __future__ import annotations
 import numpy as np
 from keras import ops
 
-from graphswap.errors import QuantizationError, ShapeError
+from graphswap.errors import ShapeError
 from graphswap.kernels import device_products
 
 
@@ -75,15 +75,7 @@ def _scale(lo, hi, fmt):
 def activation_scale(a, fmt, scheme, activation_range=None):
     """float64 scalar: the activations' scale (the call's finite amax, or the static range:
     the layer's range tensor, else the scheme's)."""
-    if scheme.activations == "static":
-        if activation_range is None:
-            if scheme.activation_range is None:
-                raise QuantizationError("static activations need a calibrated activation range; "
-                                        "calibrate the model first")
-            activation_range = np.asarray(scheme.activation_range, np.float32)
-        bounds = ops.cast(ops.convert_to_tensor(activation_range, "float32"), "float64")
-        return _scale(bounds[0], bounds[1], fmt)
-    return _scale(*device_products.finite_range(a), fmt)
+    return _scale(*device_products.activation_bounds(a, scheme, activation_range), fmt)
 
 
 def weight_scales(w2, fmt, scheme):

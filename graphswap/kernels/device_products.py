@@ -126,10 +126,9 @@ def activation_levels(signed: bool, bits: int = 8):
     return None if bits == 8 else float(2 ** (bits - 1) - 1 if signed else 2 ** bits - 1)
 
 
-def activation_params(a, signed: bool, scheme, activation_range=None, bits: int = 8):
-    """(scale, zero) float64 scalars of the activations: the batch's range (dynamic) or the
-    static range (the layer's current range tensor, else the scheme's), at `bits` bits."""
-    levels = activation_levels(signed, bits)
+def activation_bounds(a, scheme, activation_range=None):
+    """(lo, hi) float64 of the activations: the batch's finite range (dynamic) or the static
+    range (the layer's current range tensor, else the scheme's)."""
     if scheme.activations == "static":
         if activation_range is None:
             if scheme.activation_range is None:
@@ -137,9 +136,14 @@ def activation_params(a, signed: bool, scheme, activation_range=None, bits: int 
                                         "calibrate the model first")
             activation_range = np.asarray(scheme.activation_range, np.float32)
         bounds = _f64(ops.convert_to_tensor(activation_range, "float32"))
-        return quant_params(bounds[0], bounds[1], signed, levels)
-    lo, hi = finite_range(a)
-    return quant_params(lo, hi, signed, levels)
+        return bounds[0], bounds[1]
+    return finite_range(a)
+
+
+def activation_params(a, signed: bool, scheme, activation_range=None, bits: int = 8):
+    """(scale, zero) float64 scalars of the activations (activation_bounds), at `bits` bits."""
+    lo, hi = activation_bounds(a, scheme, activation_range)
+    return quant_params(lo, hi, signed, activation_levels(signed, bits))
 
 
 def weight_codes(w2, signed: bool, scheme, bits: int = 8):
