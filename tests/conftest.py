@@ -48,6 +48,23 @@ def _fresh_session_trust():
     yield
 
 
+@pytest.fixture
+def imshow_spy(monkeypatch):
+    """What matplotlib's Axes.imshow is given ({"data", "extent"} of its last call); the image is
+    still drawn."""
+    import matplotlib.axes
+
+    shown = {}
+    original = matplotlib.axes.Axes.imshow
+
+    def spy(self, data, *args, **kwargs):
+        shown["data"], shown["extent"] = np.asarray(data), kwargs.get("extent")
+        return original(self, data, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "imshow", spy)
+    return shown
+
+
 @pytest.fixture(scope="session")
 def digits():
     with np.load(SAMPLE_DATA) as data:

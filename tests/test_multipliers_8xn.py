@@ -413,17 +413,9 @@ def test_bias_compensation_of_an_exact_8x4_multiplier_changes_nothing(tmp_path):
     assert exact.weight_bits == 4 and exact.multiplier.weight_bits == 4
 
 
-def test_error_heatmap_of_an_8x4_multiplier_covers_its_own_domain(tmp_path, monkeypatch):
-    import matplotlib.axes
+def test_error_heatmap_of_an_8x4_multiplier_covers_its_own_domain(tmp_path, imshow_spy):
     from graphswap.multipliers import plot_error_heatmap
-    shown = {}
-    original = matplotlib.axes.Axes.imshow
-
-    def spy(self, data, *args, **kwargs):
-        shown["data"], shown["extent"] = np.asarray(data), kwargs.get("extent")
-        return original(self, data, *args, **kwargs)
-
-    monkeypatch.setattr(matplotlib.axes.Axes, "imshow", spy)
+    shown = imshow_spy
     m = _resolve(_copy(tmp_path, "mul8x4u_gsbam4.c")).multiplier
     out = plot_error_heatmap(m, tmp_path / "heat.png")
     assert Path(out).read_bytes().startswith(b"\x89PNG")
