@@ -66,6 +66,15 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def print_step_ratios(results: dict, base: str) -> None:
+    """One line per variant of {name: (inference seconds, training step seconds)}, each with its
+    ratio to the `base` variant's times."""
+    inference0, training0 = results[base]
+    for name, (inference, training) in results.items():
+        print(f"  {name:<28s} inference {inference * 1e3:9.2f} ms ({inference / inference0:6.1f}x "
+              f"float)   training step {training * 1e3:9.2f} ms ({training / training0:6.1f}x float)")
+
+
 def run_context() -> str:
     """The line every benchmark prints first: the CPU model, graphswap's code path (ISA) and the
     BLAS behind its float kernels, and where its kernel library is."""

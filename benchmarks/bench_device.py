@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -20,22 +19,12 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from _timing import cpu_model, print_step_ratios  # noqa: E402
 from keras import ops  # noqa: E402
 
 import graphswap  # noqa: E402
 from graphswap.kernels import resolve_kernel  # noqa: E402
 from graphswap.kernels import device_products as dp  # noqa: E402
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def device_line() -> str:
@@ -160,10 +149,7 @@ def model_rows(build, batch, repeats):
             return loss
 
         results[name] = (timed(lambda: infer(x), repeats), timed(lambda: step(x, y), repeats))
-    base = results["float model, XLA"]
-    for name, (inference, training) in results.items():
-        print(f"  {name:<28s} inference {inference * 1e3:9.2f} ms ({inference / base[0]:6.1f}x "
-              f"float)   training step {training * 1e3:9.2f} ms ({training / base[1]:6.1f}x float)")
+    print_step_ratios(results, "float model, XLA")
 
 
 def main():

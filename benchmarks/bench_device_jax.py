@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import sys
 import time
 
@@ -29,6 +28,7 @@ os.environ.setdefault("JAX_ENABLE_X64", "1")   # the quantization arithmetic is 
 import jax  # noqa: E402
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
+from _timing import cpu_model, print_step_ratios  # noqa: E402
 from keras import ops  # noqa: E402
 
 from graphswap.kernels import device_products as dp  # noqa: E402
@@ -45,17 +45,6 @@ class UnsignedDefaultScheme:
     activation_range = None
     granularity = "per_channel"
     weights = "sign_magnitude"
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def timed(fn, repeats: int) -> float:
@@ -191,10 +180,7 @@ def model_rows(name, build, batch, repeats, table):
 
         results[label] = (timed(lambda: infer(params, x), repeats),
                           timed(lambda: step(params, x, labels), repeats))
-    base = results["float32"]
-    for label, (inference, training) in results.items():
-        print(f"  {label:<28s} inference {inference * 1e3:9.2f} ms ({inference / base[0]:6.1f}x "
-              f"float)   training step {training * 1e3:9.2f} ms ({training / base[1]:6.1f}x float)")
+    print_step_ratios(results, "float32")
 
 
 def main():
