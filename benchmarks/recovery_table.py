@@ -64,6 +64,7 @@ import numpy as np  # noqa: E402
 import graphswap  # noqa: E402
 from graphswap import kernels, swap  # noqa: E402
 from graphswap.research import recovery  # noqa: E402
+from graphswap.swap.recipe import has_batchnorm  # noqa: E402
 
 MODELS = ("lenet5", "cnn_bn")
 EXAMPLES = ("mul8u_gsbam6.c", "mul8s_gsbam6.c", "mul8u_gsloa11.c", "mul8s_gsloa11.c",
@@ -147,10 +148,6 @@ def activation_levels(spec) -> str:
     return f"{levels['first_nonnegative']}/{levels['nonnegative_values']}"
 
 
-def has_bn(model) -> bool:
-    return any(isinstance(layer, keras.layers.BatchNormalization) for layer in model.layers)
-
-
 def zero_step(ctx, model, spec, **options):
     """A zero-step column's model: only the options given (no default compensation or BatchNorm
     re-estimation - the "calibrated" column is calibration alone)."""
@@ -162,7 +159,7 @@ def recovered(ctx, model, spec, observer="fixed"):
     """The last zero-step column's model: calibrated + compensated (+ BN re-estimated)."""
     return graphswap.rewrite_model(model, kernel=spec, calibration_data=ctx.calibration,
                                    bias_correction=graphswap.research.DEFAULT_BIAS_CORRECTION,
-                                   recalibrate_bn=has_bn(model),
+                                   recalibrate_bn=has_batchnorm(model),
                                    quantization={"observer": observer})
 
 
@@ -208,7 +205,7 @@ TABLE_COLUMNS = ["float", "TFApprox", "dynamic", "calibrated", "+ BN folding",
 def table_row(ctx, name, spec, finetune=True) -> dict:
     model = ctx.model(name)
     key = f"table/{name}/{label(spec)}"
-    bn = has_bn(model)
+    bn = has_batchnorm(model)
     metrics = kernels.metrics(spec)
     row = {"MAE%": round(metrics["MAE%"], 4), "MRE%": round(metrics["MRE%"], 2)}
     row["float"] = ctx.cached(f"float/{name}", lambda: ctx.accuracy(model))
@@ -320,7 +317,7 @@ def section_ablation(ctx, multipliers) -> list[str]:
     out = []
     for name in MODELS:
         model = ctx.model(name)
-        bn = has_bn(model)
+        bn = has_batchnorm(model)
         rows = []
         for spec in multipliers:
             row = [label(spec)]
@@ -445,7 +442,7 @@ def accuracy_per_epoch(ctx, model, spec, backward, learning_rate) -> list[float]
     """One CONVERGENCE_EPOCHS-epoch run of the default recipe (cosine over the run) from the
     zero-step start: the test accuracy after each epoch."""
     start = training_start(ctx, model, spec, backward)
-    tracker = EpochAccuracy(ctx, has_bn(model))
+    tracker = EpochAccuracy(ctx, has_batchnorm(model))
     graphswap.finetune(start, (ctx.data["x_train"], ctx.data["y_train"]),
                        epochs=CONVERGENCE_EPOCHS, learning_rate=learning_rate, seed=0, verbose=0,
                        restore_best=False, callbacks=[tracker])

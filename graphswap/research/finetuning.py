@@ -32,8 +32,8 @@ from graphswap.research.distillation import distillation_data, resolve_teacher, 
 from graphswap.research.loading import load_data
 from graphswap.research.task import derive_task, output_activation
 from graphswap.research.recovery import (AUTO_LEARNING_RATE, DEFAULT_LEARNING_RATE,
-                                         DEFAULT_SCHEDULE, auto_learning_rate, has_batchnorm,
-                                         loss_name, make_optimizer, recalibrate_batchnorm)
+                                         DEFAULT_SCHEDULE, auto_learning_rate, loss_name,
+                                         make_optimizer, recalibrate_batchnorm)
 from graphswap.research.checkpoints import (CheckpointTracker, clear_checkpoint,
                                             latest_checkpoint, lock_checkpoint_directory,
                                             releases_checkpoint_locks)
@@ -42,6 +42,7 @@ from graphswap.research.fingerprints import (check_same_run, iter_swapped_layers
                                              settings_fingerprint)
 from graphswap.research.strategies import is_chief, patch_multiworker_build, resolve_strategy
 from graphswap.swap import copy_model
+from graphswap.swap.recipe import has_batchnorm
 from graphswap.tables import format_table
 
 

@@ -32,7 +32,7 @@ from graphswap.errors import DataError, GraphswapError
 from graphswap.research.data import translate_errors
 from graphswap.research.loading import load_data
 from graphswap.swap import (DEFAULT_CALIBRATION_SAMPLES, DEFAULT_COMPENSATION,
-                            compensate_bias as compensate_layers, iter_layers,
+                            compensate_bias as compensate_layers,
                             recalibrate_batchnorm as recalibrate_layers)
 
 DEFAULT_BIAS_CORRECTION = DEFAULT_COMPENSATION
@@ -73,11 +73,6 @@ def calibration_arrays(source, model, samples: int = DEFAULT_CALIBRATION_SAMPLES
     if not batches:
         raise GraphswapError(f"{name}: {data.source} holds no examples")
     return np.concatenate(batches)[:samples]
-
-
-def has_batchnorm(model) -> bool:
-    return any(isinstance(layer, keras.layers.BatchNormalization)
-               for _, layer in iter_layers(model))
 
 
 def recalibrate_batchnorm(model, data, samples: int = DEFAULT_CALIBRATION_SAMPLES, **loading):
