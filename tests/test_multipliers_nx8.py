@@ -498,7 +498,8 @@ def test_mse_calibration_searches_the_range_for_4_bit_activations(tmp_path):
     assert search(15) != pytest.approx(search(255), rel=1e-3)
 
 
-def test_a_model_with_a_declared_4x8_spec_saves_and_reloads_with_its_width(tmp_path):
+def test_a_model_with_a_declared_4x8_spec_saves_and_reloads_with_its_width(tmp_path,
+                                                                            monkeypatch):
     import keras
     source = tmp_path / "plain.c"
     source.write_text("#include <stdint.h>\nuint64_t plain(uint64_t A, uint64_t B) "
@@ -516,6 +517,15 @@ def test_a_model_with_a_declared_4x8_spec_saves_and_reloads_with_its_width(tmp_p
     np.testing.assert_array_equal(np.asarray(reloaded(x)), np.asarray(converted(x)))
     eight = graphswap.rewrite_model(model, kernel="mul8u_exact")
     assert not np.array_equal(np.asarray(eight(x)), np.asarray(converted(x)))
+    # the declared width does not get past the trust gate: untrusted, nothing is compiled
+    from graphswap.errors import KernelTrustError
+    from graphswap.multipliers import csource
+    trust.clear_session_trust()
+    built = []
+    monkeypatch.setattr(csource, "built_wrapper", lambda *a, **k: built.append(a))
+    with pytest.raises(KernelTrustError, match=re.escape(str(source.resolve()))):
+        graphswap.load_model(path)
+    assert not built
 
 
 def test_weight_tuning_of_nx8_layers_uses_their_4_bit_activation_codes(tmp_path):
