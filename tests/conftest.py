@@ -244,14 +244,25 @@ def pytest_generate_tests(metafunc):
 
 @pytest.fixture
 def each_isa():
-    """graphswap's shipped library, for a test that switches its ISA path (set_isa); the path in
-    use before is restored afterwards."""
+    """graphswap's shipped library, for a test that switches its ISA path (set_isa) or its
+    factored-table path (set_table_factoring); the paths in use before are restored afterwards."""
     from graphswap import native
 
     library = native.shipped_library()
     before = library.isa
     yield library
     library.set_isa(before)
+    library.set_table_factoring(None)
+
+
+def table_paths(library):
+    """Switches `library` through every (ISA path, factoring on/off) this CPU runs and yields
+    each as a label: tests of the table kernels run them on tables that factor too."""
+    for isa in library.supported_isas:
+        for factoring in (True, False):
+            library.set_isa(isa)
+            library.set_table_factoring(factoring)
+            yield f"{isa}{'' if factoring else ' (table kernels)'}"
 
 
 def tensorflow_runs_nchw_conv_on_cpu() -> bool:

@@ -1,6 +1,7 @@
 """The fused table-driven depthwise convolution (graphswap_lut_conv2d_f32 with one input channel
 per group: native_kernels/src/lut_conv.c's depthwise_block, straight from the channel planes)
-against tests/reference.py, bit for bit, on every instruction-set path this CPU runs: every
+against tests/reference.py, bit for bit, on every instruction-set path this CPU runs (and, for
+tables that factor, with factoring off, so the table kernels run them too): every
 weight encoding and granularity, dynamic and static ranges, channel multipliers, strides,
 dilations, borders, and non-finite inputs and weights."""
 
@@ -12,6 +13,7 @@ import numpy as np
 import pytest
 
 import reference
+from conftest import table_paths
 from graphswap.kernels import LutKernel, QuantScheme, resolve_multiplier
 from graphswap.native import conv_geometry
 
@@ -55,9 +57,8 @@ def test_fused_depthwise_is_the_reference_on_every_isa(spec, each_isa):
                                           xs[3], mode)
         if non_finite:
             assert np.isnan(want[..., ws[3] - 1]).all() and np.isnan(want[0]).any()
-        for isa in each_isa.supported_isas:
-            each_isa.set_isa(isa)
+        for path in table_paths(each_isa):
             got = kernel.conv2d(x, w, g, quant=scheme)
-            np.testing.assert_array_equal(got, want, err_msg=f"{isa} {case} {mode} {non_finite}")
+            np.testing.assert_array_equal(got, want, err_msg=f"{path} {case} {mode} {non_finite}")
             compared += 1
-    assert compared >= len(CASES) * 2 * 2 * 2 * len(each_isa.supported_isas)
+    assert compared >= len(CASES) * 2 * 2 * 2 * 2 * len(each_isa.supported_isas)

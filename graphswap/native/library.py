@@ -191,6 +191,8 @@ class KernelLibrary:
         self._isa_supported = self._optional("graphswap_isa_supported", ctypes.c_char_p, [])
         self._set_isa = self._optional("graphswap_set_isa", i32, [ctypes.c_char_p])
         self._blas_info = self._optional("graphswap_blas_info", ctypes.c_char_p, [])
+        self._table_factored = self._optional("graphswap_lut_table_factored", i32, [_i32p])
+        self._set_table_factoring = self._optional("graphswap_set_table_factoring", i32, [i32])
         self._lut_derivatives = self._optional("graphswap_lut_derivative_tables", i32,
                                                [_i32p, i32, i32, _f32p, _f32p])
         self._lut_matmul_grad = self._optional(
@@ -237,6 +239,26 @@ class KernelLibrary:
         if self._set_isa is None:
             raise KernelLoadError(f"{self.path} has no run-time instruction-set dispatch")
         self._check("graphswap_set_isa", self._set_isa(str(name).encode("ascii")))
+
+    def table_factored(self, table) -> bool:
+        """Whether a 256x256 table's products run as the float GEMM of its exact factors
+        T[a][b] = f(a) g(b) (native_kernels/src/lut_factored.c) rather than the table kernels."""
+        if self._table_factored is None:
+            return False
+        flat = np.ascontiguousarray(np.asarray(table, dtype=np.int32).reshape(-1))
+        if flat.size != 65536:
+            raise GraphswapError(f"a multiplier table has 65536 entries, got {flat.size}")
+        code = self._table_factored(flat.ctypes.data_as(_i32p))
+        if code < 0:
+            self._check("graphswap_lut_table_factored", code)
+        return code == 1
+
+    def set_table_factoring(self, enabled: bool | None) -> None:
+        """Factored tables through the float GEMM (True), through the table kernels (False), or
+        as $GRAPHSWAP_TABLE_FACTORING says (None)."""
+        if self._set_table_factoring is None:
+            raise KernelLoadError(f"{self.path} has no factored-table path")
+        self._set_table_factoring(-1 if enabled is None else int(bool(enabled)))
 
     @property
     def blas_info(self) -> str | None:

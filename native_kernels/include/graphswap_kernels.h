@@ -235,6 +235,23 @@ GRAPHSWAP_EXPORT const char *graphswap_isa_supported(void);
  * name (then, as with a refused GRAPHSWAP_ISA, entry points refuse to run until a call succeeds). */
 GRAPHSWAP_EXPORT int32_t graphswap_set_isa(const char *name);
 
+/* ---- factored tables ----
+ *
+ * A table whose products factor exactly, T[a][b] = f(a) * g(b) with integers f, g (a multiplier that
+ * approximates each operand on its own and multiplies exactly: DRUM, operand truncation, the exact
+ * product), runs through OpenBLAS's float32 GEMM of the mapped operands f(a), g(b) instead of the
+ * table kernels: in runs of k whose terms' magnitudes sum to <= 2^24, so every partial sum is exact,
+ * the runs added in int64 -- the same sums, bit for bit.  On by default; the environment variable
+ * GRAPHSWAP_TABLE_FACTORING=off (or 0) keeps every table on the table kernels. */
+
+/* 1 when `table`'s products take the factored GEMM (the table factors and factoring is on), 0 when
+ * they take the table kernels; GRAPHSWAP_ERR_* (< 0) on error. */
+GRAPHSWAP_EXPORT int32_t graphswap_lut_table_factored(const int32_t *table);
+
+/* Switches factoring on (1) or off (0) for all later calls (not while calls are running); -1: back
+ * to GRAPHSWAP_TABLE_FACTORING's setting.  Returns GRAPHSWAP_OK. */
+GRAPHSWAP_EXPORT int32_t graphswap_set_table_factoring(int32_t enabled);
+
 /* OpenBLAS build and core in use (e.g. "OpenBLAS 0.3.34 DYNAMIC_ARCH ...; core SkylakeX; threads 1"). */
 GRAPHSWAP_EXPORT const char *graphswap_blas_info(void);
 /* ---- multiplier level: approximation-aware gradients (backward="lut_grad"; src/lut_grad.c) ----

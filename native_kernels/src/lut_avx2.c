@@ -356,3 +356,93 @@ int gs_quantize_span_avx2(const float *src, int64_t n, const double *scale, cons
                                        per_element ? zero + i : zero, per_element, is_signed, dst + i);
     return bad != 0;
 }
+
+/* ---- the epilogue, 4 columns at a time (gs_epilogue_rows_scalar bit for bit) ----
+ * The corrected sum v stays in int64 (vpaddq / vpsubq; zero[j] * rsum by vpmuludq, both < 2^32) and
+ * becomes float64 by the magic-number conversion, exact for |v| < 2^51; a vector with a lane outside
+ * that (never for 8-bit products short of 2^35 terms) takes the scalar formula. */
+static inline __m256d epilogue_i64_to_f64(__m256i v)
+{
+    const __m256i magic_i = _mm256_set1_epi64x(0x4338000000000000LL); /* bits of 1.5 * 2^52 */
+    const __m256d magic_d = _mm256_set1_pd(6755399441055744.0);
+    return _mm256_sub_pd(_mm256_castsi256_pd(_mm256_add_epi64(v, magic_i)), magic_d);
+}
+
+void gs_epilogue_rows_avx2(const gs_epilogue *e, const int64_t *acc, int pairs, int64_t rows, int64_t n,
+                           const int64_t *rsums, float *out, int64_t ldout)
+{
+    if (e->K >= ((int64_t)1 << 24)) { /* window code sums may pass 2^32: vpmuludq would not do */
+        gs_epilogue_rows_scalar(e, acc, pairs, rows, n, rsums, out, ldout);
+        return;
+    }
+    const int64_t lda = pairs ? 2 * n : n, n4 = n & ~(int64_t)3;
+    const __m256i lim_hi = _mm256_set1_epi64x((int64_t)1 << 51), lim_lo = _mm256_set1_epi64x(-((int64_t)1 << 51));
+    const __m128 nan4 = _mm_set1_ps(__builtin_nanf(""));
+    for (int64_t j = 0; j < n4; j += 4) {
+        __m256i fixed = _mm256_setzero_si256(), zero = _mm256_setzero_si256();
+        int row_term = 0;
+        if (e->is_unsigned) {
+            int64_t f[4], z[4];
+            for (int i = 0; i < 4; ++i) {
+                z[i] = e->zero[j + i];
+                f[i] = e->K * e->za * z[i] - e->za * e->colsum[j + i];
+                row_term |= z[i] != 0;
+            }
+            fixed = _mm256_loadu_si256((const __m256i *)f);
+            zero = _mm256_loadu_si256((const __m256i *)z);
+            row_term &= rsums != NULL;
+        }
+        const __m256d scale = _mm256_loadu_pd(e->sasb + j);
+        const __m128 bias = e->bias ? _mm_loadu_ps(e->bias + j) : _mm_setzero_ps();
+        const __m128 bad = _mm_castsi128_ps(_mm_cmpgt_epi32(
+            _mm_setr_epi32(e->bad[j], e->bad[j + 1], e->bad[j + 2], e->bad[j + 3]), _mm_setzero_si128()));
+        for (int64_t r = 0; r < rows; ++r) {
+            const int64_t *a = acc + r * lda;
+            __m256i v;
+            if (pairs) { /* the sign-magnitude column pair (2j, 2j + 1): positive minus negative sums */
+                const __m256i lo = _mm256_loadu_si256((const __m256i *)(a + 2 * j));
+                const __m256i hi = _mm256_loadu_si256((const __m256i *)(a + 2 * j + 4));
+                const __m256i even = _mm256_permute4x64_epi64(_mm256_unpacklo_epi64(lo, hi), 0xD8);
+                const __m256i odd = _mm256_permute4x64_epi64(_mm256_unpackhi_epi64(lo, hi), 0xD8);
+                v = _mm256_sub_epi64(even, odd);
+            } else {
+                v = _mm256_loadu_si256((const __m256i *)(a + j));
+            }
+            v = _mm256_add_epi64(v, fixed);
+            if (row_term) v = _mm256_sub_epi64(v, _mm256_mul_epu32(zero, _mm256_set1_epi64x(rsums[r])));
+            float *o = out + r * ldout + j;
+            const __m256i outside = _mm256_or_si256(_mm256_cmpgt_epi64(v, lim_hi), _mm256_cmpgt_epi64(lim_lo, v));
+            if (!_mm256_testz_si256(outside, outside)) {
+                const int64_t rsum = rsums ? rsums[r] : 0;
+                for (int i = 0; i < 4; ++i) {
+                    const int64_t s = pairs ? a[2 * (j + i)] - a[2 * (j + i) + 1] : a[j + i];
+                    o[i] = gs_epilogue_value(e, j + i, s, rsum);
+                }
+                continue;
+            }
+            __m128 y = _mm256_cvtpd_ps(_mm256_mul_pd(scale, epilogue_i64_to_f64(v)));
+            if (e->bias) y = _mm_add_ps(y, bias);
+            _mm_storeu_ps(o, _mm_blendv_ps(y, nan4, bad));
+        }
+    }
+    for (int64_t r = 0; r < rows && n4 < n; ++r) { /* the last n % 4 columns */
+        const int64_t rsum = rsums ? rsums[r] : 0, *a = acc + r * lda;
+        for (int64_t j = n4; j < n; ++j)
+            out[r * ldout + j] = gs_epilogue_value(e, j, pairs ? a[2 * j] - a[2 * j + 1] : a[j], rsum);
+    }
+}
+
+void gs_factored_epilogue_row_avx2(const double *scale, const double *z, const float *bias, float *y, int64_t n)
+{
+    int64_t j = 0;
+    for (; j + 4 <= n; j += 4) {
+        const __m256d v = _mm256_add_pd(_mm256_cvtps_pd(_mm_loadu_ps(y + j)), _mm256_loadu_pd(z + j));
+        __m128 r = _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_loadu_pd(scale + j), v));
+        if (bias) r = _mm_add_ps(r, _mm_loadu_ps(bias + j));
+        _mm_storeu_ps(y + j, r);
+    }
+    for (; j < n; ++j) {
+        const float r = (float)(scale[j] * ((double)y[j] + z[j]));
+        y[j] = bias ? r + bias[j] : r;
+    }
+}

@@ -419,6 +419,72 @@ GRAPHSWAP_EXPORT int32_t graphswap_lut_conv2d(const uint8_t *input, const uint8_
     return rc;
 }
 
+/* Window code sums per output pixel and group, sums[pixel * groups + g], as gather counts them:
+ * the pad code for each tap outside the image.  Per input pixel and group the channels' (code -
+ * pad) first, then per window taps * pad plus those of its taps inside the image. */
+static int32_t window_code_sums(const char *fn, const graphswap_conv2d_params *P, const gs_conv_geo *G,
+                                const uint8_t *codes, uint8_t pad, int64_t *sums)
+{
+    const int64_t H = P->in_height, W = P->in_width, C = P->in_channels, groups = P->groups, cg = G->cin_g;
+    const int64_t in_pixels = P->batch * H * W, taps = P->filter_height * P->filter_width * cg;
+    int64_t *chan = gs_alloc(in_pixels * groups * 8);
+    if (!chan) return gs_fail(GRAPHSWAP_ERR_OUT_OF_MEMORY, "%s: cannot allocate the window code sums", fn);
+    const int nt = gs_threads_for((double)G->in_elems, 1 << 18);
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+    for (int64_t p = 0; p < in_pixels; ++p)
+        for (int64_t g = 0; g < groups; ++g) {
+            int64_t s = 0;
+            for (int64_t ic = 0; ic < cg; ++ic) s += (int64_t)codes[p * C + g * cg + ic] - pad;
+            chan[p * groups + g] = s;
+        }
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+    for (int64_t pix = 0; pix < G->pixels; ++pix) {
+        const int64_t ow = pix % P->out_width, oh = (pix / P->out_width) % P->out_height;
+        const int64_t n = pix / (P->out_width * P->out_height);
+        int64_t *out = sums + pix * groups;
+        for (int64_t g = 0; g < groups; ++g) out[g] = taps * (int64_t)pad;
+        for (int64_t fh = 0; fh < P->filter_height; ++fh) {
+            const int64_t ih = oh * P->stride_height - P->pad_top + fh * P->dilation_height;
+            if (ih < 0 || ih >= H) continue;
+            for (int64_t fw = 0; fw < P->filter_width; ++fw) {
+                const int64_t iw = ow * P->stride_width - P->pad_left + fw * P->dilation_width;
+                if (iw < 0 || iw >= W) continue;
+                const int64_t *src = chan + ((n * H + ih) * W + iw) * groups;
+                for (int64_t g = 0; g < groups; ++g) out[g] += src[g];
+            }
+        }
+    }
+    gs_free(chan);
+    return GRAPHSWAP_OK;
+}
+
+/* The convolution of a factored table through graphswap_conv2d_f32 (lut_factored.c's "whole
+ * layers"): the image f(code) - f(pad), the filter g(code). */
+static int32_t factored_conv(const char *fn, const graphswap_conv2d_params *P, const gs_conv_geo *G,
+                             const gs_lut_table *t, const uint8_t *codes, uint8_t pad, const gs_wquant *w,
+                             int sm, const gs_epilogue *e, int need_sums, float *output)
+{
+    const int64_t K = G->taps, cout = P->out_channels;
+    float *img = gs_alloc(G->in_elems * (int64_t)sizeof(float));
+    float *filt = gs_alloc(K * cout * (int64_t)sizeof(float));
+    double *gsum = gs_alloc(cout * 8), *base = gs_alloc(cout * 8);
+    int64_t *sums = need_sums ? gs_alloc(G->pixels * P->groups * 8) : NULL;
+    int32_t rc = GRAPHSWAP_OK;
+    if (!img || !filt || !gsum || !base || (need_sums && !sums)) {
+        rc = gs_fail(GRAPHSWAP_ERR_OUT_OF_MEMORY, "%s: cannot allocate %lld bytes of mapped input", fn,
+                     (long long)(G->in_elems * 4));
+    } else {
+        gs_factored_map(t, codes, G->in_elems, pad, img);
+        gs_factored_filter(t, w, K, cout, sm, filt, gsum);
+        gs_factored_base(e, gsum, t->fa[pad], cout, base);
+        rc = graphswap_conv2d_f32(img, filt, output, P);
+        if (rc == GRAPHSWAP_OK && need_sums) rc = window_code_sums(fn, P, G, codes, pad, sums);
+        if (rc == GRAPHSWAP_OK) rc = gs_factored_epilogue(fn, e, base, sums, P->groups, G->pixels, cout, output);
+    }
+    gs_free(img), gs_free(filt), gs_free(gsum), gs_free(base), gs_free(sums);
+    return rc;
+}
+
 /* Output positions whose window (in `group`'s channels) holds a non-finite input get NaN in the
  * group's output channels.  Rare path: plain loops. */
 static void poison_windows(const graphswap_conv2d_params *P, const gs_conv_geo *G, const float *input,
@@ -512,6 +578,9 @@ GRAPHSWAP_EXPORT int32_t graphswap_lut_conv2d_f32(const float *input, const floa
                     if (bias) y += bias[o];
                     output[p * P.out_channels + o] = w.bad[o] ? NAN : y;
                 }
+        } else if (G.in_elems > 0 && gs_factored_float_fits(t, G.taps, qx.zero)) {
+            const gs_epilogue e = {w.zero, w.colsum, sasb, bias, w.bad, qx.zero, G.taps, !qx.is_signed};
+            rc = factored_conv(fn, &P, &G, t, codes, (uint8_t)qx.zero, &w, sm, &e, !qx.is_signed && !sm, output);
         } else {
             conv_job J = {0};
             J.P = &P, J.G = &G, J.t = t, J.isa = gs_isa(), J.codes = codes, J.pad = (uint8_t)qx.zero;

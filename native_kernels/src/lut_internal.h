@@ -12,7 +12,9 @@
  *   avx512  (lut_avx512.c)  weight-stationary VBMI lookups: one weight code's 256-entry column of
  *                           (T - min T), split into byte planes, sits in 4 zmm registers per plane,
  *                           and vpermi2b looks up 64 activations at once.
- * All three give identical int64 sums (exact integer arithmetic).
+ * All three give identical int64 sums (exact integer arithmetic).  A table that factors exactly,
+ * T[a][b] = f(a) g(b), skips them: its sums are float32 GEMMs of f(a) and g(b) on OpenBLAS, in
+ * runs of k short enough to stay exact (lut_factored.c) -- the same int64 sums.
  *
  * Activations reach the kernels packed: a block's rows in groups of 64, k-major inside a group,
  *     a[(g * k + kk) * 64 + lane]   for row r = 64 g + lane
@@ -42,6 +44,9 @@ typedef struct gs_lut_table {
                                * the sums of T - tmin, so the avx512 kernel skips them (half the
                                * terms of sign-magnitude weights' two columns; pruned weights) */
     int zero_column;          /* some T[a][0] != 0: sign-magnitude sums need gs_sm_combine's terms */
+    int factored;             /* T[a][b] == fa[a] * fb[b] exactly, integer factors (lut_factored.c) */
+    float fa[256], fb[256];   /* the factors (when factored) */
+    int64_t fkblock;          /* k per float32 GEMM whose partial sums stay exact integers (<= 2^24) */
     int refs;                 /* users + 1 while cached */
 } gs_lut_table;
 
@@ -83,6 +88,22 @@ int gs_lut_pairs_fused(gs_isa_level isa, const gs_lut_table *t);
 
 /* Runs the kernel of `isa` (falling back to a narrower one when the table does not suit it). */
 void gs_lut_run(gs_isa_level isa, const gs_lut_args *args);
+
+/* Factored tables (lut_factored.c): gs_lut_factor sets t->factored / fa / fb / fkblock for a table
+ * being prepared; gs_table_factoring() says whether factored tables take the float GEMM
+ * (GRAPHSWAP_TABLE_FACTORING, graphswap_set_table_factoring); gs_lut_kernel_factored computes a
+ * job's sums as float32 GEMMs of the mapped operands (pairs fused), in gs_lut_scratch_factored bytes. */
+void gs_lut_factor(gs_lut_table *t);
+int gs_table_factoring(void);
+void gs_lut_kernel_factored(const gs_lut_args *args);
+int64_t gs_lut_scratch_factored(int64_t k, int64_t rows, int64_t cols);
+#define GS_LUT_FACTORED_COLS 512 /* columns per job of the factored path (rows: GS_LUT_ROWS) */
+
+/* Whether t's products go through gs_lut_kernel_factored. */
+static inline int gs_lut_uses_factors(const gs_lut_table *t)
+{
+    return t && t->factored && gs_table_factoring();
+}
 
 /* per-ISA kernels */
 void gs_lut_kernel_scalar(const gs_lut_args *args);
@@ -265,11 +286,16 @@ static inline void gs_epilogue_rows_scalar(const gs_epilogue *e, const int64_t *
 void gs_epilogue_rows_avx512(const gs_epilogue *e, const int64_t *acc, int pairs, int64_t rows, int64_t n,
                              const int64_t *rsums, float *out, int64_t ldout);
 
+void gs_epilogue_rows_avx2(const gs_epilogue *e, const int64_t *acc, int pairs, int64_t rows, int64_t n,
+                           const int64_t *rsums, float *out, int64_t ldout);
+
 static inline void gs_epilogue_rows(gs_isa_level isa, const gs_epilogue *e, const int64_t *acc, int pairs,
                                     int64_t rows, int64_t n, const int64_t *rsums, float *out, int64_t ldout)
 {
     if (isa == GS_ISA_AVX512)
         gs_epilogue_rows_avx512(e, acc, pairs, rows, n, rsums, out, ldout);
+    else if (isa == GS_ISA_AVX2)
+        gs_epilogue_rows_avx2(e, acc, pairs, rows, n, rsums, out, ldout);
     else
         gs_epilogue_rows_scalar(e, acc, pairs, rows, n, rsums, out, ldout);
 }
@@ -323,6 +349,25 @@ int gs_lut_run_for_epilogue(gs_isa_level isa, gs_lut_args *a, int sm, const gs_w
 /* Codes of an integer-entry caller (graphswap_lut_matmul / _conv2d): the transposed copy and column
  * sums only. */
 int32_t gs_wcodes_make(const char *fn, const uint8_t *b, int64_t K, int64_t N, gs_wquant *out);
+
+/* Whole layers of a factored table through the float kernels (lut_factored.c).
+ * gs_factored_float_fits: whether k terms of f(a) - f(shift_code) (shift_code < 0: no shift) times
+ * g(b) stay exact in float32 in any order (and factoring is on).
+ * gs_factored_map: out[i] = f(codes[i]) - f(shift_code).
+ * gs_factored_filter: g[k * N + j] = g of the weight code (sign-magnitude: the sign times g of the
+ * magnitude), gsum[j] = its column sums.
+ * gs_factored_base: per column, shift * gsum[j] plus the unsigned scheme's zero-point terms.
+ * gs_factored_epilogue: in place, out[r, j] (an exact float sum) -> the output of gs_epilogue_value
+ * with the window / row code sums sums[r * groups + j / (n / groups)] (NULL: none). */
+int gs_factored_float_fits(const gs_lut_table *t, int64_t k, int shift_code);
+void gs_factored_map(const gs_lut_table *t, const uint8_t *codes, int64_t n, int shift_code, float *out);
+void gs_factored_filter(const gs_lut_table *t, const gs_wquant *w, int64_t K, int64_t N, int sm, float *g,
+                        double *gsum);
+void gs_factored_base(const gs_epilogue *e, const double *gsum, float shift, int64_t n, double *base);
+int32_t gs_factored_epilogue(const char *fn, const gs_epilogue *e, const double *base, const int64_t *sums,
+                             int64_t groups, int64_t rows, int64_t n, float *out);
+/* One row of it (lut_avx2.c): y[j] = float32(scale[j] * (float64(y[j]) + z[j])) (+ bias[j]). */
+void gs_factored_epilogue_row_avx2(const double *scale, const double *z, const float *bias, float *y, int64_t n);
 
 /* Checks a graphswap_lut_quant; fills the static activation parameters when STATIC. */
 int32_t gs_quant_check(const char *fn, const graphswap_lut_quant *q, gs_qparams *act);

@@ -214,6 +214,60 @@ GRAPHSWAP_EXPORT int32_t graphswap_lut_matmul(const uint8_t *a, const uint8_t *b
     return rc;
 }
 
+/* The product of a factored table through graphswap_matmul_f32 (lut_factored.c's "whole layers"):
+ * each row quantized and mapped to f(code) while in cache, with its code sum and non-finite flag. */
+static int32_t factored_matmul(const char *fn, const gs_lut_table *t, const float *a, const gs_qparams *qa,
+                               const gs_wquant *w, int sm, const float *bias, const double *sasb, int64_t m,
+                               int64_t k, int64_t n, float *c)
+{
+    const int need_sums = !qa->is_signed && !sm;
+    float *F = gs_alloc(m * k * (int64_t)sizeof(float));
+    float *G = gs_alloc(k * n * (int64_t)sizeof(float));
+    double *gsum = gs_alloc(n * 8), *base = gs_alloc(n * 8);
+    int64_t *rowsum = gs_alloc(m * 8);
+    uint8_t *badrow = gs_alloc(m);
+    int failed = !F || !G || !gsum || !base || !rowsum || !badrow;
+    if (!failed) {
+        const gs_isa_level isa = gs_isa();
+        const double recip = gs_recip(qa->scale);
+        const int nt = gs_threads_for((double)m * (double)k, 1 << 18);
+#pragma omp parallel num_threads(nt) if (nt > 1)
+        {
+            uint8_t *codes = malloc((size_t)k);
+            if (!codes) {
+#pragma omp atomic write
+                failed = 1;
+            }
+#pragma omp for schedule(static)
+            for (int64_t r = 0; r < m; ++r) {
+                if (!codes) continue;
+                badrow[r] = (uint8_t)gs_quantize_activations(isa, a + r * k, k, qa, &recip, codes);
+                int64_t sum = 0;
+                float *f = F + r * k;
+                for (int64_t kk = 0; kk < k; ++kk) sum += codes[kk], f[kk] = t->fa[codes[kk]];
+                rowsum[r] = sum;
+            }
+            free(codes);
+        }
+    }
+    int32_t rc = GRAPHSWAP_OK;
+    if (failed) {
+        rc = gs_fail(GRAPHSWAP_ERR_OUT_OF_MEMORY, "%s: cannot allocate %lld bytes of mapped operands", fn,
+                     (long long)((m + n) * k * 4));
+    } else {
+        const gs_epilogue e = {w->zero, w->colsum, sasb, bias, w->bad, qa->zero, k, !qa->is_signed};
+        gs_factored_filter(t, w, k, n, sm, G, gsum);
+        gs_factored_base(&e, gsum, 0.0f, n, base);
+        rc = graphswap_matmul_f32(F, G, c, m, k, n);
+        if (rc == GRAPHSWAP_OK) rc = gs_factored_epilogue(fn, &e, base, need_sums ? rowsum : NULL, 1, m, n, c);
+        for (int64_t r = 0; r < m && rc == GRAPHSWAP_OK; ++r)
+            if (badrow[r])
+                for (int64_t j = 0; j < n; ++j) c[r * n + j] = NAN;
+    }
+    gs_free(F), gs_free(G), gs_free(gsum), gs_free(base), gs_free(rowsum), gs_free(badrow);
+    return rc;
+}
+
 GRAPHSWAP_EXPORT int32_t graphswap_lut_matmul_f32(const float *a, const float *b, const float *bias,
                                                   float *c, int64_t m, int64_t k, int64_t n,
                                                   const int32_t *table, const graphswap_lut_quant *quant)
@@ -261,6 +315,9 @@ GRAPHSWAP_EXPORT int32_t graphswap_lut_matmul_f32(const float *a, const float *b
     if (!apack || !rowsum || !badrow || !sasb) {
         rc = gs_fail(GRAPHSWAP_ERR_OUT_OF_MEMORY, "%s: cannot allocate %lld bytes of packed codes", fn,
                      (long long)gs_lut_packed_bytes(m + GS_LUT_ROWS, k));
+    } else if (k > 0 && gs_factored_float_fits(t, k, -1)) {
+        for (int64_t j = 0; j < n; ++j) sasb[j] = qa.scale * w.scale[j];
+        rc = factored_matmul(fn, t, a, &qa, &w, sm, bias, sasb, m, k, n, c);
     } else {
         for (int64_t j = 0; j < n; ++j) sasb[j] = qa.scale * w.scale[j];
         int failed = 0;

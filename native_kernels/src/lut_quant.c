@@ -238,16 +238,22 @@ static int32_t wquant_alloc(const char *fn, int64_t K, int64_t N, int need_q, gs
 }
 
 /* qt and colsum from w->q (K x N). */
-static void transpose_codes(const uint8_t *q, int64_t K, int64_t N, gs_wquant *w)
+/* qt[j * K + k] = q[k * N + j], in 64 x 64 tiles (cache-friendly for both sides). */
+static void transpose_bytes(const uint8_t *q, int64_t K, int64_t N, uint8_t *qt)
 {
-    for (int64_t j = 0; j < N; ++j) w->colsum[j] = 0;
     const int64_t B = 64;
     for (int64_t k0 = 0; k0 < K; k0 += B)
         for (int64_t j0 = 0; j0 < N; j0 += B) {
             const int64_t k1 = K - k0 < B ? K : k0 + B, j1 = N - j0 < B ? N : j0 + B;
             for (int64_t k = k0; k < k1; ++k)
-                for (int64_t j = j0; j < j1; ++j) w->qt[j * K + k] = q[k * N + j];
+                for (int64_t j = j0; j < j1; ++j) qt[j * K + k] = q[k * N + j];
         }
+}
+
+static void transpose_codes(const uint8_t *q, int64_t K, int64_t N, gs_wquant *w)
+{
+    for (int64_t j = 0; j < N; ++j) w->colsum[j] = 0;
+    transpose_bytes(q, K, N, w->qt);
     for (int64_t k = 0; k < K; ++k)
         for (int64_t j = 0; j < N; ++j) w->colsum[j] += q[k * N + j];
 }
@@ -340,7 +346,7 @@ int32_t gs_wquant_make_sm(const char *fn, const float *wf, int64_t K, int64_t N,
         gs_wquant_free(w);
         return gs_fail(GRAPHSWAP_ERR_OUT_OF_MEMORY, "%s: cannot allocate weight signs", fn);
     }
-    double *amax = (double *)w->recip; /* scratch: recip is filled last */
+    double *amax = (double *)w->recip; /* scratch until the scales are set, then the reciprocals */
     for (int64_t j = 0; j < N; ++j) amax[j] = 0.0, w->bad[j] = 0;
     for (int64_t k = 0; k < K; ++k)
         for (int64_t j = 0; j < N; ++j) {
@@ -364,13 +370,19 @@ int32_t gs_wquant_make_sm(const char *fn, const float *wf, int64_t K, int64_t N,
         w->zero[j] = 0;
         w->colsum[j] = 0;
     }
+    for (int64_t j = 0; j < N; ++j) w->recip[j] = gs_recip(w->scale[j]);
     for (int64_t k = 0; k < K; ++k)
         for (int64_t j = 0; j < N; ++j) {
             const float v = wf[k * N + j];
             uint8_t m = 0;
             int8_t sign = 1;
             if (gs_finite(v)) {
-                double q = gs_rint(fabs((double)v) / w->scale[j]);
+                /* |v| * (1 / s) is within ~3 ulp of the quotient |v| / s: the same code unless it
+                 * lies next to a half-integer (or 1 / s is NaN, see gs_recip); then divide */
+                const double p = fabs((double)v) * w->recip[j];
+                double q = gs_rint(p);
+                const double off = fabs(p - q);
+                if (!(fabs(off - 0.5) > 1e-9)) q = gs_rint(fabs((double)v) / w->scale[j]);
                 q = q > levels ? levels : q;
                 m = (uint8_t)q;
                 sign = v < 0.0f ? -1 : 1;
@@ -380,11 +392,8 @@ int32_t gs_wquant_make_sm(const char *fn, const float *wf, int64_t K, int64_t N,
             w->q[k * 2 * N + 2 * j + 1] = sign < 0 ? m : 0;
             w->colsum[j] += sign * (int64_t)m;
         }
-    for (int64_t j = 0; j < N; ++j) w->recip[j] = gs_recip(w->scale[j]);
     /* the transpose only: colsum above is the signed sum of the logical columns */
-    const int64_t N2 = 2 * N;
-    for (int64_t k = 0; k < K; ++k)
-        for (int64_t j = 0; j < N2; ++j) w->qt[j * K + k] = w->q[k * N2 + j];
+    transpose_bytes(w->q, K, 2 * N, w->qt);
     return GRAPHSWAP_OK;
 }
 

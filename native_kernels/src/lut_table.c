@@ -71,6 +71,7 @@ static gs_lut_table *table_build(const int32_t *table)
                     t->plane_data[(b * P + p) * 256 + a] =
                         (uint8_t)((uint32_t)((int64_t)table[(a << 8) | b] - lo) >> (8 * p));
     }
+    gs_lut_factor(t);
     t->refs = 1;
     return t;
 }
@@ -127,12 +128,16 @@ static gs_isa_level effective(gs_isa_level isa, const gs_lut_table *t)
 gs_lut_shape gs_lut_job_shape(gs_isa_level isa, const gs_lut_table *t)
 {
     gs_lut_shape s = {GS_LUT_ROWS, GS_LUT_COLS};
-    if (t && effective(isa, t) == GS_ISA_AVX2) s.rows = 4 * GS_LUT_ROWS, s.cols = 64;
+    if (gs_lut_uses_factors(t))
+        s.cols = GS_LUT_FACTORED_COLS; /* the mapped activations serve more columns */
+    else if (t && effective(isa, t) == GS_ISA_AVX2)
+        s.rows = 4 * GS_LUT_ROWS, s.cols = 64;
     return s;
 }
 
 int64_t gs_lut_scratch_bytes(gs_isa_level isa, const gs_lut_table *t, int64_t k, int64_t rows)
 {
+    if (gs_lut_uses_factors(t)) return gs_lut_scratch_factored(k, rows, GS_LUT_FACTORED_COLS);
     switch (effective(isa, t)) {
     case GS_ISA_AVX512: return (int64_t)GS_LUT_ROWS * (4 + 8 * 8) + 64 + (k > 0 ? k : 1) * 18 + 64;
     case GS_ISA_AVX2: return gs_lut_scratch_avx2(t, k, rows);
@@ -142,6 +147,7 @@ int64_t gs_lut_scratch_bytes(gs_isa_level isa, const gs_lut_table *t, int64_t k,
 
 int gs_lut_pairs_fused(gs_isa_level isa, const gs_lut_table *t)
 {
+    if (gs_lut_uses_factors(t)) return !t->zero_column; /* g(0) = 0: each pair's g difference is exact */
     return effective(isa, t) == GS_ISA_AVX512 && t->planes <= 2 && t->zero_code_free && !t->zero_column;
 }
 
@@ -151,6 +157,10 @@ void gs_lut_run(gs_isa_level isa, const gs_lut_args *args)
     if (args->k == 0) {
         for (int64_t r = 0; r < args->rows; ++r)
             memset(args->acc + r * args->ldacc, 0, (size_t)args->ncols * sizeof(int64_t));
+        return;
+    }
+    if (gs_lut_uses_factors(args->t)) {
+        gs_lut_kernel_factored(args);
         return;
     }
     switch (effective(isa, args->t)) {
