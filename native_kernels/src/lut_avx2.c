@@ -446,3 +446,13 @@ void gs_factored_epilogue_row_avx2(const double *scale, const double *z, const f
         y[j] = bias ? r + bias[j] : r;
     }
 }
+
+void gs_factored_map_avx2(const float *mapped, const uint8_t *codes, int64_t n, float *out)
+{
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256i idx = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(codes + i)));
+        _mm256_storeu_ps(out + i, _mm256_i32gather_ps(mapped, idx, 4));
+    }
+    for (; i < n; ++i) out[i] = mapped[codes[i]];
+}

@@ -190,9 +190,17 @@ void gs_factored_map(const gs_lut_table *t, const uint8_t *codes, int64_t n, int
     const float shift = shift_code < 0 ? 0.0f : t->fa[shift_code];
     float mapped[256];
     for (int i = 0; i < 256; ++i) mapped[i] = t->fa[i] - shift; /* exact: integers below 2^25 */
+    const int64_t chunk = 1 << 16, chunks = (n + chunk - 1) / chunk;
+    const int avx2 = gs_isa() >= GS_ISA_AVX2;
     const int nt = gs_threads_for((double)n, 1 << 18);
 #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
-    for (int64_t i = 0; i < n; ++i) out[i] = mapped[codes[i]];
+    for (int64_t c = 0; c < chunks; ++c) {
+        const int64_t i0 = c * chunk, len = n - i0 < chunk ? n - i0 : chunk;
+        if (avx2)
+            gs_factored_map_avx2(mapped, codes + i0, len, out + i0);
+        else
+            for (int64_t i = i0; i < i0 + len; ++i) out[i] = mapped[codes[i]];
+    }
 }
 
 void gs_factored_filter(const gs_lut_table *t, const gs_wquant *w, int64_t K, int64_t N, int sm, float *g,

@@ -366,6 +366,8 @@ void gs_factored_filter(const gs_lut_table *t, const gs_wquant *w, int64_t K, in
 void gs_factored_base(const gs_epilogue *e, const double *gsum, float shift, int64_t n, double *base);
 int32_t gs_factored_epilogue(const char *fn, const gs_epilogue *e, const double *base, const int64_t *sums,
                              int64_t groups, int64_t rows, int64_t n, float *out);
+/* gs_factored_map's loop (lut_avx2.c): out[i] = mapped[codes[i]] by 8-lane gathers. */
+void gs_factored_map_avx2(const float *mapped, const uint8_t *codes, int64_t n, float *out);
 /* One row of it (lut_avx2.c): y[j] = float32(scale[j] * (float64(y[j]) + z[j])) (+ bias[j]). */
 void gs_factored_epilogue_row_avx2(const double *scale, const double *z, const float *bias, float *y, int64_t n);
 
