@@ -93,6 +93,19 @@ def run_context() -> str:
             f"library {library.path}; kernel calls through: {bridge}")
 
 
+def table_path_line(spec: str) -> str:
+    """Which code path a multiplier's table products take: the float GEMMs of its exact factors
+    (a table T[a][b] = f(a) g(b): DRUM, operand truncation) or the ISA's table kernels."""
+    from graphswap import native
+    from graphswap.kernels import resolve_multiplier
+
+    library = native.shipped_library()
+    if library.table_factored(resolve_multiplier(spec).table):
+        return (f"{spec}: its table factors, T[a][b] = f(a) g(b): float32 GEMMs / convolutions of "
+                f"the mapped operands (exact), not the table kernels")
+    return f"{spec}: the {library.isa} table kernels (its table does not factor)"
+
+
 def machine_line() -> str:
     import tensorflow as tf
 

@@ -9,7 +9,9 @@ Multiply-accumulates per second at the LeNet-5 Dense shapes (batch 256), 512-squ
     fused    graphswap_lut_*_f32: float in, quantize -> table -> corrections -> float out, one call,
     kernel   LutKernel.matmul / conv2d: what a swapped layer calls (Python around the C call),
     tf       tf.linalg.matmul / tf.nn.conv2d in a tf.function (float32),
-with fused/tf.  TARGET at 512-square: fused/tf >= 0.15 on the avx512 (VBMI) path, >= 0.25 on the
+with fused/tf; the table kernels on every path (factoring off), and a table that factors exactly
+(T[a][b] = f(a) g(b): DRUM, operand truncation) once more through its float GEMMs ('+factored',
+native_kernels/src/lut_factored.c).  TARGET (the table kernels) at 512-square: fused/tf >= 0.15 on the avx512 (VBMI) path, >= 0.25 on the
 avx2 path of an AVX2-only CPU.  The paths are switched in one process (graphswap_set_isa); on an
 AVX-512 machine the avx2 row shows what the avx2 path does here, not on an AVX2-only CPU.
 """
@@ -21,7 +23,7 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from _timing import machine_line, median_times, run_context, use_repository_package  # noqa: E402
+from _timing import machine_line, median_times, run_context, table_path_line, use_repository_package  # noqa: E402
 
 use_repository_package()
 
@@ -57,14 +59,22 @@ def main(argv=None):
     rng = np.random.default_rng(0)
     tf_matmul = tf.function(lambda a, b: tf.linalg.matmul(a, b))
     paths = [args.isa] if args.isa else list(library.supported_isas)
-    print(f"multiplier {multiplier.spec}; G = 1e9 multiply-accumulates per second")
-    header = (f"{'path':<8} {'shape':<14} {'m x k x n':>15} {'codes':>8} {'fused':>8} "
+    print(table_path_line(multiplier.spec))
+    # the table kernels on every path; a table that factors also through its float GEMMs
+    runs = [(path, False) for path in paths]
+    if library.table_factored(multiplier.table):
+        runs.append((paths[-1], True))
+    print(f"multiplier {multiplier.spec}; G = 1e9 multiply-accumulates per second; "
+          f"'+factored': the factored table's float GEMMs")
+    header = (f"{'path':<14} {'shape':<14} {'m x k x n':>15} {'codes':>8} {'fused':>8} "
               f"{'kernel':>8} {'tf':>8} {'fused/tf':>9}")
     print(header)
     print("-" * len(header))
     results = {}
-    for path in paths:
+    for path, factoring in runs:
         library.set_isa(path)
+        library.set_table_factoring(factoring)
+        name = f"{path}+factored" if factoring else path
         for label, m, k, n in GEMM_SHAPES:
             a = rng.random((m, k), dtype=np.float32)
             b = rng.normal(0, 0.1, (k, n)).astype(np.float32)
@@ -77,8 +87,8 @@ def main(argv=None):
                                   lambda: tf_matmul(ta, tb).numpy()],
                                  reps=200, budget=4.8, rounds=args.rounds)
             rate = [m * k * n / t for t in times]
-            results[(path, label)] = rate[1] / rate[3]
-            print(f"{path:<8} {label:<14} {f'{m}x{k}x{n}':>15} " + " ".join(
+            results[(name, label)] = rate[1] / rate[3]
+            print(f"{name:<14} {label:<14} {f'{m}x{k}x{n}':>15} " + " ".join(
                 f"{r / 1e9:>7.2f}G" for r in rate) + f" {rate[1] / rate[3]:>9.3f}", flush=True)
         x = rng.random((8, 56, 56, 64), dtype=np.float32)
         w = rng.normal(0, 0.1, (3, 3, 64, 64)).astype(np.float32)
@@ -93,9 +103,10 @@ def main(argv=None):
                               lambda: tf_conv(tx, tw).numpy()],
                              reps=50, budget=4.8, rounds=args.rounds)
         rate = [g.macs / t for t in times]
-        print(f"{path:<8} {'conv 56x56x64':<14} {'3x3 SAME':>15} " + " ".join(
+        print(f"{name:<14} {'conv 56x56x64':<14} {'3x3 SAME':>15} " + " ".join(
             f"{r / 1e9:>7.2f}G" for r in rate) + f" {rate[1] / rate[3]:>9.3f}", flush=True)
     library.set_isa("auto")
+    library.set_table_factoring(None)
     for path in paths:
         if path in TARGETS and (path, "512-square") in results:
             ratio = results[(path, "512-square")]

@@ -31,7 +31,7 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from _timing import machine_line, median_times, run_context, use_repository_package  # noqa: E402
+from _timing import machine_line, median_times, run_context, table_path_line, use_repository_package  # noqa: E402
 
 use_repository_package()
 
@@ -93,6 +93,7 @@ def main() -> None:
 
     print(run_context())
     print(machine_line())
+    print(table_path_line(args.multiplier))
     rows = []
     for name in args.models.split(","):
         name = name.strip()
