@@ -210,3 +210,32 @@ def test_bias_is_added_after_the_factored_sums(library):
     for isa, factoring in _paths(library):
         got = library.lut_matmul_f32(a, b, table, quant, bias=bias)
         np.testing.assert_array_equal(got, plain + bias, err_msg=f"{isa} {factoring}")
+
+
+@pytest.mark.parametrize("name", ["mul8u_drum4", "mul8s_drum4"])
+def test_activations_next_to_a_rounding_boundary_get_the_float64_code(name, library):
+    """The fused quantize-and-map pass rounds in float32 first; values within its error of a
+    half-integer step (here: every activation sits on one, up to float32 rounding) must get the
+    code of the float64 quotient, as tests/reference.py computes it."""
+    table, signed = TABLES[name]
+    kernel = LutKernel(_multiplier(name, table, signed))
+    # a static range of float32 values (as a layer holds it): scale ~0.01, zero point 0
+    top = float(np.float32(1.27 if signed else 2.55))
+    static = (-top, top) if signed else (0.0, top)
+    scale = top / 127.0 if signed else top / 255.0
+    steps = np.arange(-127, 127) if signed else np.arange(0, 255)
+    halves = ((steps + 0.5) * scale).astype(np.float32)
+    a = np.resize(halves, (64, 40)).astype(np.float32)
+    b = RNG.normal(0, 0.3, (40, 7)).astype(np.float32)
+    x = np.resize(halves, (2, 8, 8, 4)).astype(np.float32)
+    w = RNG.normal(0, 0.3, (3, 3, 4, 5)).astype(np.float32)
+    g = conv_geometry(x.shape, w.shape, (1, 1), (1, 1), "same", 1)
+    weights = "symmetric" if signed else "sign_magnitude"
+    mode = {"weights": weights, "granularity": "per_channel", "activation_range": static}
+    scheme = _scheme(mode)
+    want_mm = reference.quantized_matmul(a, b, table, signed, mode)
+    want_conv = reference.quantized_conv2d(x, w, table, signed, (1, 1), (1, 1),
+                                           (g.pad_top, g.pad_bottom, g.pad_left, g.pad_right), 1, mode)
+    for path in _paths(library):
+        np.testing.assert_array_equal(kernel.matmul(a, b, quant=scheme), want_mm, err_msg=str(path))
+        np.testing.assert_array_equal(kernel.conv2d(x, w, g, quant=scheme), want_conv, err_msg=str(path))

@@ -456,3 +456,74 @@ void gs_factored_map_avx2(const float *mapped, const uint8_t *codes, int64_t n, 
     }
     for (; i < n; ++i) out[i] = mapped[codes[i]];
 }
+
+/* ---- quantize and map in one pass (factored tables) ----
+ * 8 lanes in float32 first: v = t * fl32(1/s) is within 2^-22 |v| of the float64 quotient the spec
+ * rounds, so rint(v) is its code unless v lies that close to a half-integer; such a vector (rare)
+ * takes quant8_avx2's float64 formula.  Lanes beyond +-600 clip to the same end either way.  The
+ * codes then index the mapped table (f(code) - shift) by a gather; the bytes are stored only when
+ * asked for (window or row code sums). */
+int gs_quantize_map_avx2(const float *src, int64_t n, double scale, double recip, int32_t zero, int is_signed,
+                         const float *mapped, float *out, uint8_t *codes)
+{
+    int bad = 0;
+    int64_t i = 0;
+    const float r32 = (float)recip;
+    const int fast = recip == recip && r32 > 1e-30f && r32 < 1e30f; /* a normal float32 reciprocal */
+    const __m256d s = _mm256_set1_pd(scale), r = _mm256_set1_pd(recip), zd = _mm256_set1_pd((double)zero);
+    const __m256i z8 = _mm256_set1_epi32(zero);
+    const __m256 rf = _mm256_set1_ps(r32), zf = _mm256_set1_ps((float)zero);
+    const __m256 lo = _mm256_set1_ps(is_signed ? -127.0f : 0.0f), hi = _mm256_set1_ps(is_signed ? 127.0f : 255.0f);
+    const __m256 lim = _mm256_set1_ps(512.0f), nlim = _mm256_set1_ps(-512.0f);
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    const __m256 expmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7f800000));
+    const __m256 half = _mm256_set1_ps(0.5f), tolscale = _mm256_set1_ps(0x1p-22f), far = _mm256_set1_ps(600.0f);
+    const __m256i shuf = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+                                          0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+    for (; i + 8 <= n; i += 8) {
+        __m256i c;
+        const __m256 x = _mm256_loadu_ps(src + i);
+        const __m256 nonfinite = _mm256_cmp_ps(_mm256_and_ps(x, expmask), expmask, _CMP_EQ_OQ);
+        const __m256 v = _mm256_mul_ps(_mm256_andnot_ps(nonfinite, x), rf);
+        const __m256 av = _mm256_and_ps(v, absmask);
+        const __m256 nearest = _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        const __m256 frac = _mm256_and_ps(_mm256_sub_ps(v, nearest), absmask);
+        const __m256 gap = _mm256_and_ps(_mm256_sub_ps(half, frac), absmask);
+        const __m256 near = _mm256_and_ps(_mm256_cmp_ps(gap, _mm256_mul_ps(av, tolscale), _CMP_LE_OQ),
+                                          _mm256_cmp_ps(av, far, _CMP_LT_OQ));
+        if (!fast || _mm256_movemask_ps(near)) {
+            int b = 0;
+            const __m128i bytes = quant8_avx2(src + i, s, s, r, r, zd, zd, is_signed, z8, &b);
+            bad |= b;
+            c = is_signed ? _mm256_cvtepi8_epi32(bytes) : _mm256_cvtepu8_epi32(bytes);
+        } else {
+            bad |= _mm256_movemask_ps(nonfinite);
+            __m256 q = _mm256_round_ps(_mm256_max_ps(_mm256_min_ps(v, lim), nlim),
+                                       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            if (!is_signed) q = _mm256_add_ps(q, zf);
+            q = _mm256_max_ps(_mm256_min_ps(q, hi), lo);
+            c = _mm256_blendv_epi8(_mm256_cvtps_epi32(q), z8, _mm256_castps_si256(nonfinite));
+        }
+        /* the table is indexed by the code byte (two's complement for signed codes) */
+        const __m256i idx = _mm256_and_si256(c, _mm256_set1_epi32(0xff));
+        _mm256_storeu_ps(out + i, _mm256_i32gather_ps(mapped, idx, 4));
+        if (codes) {
+            const __m256i b = _mm256_shuffle_epi8(idx, shuf);
+            _mm_storel_epi64((__m128i *)(codes + i),
+                             _mm_unpacklo_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1)));
+        }
+    }
+    for (; i < n; ++i) {
+        const float v = src[i];
+        uint8_t code;
+        if (!gs_finite(v)) {
+            code = (uint8_t)zero;
+            bad = 1;
+        } else {
+            code = is_signed ? gs_quant_s8(v, scale) : gs_quant_u8(v, scale, (double)zero);
+        }
+        out[i] = mapped[code];
+        if (codes) codes[i] = code;
+    }
+    return bad != 0;
+}

@@ -459,29 +459,27 @@ static int32_t window_code_sums(const char *fn, const graphswap_conv2d_params *P
 }
 
 /* The convolution of a factored table through graphswap_conv2d_f32 (lut_factored.c's "whole
- * layers"): the image f(code) - f(pad), the filter g(code). */
+ * layers"): img holds the input's f(code) - f(pad) (gs_quantize_map), codes the codes themselves
+ * when the window code sums are needed; the filter becomes g(code). */
 static int32_t factored_conv(const char *fn, const graphswap_conv2d_params *P, const gs_conv_geo *G,
-                             const gs_lut_table *t, const uint8_t *codes, uint8_t pad, const gs_wquant *w,
-                             int sm, const gs_epilogue *e, int need_sums, float *output)
+                             const gs_lut_table *t, const float *img, const uint8_t *codes, uint8_t pad,
+                             const gs_wquant *w, int sm, const gs_epilogue *e, int need_sums, float *output)
 {
     const int64_t K = G->taps, cout = P->out_channels;
-    float *img = gs_alloc(G->in_elems * (int64_t)sizeof(float));
     float *filt = gs_alloc(K * cout * (int64_t)sizeof(float));
     double *gsum = gs_alloc(cout * 8), *base = gs_alloc(cout * 8);
     int64_t *sums = need_sums ? gs_alloc(G->pixels * P->groups * 8) : NULL;
     int32_t rc = GRAPHSWAP_OK;
-    if (!img || !filt || !gsum || !base || (need_sums && !sums)) {
-        rc = gs_fail(GRAPHSWAP_ERR_OUT_OF_MEMORY, "%s: cannot allocate %lld bytes of mapped input", fn,
-                     (long long)(G->in_elems * 4));
+    if (!filt || !gsum || !base || (need_sums && !sums)) {
+        rc = gs_fail(GRAPHSWAP_ERR_OUT_OF_MEMORY, "%s: cannot allocate the mapped filter", fn);
     } else {
-        gs_factored_map(t, codes, G->in_elems, pad, img);
         gs_factored_filter(t, w, K, cout, sm, filt, gsum);
         gs_factored_base(e, gsum, t->fa[pad], cout, base);
         rc = graphswap_conv2d_f32(img, filt, output, P);
         if (rc == GRAPHSWAP_OK && need_sums) rc = window_code_sums(fn, P, G, codes, pad, sums);
         if (rc == GRAPHSWAP_OK) rc = gs_factored_epilogue(fn, e, base, sums, P->groups, G->pixels, cout, output);
     }
-    gs_free(img), gs_free(filt), gs_free(gsum), gs_free(base), gs_free(sums);
+    gs_free(filt), gs_free(gsum), gs_free(base), gs_free(sums);
     return rc;
 }
 
@@ -560,6 +558,11 @@ GRAPHSWAP_EXPORT int32_t graphswap_lut_conv2d_f32(const float *input, const floa
             /* the range pass was skipped unless observed: find non-finite values while quantizing */
             any_bad = 0;
         }
+        /* a factored table whose whole reduction is exact in float32: the codes go straight to
+         * the mapped image (and are kept only for window code sums) */
+        const int need_sums = !qx.is_signed && !sm;
+        float *img = G.taps > 0 && G.in_elems > 0 && gs_factored_float_fits(t, G.taps, qx.zero)
+                         ? gs_alloc(G.in_elems * (int64_t)sizeof(float)) : NULL;
         const int64_t n = G.in_elems, chunk = 1 << 16, chunks = (n + chunk - 1) / chunk;
         const gs_isa_level isa = gs_isa();
         int bad = 0;
@@ -568,7 +571,10 @@ GRAPHSWAP_EXPORT int32_t graphswap_lut_conv2d_f32(const float *input, const floa
         for (int64_t c = 0; c < chunks; ++c) {
             const int64_t i0 = c * chunk, len = min64(chunk, n - i0);
             const double recip = gs_recip(qx.scale);
-            bad |= gs_quantize_activations(isa, input + i0, len, &qx, &recip, codes + i0);
+            if (img)
+                bad |= gs_quantize_map(t, input + i0, len, &qx, qx.zero, img + i0, need_sums ? codes + i0 : NULL);
+            else
+                bad |= gs_quantize_activations(isa, input + i0, len, &qx, &recip, codes + i0);
         }
         any_bad |= bad;
         if (G.taps == 0) {
@@ -578,9 +584,9 @@ GRAPHSWAP_EXPORT int32_t graphswap_lut_conv2d_f32(const float *input, const floa
                     if (bias) y += bias[o];
                     output[p * P.out_channels + o] = w.bad[o] ? NAN : y;
                 }
-        } else if (G.in_elems > 0 && gs_factored_float_fits(t, G.taps, qx.zero)) {
+        } else if (img) {
             const gs_epilogue e = {w.zero, w.colsum, sasb, bias, w.bad, qx.zero, G.taps, !qx.is_signed};
-            rc = factored_conv(fn, &P, &G, t, codes, (uint8_t)qx.zero, &w, sm, &e, !qx.is_signed && !sm, output);
+            rc = factored_conv(fn, &P, &G, t, img, codes, (uint8_t)qx.zero, &w, sm, &e, need_sums, output);
         } else {
             conv_job J = {0};
             J.P = &P, J.G = &G, J.t = t, J.isa = gs_isa(), J.codes = codes, J.pad = (uint8_t)qx.zero;
@@ -589,6 +595,7 @@ GRAPHSWAP_EXPORT int32_t graphswap_lut_conv2d_f32(const float *input, const floa
             rc = run(fn, &J);
         }
         if (rc == GRAPHSWAP_OK && any_bad) poison_windows(&P, &G, input, output);
+        gs_free(img);
     }
     gs_free(sasb), gs_free(codes);
     gs_wquant_free(&w);

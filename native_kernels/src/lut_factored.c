@@ -203,6 +203,28 @@ void gs_factored_map(const gs_lut_table *t, const uint8_t *codes, int64_t n, int
     }
 }
 
+int gs_quantize_map(const gs_lut_table *t, const float *src, int64_t n, const gs_qparams *q, int shift_code,
+                    float *out, uint8_t *codes)
+{
+    const float shift = shift_code < 0 ? 0.0f : t->fa[shift_code];
+    float mapped[256];
+    for (int i = 0; i < 256; ++i) mapped[i] = t->fa[i] - shift;
+    const gs_isa_level isa = gs_isa();
+    const double recip = gs_recip(q->scale);
+    if (isa >= GS_ISA_AVX2 && q->levels == 0)
+        return gs_quantize_map_avx2(src, n, q->scale, recip, q->zero, q->is_signed, mapped, out, codes);
+    /* N-bit activations, or no AVX2: the codes first, in pieces that stay in cache */
+    uint8_t piece[4096];
+    int bad = 0;
+    for (int64_t i0 = 0; i0 < n; i0 += (int64_t)sizeof piece) {
+        const int64_t len = n - i0 < (int64_t)sizeof piece ? n - i0 : (int64_t)sizeof piece;
+        uint8_t *c = codes ? codes + i0 : piece;
+        bad |= gs_quantize_activations(isa, src + i0, len, q, &recip, c);
+        for (int64_t i = 0; i < len; ++i) out[i0 + i] = mapped[c[i]];
+    }
+    return bad;
+}
+
 void gs_factored_filter(const gs_lut_table *t, const gs_wquant *w, int64_t K, int64_t N, int sm, float *g,
                         double *gsum)
 {

@@ -361,6 +361,13 @@ int32_t gs_wcodes_make(const char *fn, const uint8_t *b, int64_t K, int64_t N, g
  * with the window / row code sums sums[r * groups + j / (n / groups)] (NULL: none). */
 int gs_factored_float_fits(const gs_lut_table *t, int64_t k, int shift_code);
 void gs_factored_map(const gs_lut_table *t, const uint8_t *codes, int64_t n, int shift_code, float *out);
+/* Quantizes src (the activation parameters q) and maps each code in the same pass: out[i] =
+ * f(code) - f(shift_code), codes[i] = code unless codes is NULL; returns 1 if any src[i] is not
+ * finite.  (The AVX2 loop: gs_quantize_map_avx2 in lut_avx2.c, 8-bit codes.) */
+int gs_quantize_map(const gs_lut_table *t, const float *src, int64_t n, const gs_qparams *q, int shift_code,
+                    float *out, uint8_t *codes);
+int gs_quantize_map_avx2(const float *src, int64_t n, double scale, double recip, int32_t zero, int is_signed,
+                         const float *mapped, float *out, uint8_t *codes);
 void gs_factored_filter(const gs_lut_table *t, const gs_wquant *w, int64_t K, int64_t N, int sm, float *g,
                         double *gsum);
 void gs_factored_base(const gs_epilogue *e, const double *gsum, float shift, int64_t n, double *base);

@@ -228,8 +228,6 @@ static int32_t factored_matmul(const char *fn, const gs_lut_table *t, const floa
     uint8_t *badrow = gs_alloc(m);
     int failed = !F || !G || !gsum || !base || !rowsum || !badrow;
     if (!failed) {
-        const gs_isa_level isa = gs_isa();
-        const double recip = gs_recip(qa->scale);
         const int nt = gs_threads_for((double)m * (double)k, 1 << 18);
 #pragma omp parallel num_threads(nt) if (nt > 1)
         {
@@ -241,10 +239,10 @@ static int32_t factored_matmul(const char *fn, const gs_lut_table *t, const floa
 #pragma omp for schedule(static)
             for (int64_t r = 0; r < m; ++r) {
                 if (!codes) continue;
-                badrow[r] = (uint8_t)gs_quantize_activations(isa, a + r * k, k, qa, &recip, codes);
+                badrow[r] = (uint8_t)gs_quantize_map(t, a + r * k, k, qa, -1, F + r * k, need_sums ? codes : NULL);
                 int64_t sum = 0;
-                float *f = F + r * k;
-                for (int64_t kk = 0; kk < k; ++kk) sum += codes[kk], f[kk] = t->fa[codes[kk]];
+                if (need_sums)
+                    for (int64_t kk = 0; kk < k; ++kk) sum += codes[kk];
                 rowsum[r] = sum;
             }
             free(codes);
