@@ -144,6 +144,43 @@ static inline __attribute__((always_inline)) void depthwise_row(const float *inp
                   OW = P->out_width, FH = P->filter_height, FW = P->filter_width, cout = P->out_channels;
     const int64_t n = row / OH, oh = row % OH;
     const float *img = input + n * H * W * C;
+    if (M == 1) {
+        /* channels in blocks of 8 held in a register across the taps (one store per block, not
+         * one per tap); each channel adds its taps in the same order as the loop below */
+        for (int64_t ow = 0; ow < OW; ++ow) {
+            float *restrict o = output + ((row * OW) + ow) * cout;
+            int64_t c0 = 0;
+            for (; c0 + 8 <= C; c0 += 8) {
+                float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+                for (int64_t fh = 0; fh < FH; ++fh) {
+                    const int64_t ih = oh * P->stride_height - P->pad_top + fh * P->dilation_height;
+                    if (ih < 0 || ih >= H) continue;
+                    for (int64_t fw = 0; fw < FW; ++fw) {
+                        const int64_t iw = ow * P->stride_width - P->pad_left + fw * P->dilation_width;
+                        if (iw < 0 || iw >= W) continue;
+                        const float *restrict x = img + (ih * W + iw) * C + c0;
+                        const float *restrict w = filter + (fh * FW + fw) * cout + c0;
+                        for (int j = 0; j < 8; ++j) acc[j] += x[j] * w[j];
+                    }
+                }
+                for (int j = 0; j < 8; ++j) o[c0 + j] = acc[j];
+            }
+            if (c0 == C) continue;
+            for (int64_t c = c0; c < C; ++c) o[c] = 0.0f;
+            for (int64_t fh = 0; fh < FH; ++fh) {
+                const int64_t ih = oh * P->stride_height - P->pad_top + fh * P->dilation_height;
+                if (ih < 0 || ih >= H) continue;
+                for (int64_t fw = 0; fw < FW; ++fw) {
+                    const int64_t iw = ow * P->stride_width - P->pad_left + fw * P->dilation_width;
+                    if (iw < 0 || iw >= W) continue;
+                    const float *restrict x = img + (ih * W + iw) * C;
+                    const float *restrict w = filter + (fh * FW + fw) * cout;
+                    for (int64_t c = c0; c < C; ++c) o[c] += x[c] * w[c];
+                }
+            }
+        }
+        return;
+    }
     for (int64_t ow = 0; ow < OW; ++ow) {
         float *restrict o = output + ((row * OW) + ow) * cout;
         for (int64_t c = 0; c < cout; ++c) o[c] = 0.0f;
