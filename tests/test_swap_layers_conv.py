@@ -294,6 +294,8 @@ def test_conv1d_matches_keras(kwargs, input_shape, backward):
 @pytest.mark.parametrize("kwargs,input_shape", [
     (dict(filters=3, kernel_size=3), (1, 5, 5, 2)),
     (dict(filters=4, kernel_size=3, strides=2, padding="same"), (2, 5, 6, 3)),
+    (dict(filters=4, kernel_size=3, strides=2, padding="same", activation="relu"),
+     (2, 5, 6, 3)),   # the ReLU in the op's epilogue
     (dict(filters=2, kernel_size=4, strides=2, padding="same"), (1, 4, 4, 3)),   # even kernel
     (dict(filters=3, kernel_size=3, strides=3, padding="valid", output_padding=2),
      (2, 4, 3, 2)),

@@ -19,7 +19,8 @@ from graphswap import SwappedConv2DTranspose
 from graphswap.errors import ShapeError
 from graphswap.kernels import resolve_multiplier
 from graphswap.native import flipped_filter, insert_zeros, transposed_conv
-from graphswap.native.transpose import subpixel_filter, subpixel_plan
+from graphswap.native.transpose import (merged_filter, merged_subpixel, subpixel_filter,
+                                        subpixel_plan)
 
 RNG = np.random.default_rng(26)
 
@@ -34,8 +35,9 @@ def _valid_conv(x, f):
     return out
 
 
-def test_subpixel_plan_is_keras_conv_transpose_for_every_small_geometry():
-    checked = 0
+def _small_geometries():
+    """(x, kernel, stride, plan, Keras' transposed convolution of x) for every small geometry
+    (sizes, kernels, strides, paddings, output paddings) with a sub-pixel plan."""
     for h, w, k, s, padding, extra in itertools.product((1, 2, 5), (1, 4), (1, 2, 3, 5),
                                                         (1, 2, 3), ("same", "valid"),
                                                         (None, 0, 1, 2)):
@@ -51,8 +53,15 @@ def test_subpixel_plan_is_keras_conv_transpose_for_every_small_geometry():
         if plan is None:   # a phase without taps (k < s) or without outputs: zero-inserted
             assert k < s or min(h, w) < 3
             continue
-        want = keras.ops.conv_transpose(x.astype(np.float32), kernel.astype(np.float32), (s, s),
-                                        padding, output_padding).numpy()
+        yield x, kernel, s, plan, keras.ops.conv_transpose(
+            x.astype(np.float32), kernel.astype(np.float32), (s, s), padding,
+            output_padding).numpy()
+
+
+def test_subpixel_plan_is_keras_conv_transpose_for_every_small_geometry():
+    checked = 0
+    for x, kernel, s, plan, want in _small_geometries():
+        h, w = x.shape[1:3]
         blocks_h, blocks_w = plan.blocks
         out = np.zeros((2, blocks_h, s, blocks_w, s, 4))
         for row, column in itertools.product(plan.rows, plan.columns):
@@ -71,6 +80,94 @@ def test_subpixel_plan_is_keras_conv_transpose_for_every_small_geometry():
     assert checked > 200
     # the decoder's layers have one
     assert subpixel_plan((16, 6, 6, 64), (3, 3, 64, 64), (2, 2), "same") is not None
+
+
+def test_merged_subpixel_is_keras_conv_transpose_for_every_small_geometry():
+    """The phases merged into one stride-1 convolution (zero weights padding each phase's taps
+    to the common window, phase-major output channels, depth to space after) against Keras'
+    transposed convolution, cropping phases included."""
+    checked = 0
+    for x, kernel, s, plan, want in _small_geometries():
+        merged = merged_subpixel(plan, *x.shape[1:3])
+        rows, columns = merged.rows, merged.columns
+        assert min(rows.pad_before, rows.pad_after, columns.pad_before, columns.pad_after) >= 0
+        padded = np.pad(x, [(0, 0), (rows.pad_before, rows.pad_after),
+                            (columns.pad_before, columns.pad_after), (0, 0)])
+        y = _valid_conv(padded, merged_filter(kernel, merged))
+        assert y.shape[1:] == (rows.outputs, columns.outputs, s * s * 4)
+        blocks_h, blocks_w = plan.blocks
+        y = y[:, rows.shift:rows.shift + blocks_h, columns.shift:columns.shift + blocks_w]
+        y = y.reshape(2, blocks_h, blocks_w, s, s, 4).transpose(0, 1, 3, 2, 4, 5)
+        y = y.reshape(2, blocks_h * s, blocks_w * s, 4)[:, :plan.output_height,
+                                                        :plan.output_width]
+        np.testing.assert_allclose(y, want, atol=2e-4)
+        checked += 1
+    assert checked > 200
+    # the decoder's 3x3 stride-2 layers: a 2x2 window, no output shift or crop
+    merged = merged_subpixel(subpixel_plan((16, 6, 6, 64), (3, 3, 64, 64), (2, 2), "same"), 6, 6)
+    assert (merged.rows.taps, merged.rows.shift, merged.rows.outputs) == (2, 0, 6)
+
+
+def test_zero_weight_exact_names_the_kernels_whose_merged_phases_keep_the_sums():
+    from graphswap import native
+    from graphswap.kernels import resolve_kernel
+    from graphswap.kernels.float_kernels import LibraryKernel
+    from graphswap.kernels.scheme import QuantScheme
+    from graphswap.swap.ops_transposed import zero_weight_exact
+
+    assert zero_weight_exact(resolve_kernel("exact"), None)
+    # a user's operation-level library may do anything with a zero weight
+    user = LibraryKernel(native.shipped_library(), "/x/mine.so", "mine", path="/x/mine.so",
+                         sha256="0" * 64)
+    assert not zero_weight_exact(user, None)
+    asymmetric = QuantScheme(weights="asymmetric")
+    drum = resolve_kernel("mul8u_drum4")
+    assert not resolve_multiplier("mul8u_drum4").table.reshape(256, 256)[:, 0].any()
+    assert zero_weight_exact(drum, None) and zero_weight_exact(drum, QuantScheme())
+    # asymmetric weights: the zero point moves, so every column must be exact
+    assert not zero_weight_exact(drum, asymmetric)
+    assert zero_weight_exact(resolve_kernel("mul8u_exact"), asymmetric)
+
+
+def _forward_ops_per_branch(layer, x):
+    """{branch function name: number of GraphswapForward ops} of the layer traced."""
+    import tensorflow as tf
+
+    graph = tf.function(layer).get_concrete_function(
+        tf.TensorSpec(x.shape, tf.float32)).graph
+    counts = {}
+    for name, function in graph._functions.items():
+        ops = function.graph.get_operations() if hasattr(function, "graph") else []
+        counts[name] = sum(op.type == "GraphswapForward" for op in ops)
+    return counts
+
+
+@pytest.mark.parametrize("name,branches", [("exact", [1, 4]), ("mul8u_drum4", [1, 1, 4])])
+def test_finite_inputs_take_one_merged_convolution_and_others_the_phases(name, branches):
+    """The merged branch runs ONE compiled op for the four phases of a 3x3 stride-2 layer; the
+    branch a non-finite input takes runs one per phase (and a table's input whose zero point
+    row is not exact, one on the zero-inserted input).  Non-finite inputs: the exact kernel's
+    results are non-finite exactly where TensorFlow's are (no inf * 0 reaches other outputs)."""
+    import tensorflow as tf
+
+    stock = keras.layers.Conv2DTranspose(3, 3, strides=2, padding="same", activation="relu")
+    x = np.maximum(RNG.standard_normal((2, 5, 4, 3)), 0).astype(np.float32)
+    stock.build(x.shape)
+    layer = SwappedConv2DTranspose(3, 3, strides=2, padding="same", activation="relu",
+                                   arithmetic=name)
+    layer.build(x.shape)
+    layer.set_weights(stock.get_weights())
+    counts = sorted(c for c in _forward_ops_per_branch(layer, x).values() if c)
+    assert counts == branches, counts
+    if name != "exact":
+        return
+    np.testing.assert_allclose(tf.function(layer)(x).numpy(), stock(x).numpy(), atol=1e-5)
+    x[1, 2, 1, 0] = np.inf
+    got, want = tf.function(layer)(x).numpy(), stock(x).numpy()
+    np.testing.assert_array_equal(np.isfinite(got), np.isfinite(want))
+    assert not np.isfinite(got).all()
+    finite = np.isfinite(want)
+    np.testing.assert_allclose(got[finite], want[finite], atol=1e-5)
 
 
 def _zero_inserted_reference(layer, x, mult, kwargs, mode=None):

@@ -203,3 +203,90 @@ def subpixel_filter(kernel: np.ndarray, row: SubpixelPhase, column: SubpixelPhas
     """numpy: one phase's HWIO filter from a Keras (h, w, filters, in) transposed-conv kernel."""
     part = kernel[row.first_tap::strides[0], column.first_tap::strides[1]][::-1, ::-1]
     return np.ascontiguousarray(np.transpose(part, (0, 1, 3, 2)), dtype=np.float32)
+
+
+# --------------------------------------------------------------------------------------------
+# the sub-pixel phases merged into one convolution
+# --------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class MergedAxis:
+    """One spatial axis of the phases merged into one stride-1 convolution: a window of `taps`
+    positions over the input padded by `pad_before` / `pad_after`, each phase's taps at
+    `offsets[phase]` within it (the other positions hold zero weights).  Output `shift + b` of
+    the merged convolution is block b of every phase; it computes `outputs` of them (at least
+    shift + blocks, and enough that no input position is cropped)."""
+
+    taps: int
+    pad_before: int
+    pad_after: int
+    outputs: int
+    shift: int
+    offsets: tuple[int, ...]     # per phase, in residue order
+
+
+def _merged_axis(phases: tuple[SubpixelPhase, ...], size: int) -> MergedAxis:
+    # phase r's block b reads input positions b - pad_before_r + j (j < taps_r): with a common
+    # padding L and output shift c, its first tap sits at L - c - pad_before_r = D - pad_before_r
+    reach = max(p.pad_before for p in phases)
+    pad_before, shift = max(reach, 0), max(-reach, 0)
+    offsets = tuple(reach - p.pad_before for p in phases)
+    taps = max(o + p.taps for o, p in zip(offsets, phases))
+    blocks = phases[0].outputs
+    outputs = max(shift + blocks, size + pad_before - taps + 1)
+    return MergedAxis(taps, pad_before, outputs - 1 + taps - size - pad_before, outputs, shift,
+                      offsets)
+
+
+@dataclasses.dataclass(frozen=True)
+class MergedSubpixel:
+    """The sub-pixel phases of a SubpixelPlan as ONE stride-1 convolution of the input with
+    stride_h * stride_w * filters output channels (phase-major: (row residue, column residue,
+    filter)): one pass over the input and one GEMM instead of one per phase, at the price of the
+    zero weights that pad each phase's taps to the common window (products with a real 0)."""
+
+    plan: SubpixelPlan
+    rows: MergedAxis
+    columns: MergedAxis
+
+    def geometry(self, in_height: int, in_width: int, in_channels: int,
+                 filters: int) -> ConvGeometry:
+        """The merged convolution (any batch: traced with 1)."""
+        s_h, s_w = self.plan.strides
+        return ConvGeometry(1, in_height, in_width, in_channels, self.rows.taps,
+                            self.columns.taps, s_h * s_w * filters, self.rows.outputs,
+                            self.columns.outputs, 1, 1, 1, 1, self.rows.pad_before,
+                            self.rows.pad_after, self.columns.pad_before,
+                            self.columns.pad_after, 1)
+
+    def filter_index(self, kernel_height: int, kernel_width: int) -> np.ndarray:
+        """int (taps_h, taps_w, s_h * s_w): for each window position and phase, the flat index
+        (row * kernel_width + column) of the Keras kernel tap there, or kernel_height *
+        kernel_width where the position holds a zero weight (phase-major, residue order)."""
+        s_h, s_w = self.plan.strides
+        zero = kernel_height * kernel_width
+        index = np.full((self.rows.taps, self.columns.taps, s_h, s_w), zero, np.int64)
+        for r, (row, top) in enumerate(zip(self.plan.rows, self.rows.offsets)):
+            for c, (column, left) in enumerate(zip(self.plan.columns, self.columns.offsets)):
+                for i in range(row.taps):            # a phase's taps reversed: a correlation
+                    for j in range(column.taps):
+                        tap_h = row.first_tap + s_h * (row.taps - 1 - i)
+                        tap_w = column.first_tap + s_w * (column.taps - 1 - j)
+                        index[top + i, left + j, r, c] = tap_h * kernel_width + tap_w
+        return index.reshape(self.rows.taps, self.columns.taps, s_h * s_w)
+
+
+def merged_subpixel(plan: SubpixelPlan, in_height: int, in_width: int) -> MergedSubpixel:
+    """The phases of `plan` (for an input of in_height x in_width) merged into one convolution."""
+    return MergedSubpixel(plan, _merged_axis(plan.rows, in_height),
+                          _merged_axis(plan.columns, in_width))
+
+
+def merged_filter(kernel: np.ndarray, merged: MergedSubpixel) -> np.ndarray:
+    """numpy: the merged convolution's HWIO filter from a Keras (h, w, filters, in) kernel."""
+    k_h, k_w, filters, channels = kernel.shape
+    taps = np.concatenate([kernel.reshape(k_h * k_w, filters, channels),
+                           np.zeros((1, filters, channels), kernel.dtype)])
+    w = taps[merged.filter_index(k_h, k_w)]            # (T_h, T_w, P, filters, in)
+    w = np.transpose(w, (0, 1, 4, 2, 3))
+    return np.ascontiguousarray(w.reshape(*w.shape[:3], -1), dtype=np.float32)

@@ -210,13 +210,14 @@ class SwappedConv2DTranspose(SwappedMixin, keras.layers.Conv2DTranspose):
         x = _nhwc(inputs, channels_first)
         quant, activation_range = self._quant_inputs(x, training)
         gain, shift = self._output_epilogue(self.bias if self.use_bias else None)
+        relu = self._fused_relu()
         outputs = ops_layers.swapped_conv2d_transpose(
             x, self.kernel, self.arithmetic, strides=self.strides, padding=self.padding,
             output_padding=self.output_padding, dilations=self.dilation_rate,
             backward=self.backward, quant=quant, activation_range=activation_range, gain=gain,
-            shift=shift)
+            shift=shift, relu=relu)
         outputs = _back(outputs, channels_first)
-        return self.activation(outputs) if self.activation is not None else outputs
+        return outputs if self.activation is None or relu else self.activation(outputs)
 
     def numpy_product(self, x, arithmetic=None, quant=None):
         """The layer's product (no correction, bias or activation) of an NHWC input."""

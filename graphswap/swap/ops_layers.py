@@ -261,10 +261,11 @@ def portable_conv_transpose(inputs, weights, output_hwc, strides, padding, dilat
 @tf.autograph.experimental.do_not_convert
 def swapped_conv2d_transpose(x, kernel, arithmetic: Kernel, strides=(1, 1), padding="valid",
                              output_padding=None, dilations=(1, 1), backward: str = "native",
-                             quant=None, activation_range=None, gain=None, shift=None):
+                             quant=None, activation_range=None, gain=None, shift=None,
+                             relu=False):
     """NHWC transposed convolution (Keras kernel (h, w, filters, in)) through the arithmetic;
-    `quant`, `activation_range`, `gain`, `shift` as for swapped_depthwise_conv2d (the inserted
-    zeros are inside any range: ranges always contain 0)."""
+    `quant`, `activation_range`, `gain`, `shift`, `relu` as for swapped_depthwise_conv2d (the
+    inserted zeros are inside any range: ranges always contain 0)."""
     configure_threads(arithmetic)
     strides = tuple(int(s) for s in strides)
     dilations = tuple(int(d) for d in dilations)
@@ -301,21 +302,23 @@ def swapped_conv2d_transpose(x, kernel, arithmetic: Kernel, strides=(1, 1), padd
     if forward_op.supports(arithmetic, "conv2d"):
         forward_tf = transposed_forward(arithmetic, quant, plan_of((1, *static[1:])),
                                          subpixel_plan((1, *static[1:]), kernel_shape, strides,
-                                                       padding, output_padding, dilations))
+                                                       padding, output_padding, dilations),
+                                         relu)
     kernel_grads_tf = None
     if xla.use_device_path(arithmetic, x):  # inside XLA / on an accelerator (swap/xla.py)
         device_plan = plan_of((1, *static[1:]))
 
         def forward_tf(inputs, weights, current_range, g, s):
-            return xla.device_conv2d_transpose(arithmetic, inputs, weights, device_plan, quant,
-                                               current_range, g, s)
+            y = xla.device_conv2d_transpose(arithmetic, inputs, weights, device_plan, quant,
+                                            current_range, g, s)
+            return tf.nn.relu(y) if relu else y
 
         def kernel_grads_tf(inputs, weights, dy):
             return xla.device_conv2d_transpose_gradients(backward_kernel, inputs, weights, dy,
                                                          device_plan)
     return _kernel_op("conv2d_transpose", forward_np, stock, kernel_grads_np, out_static,
                       backward, x, kernel, forward_tf, quant, activation_range, gain, shift,
-                      kernel_grads_tf=kernel_grads_tf)
+                      relu, kernel_grads_tf)
 
 
 # --------------------------------------------------------------------------------------------

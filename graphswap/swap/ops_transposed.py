@@ -12,6 +12,14 @@ table-driven phase quantize over the whole filter: each phase carries its channe
 range on RANGE_TAPS extra input channels of zeros.  Elsewhere (a table whose zero-point row is
 not exact, a cropped phase, dilations, a kernel smaller than its stride) the zero-inserted input
 is built in TensorFlow and runs as one conv2d with the flipped filter.
+
+Where the products with a zero WEIGHT are those of a real 0 as well (graphswap's exact float
+kernel; a table whose column of the zero weight's code is exact: `zero_weight_exact`), the phases
+run merged into one convolution (graphswap.native.transpose.merged_subpixel: every phase's taps
+padded with zero weights to one window, stride_h * stride_w * filters output channels,
+depth-to-space after): one pass over the input, one quantization and one GEMM instead of one per
+phase - the same exact sums.  A non-finite input would reach outputs through the zero weights
+(inf * 0), so a call whose input is not all finite takes the separate phases.
 """
 
 from __future__ import annotations
@@ -19,6 +27,8 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
+from graphswap.kernels.float_kernels import LibraryKernel
+from graphswap.native.transpose import merged_subpixel
 from graphswap.swap import forward_op
 
 #: extra input channels (of zeros) a table-driven phase carries its channel's weight range on
@@ -44,6 +54,27 @@ def exact_zero_rows(arithmetic) -> np.ndarray:
     return (table == codes[:, None] * codes[None, :]).all(axis=1)
 
 
+def zero_weight_exact(arithmetic, scheme) -> bool:
+    """Whether a zero weight's products are those of a real 0 for every activation code, so
+    that zero weights padding a phase's taps leave the exact sums unchanged: graphswap's own
+    exact float kernel (a user's library may do anything with a zero), or a table whose column
+    of the zero weight's code holds the exact products - T[a, 0] == 0 for sign-magnitude and
+    symmetric weights; for asymmetric ones (the zero point moves with each channel's range)
+    every column, T[a, q] == a * q (graphswap/kernels/quantized.py's spec)."""
+    kernel = getattr(arithmetic, "kernel", arithmetic)
+    if isinstance(kernel, LibraryKernel):
+        return kernel.path is None and kernel.spec == "exact"
+    table = getattr(kernel, "fused_table", None)
+    if table is None:
+        return False
+    table = np.asarray(table, np.int64).reshape(256, 256)
+    weights = getattr(scheme, "weights", None)
+    if weights == "asymmetric":
+        codes = np.arange(256, dtype=np.int64)
+        return bool((table == codes[:, None] * codes[None, :]).all())
+    return not table[:, 0].any()
+
+
 def activation_zero_code(inputs, scheme, current_range):
     """tf: the two candidates (floor, ceil) of the asymmetric activation zero point the fused
     kernel computes for this call (quantized.py's spec: the call's finite range, or the static
@@ -64,14 +95,47 @@ def activation_zero_code(inputs, scheme, current_range):
     return tf.cast(tf.stack([tf.floor(zero), tf.math.ceil(zero)]), tf.int32)
 
 
-def transposed_forward(arithmetic, quant, plan, subpixel):
+def weight_range_taps(weights):
+    """tf (RANGE_TAPS, filters): what a table-driven phase's filter carries on its extra input
+    channels of zeros.  The weights quantize per output channel over the whole filter, not a
+    phase's taps: each phase's filter gets the channel's finite minimum and maximum (and a NaN
+    where the channel has a non-finite weight) as taps whose products are those of a real 0
+    (exact_zero_rows) - the same scales, the same exact sums."""
+    finite = tf.math.is_finite(weights)
+    clean = tf.where(finite, weights, tf.zeros_like(weights))
+    marks = tf.where(tf.reduce_all(finite, axis=[0, 1, 3]), 0.0, float("nan"))
+    return tf.stack([tf.reduce_min(clean, axis=[0, 1, 3]),
+                     tf.reduce_max(clean, axis=[0, 1, 3]), marks])
+
+
+def with_range_channels(inputs):
+    """tf: the NHWC input with RANGE_TAPS channels of zeros appended (weight_range_taps)."""
+    return tf.concat([inputs, tf.zeros(tf.concat([tf.shape(inputs)[:3], [RANGE_TAPS]], 0),
+                                       inputs.dtype)], axis=-1)
+
+
+def depth_to_space(y, blocks, strides, filters):
+    """tf: (n, blocks_h, blocks_w, s_h * s_w * filters) phase-major channels -> the interleaved
+    (n, blocks_h * s_h, blocks_w * s_w, filters)."""
+    (blocks_h, blocks_w), (s_h, s_w) = blocks, strides
+    if s_h == s_w == 1:
+        return y
+    if s_h == s_w:    # TensorFlow's own op: the same channel order, one pass
+        return tf.nn.depth_to_space(y, s_h)
+    y = tf.reshape(y, [-1, blocks_h, blocks_w, s_h, s_w, filters])
+    return tf.reshape(tf.transpose(y, [0, 1, 3, 2, 4, 5]),
+                      [-1, blocks_h * s_h, blocks_w * s_w, filters])
+
+
+def transposed_forward(arithmetic, quant, plan, subpixel, relu=False):
     """forward_tf for _kernel_op of a transposed convolution through graphswap's compiled op:
     the sub-pixel formulation (graphswap.native.transpose.SubpixelPlan: one stride-1 conv2d per
     phase of the input itself, interleaved - none of the inserted zeros' products, a quarter of
     the work at stride 2) wherever its exact sums are the zero-inserted formulation's - a float
     kernel, or a table whose products with this call's activation zero point are those of a
     real 0 (exact_zero_rows; checked per call when it depends on the range) - else the
-    zero-inserted input (built in TensorFlow) and the flipped filter, one conv2d."""
+    zero-inserted input (built in TensorFlow) and the flipped filter, one conv2d.  `relu`: the
+    op's epilogue applies a ReLU too (it commutes with the interleaving)."""
     rows = exact_zero_rows(arithmetic)
     kernel = getattr(arithmetic, "kernel", arithmetic)
     scheme = quant if quant is not None else getattr(arithmetic, "quant", None)
@@ -85,7 +149,7 @@ def transposed_forward(arithmetic, quant, plan, subpixel):
         spread = tf.reshape(spread, [shape[0], shape[1] * s_h, shape[2] * s_w, shape[3]])
         z = spread[:, :plan.crop_height, :plan.crop_width, :]
         w = tf.transpose(tf.reverse(weights, [0, 1]), [0, 1, 3, 2])
-        return forward_op.conv2d(arithmetic, z, w, plan.geometry, g, s, False, quant,
+        return forward_op.conv2d(arithmetic, z, w, plan.geometry, g, s, relu, quant,
                                  current_range)
 
     def phases(inputs, weights, current_range, g, s):
@@ -93,18 +157,8 @@ def transposed_forward(arithmetic, quant, plan, subpixel):
         filters = int(weights.shape[2])
         blocks_h, blocks_w = subpixel.blocks
         if table_driven:
-            # the weights quantize per output channel over the whole filter, not a phase's taps:
-            # each phase's filter gets the channel's finite minimum and maximum (and a NaN where
-            # the channel has a non-finite weight) as taps of extra input channels of zeros,
-            # whose products are those of a real 0 (exact_zero_rows) - the same scales, the
-            # same exact sums
-            finite = tf.math.is_finite(weights)
-            clean = tf.where(finite, weights, tf.zeros_like(weights))
-            marks = tf.where(tf.reduce_all(finite, axis=[0, 1, 3]), 0.0, float("nan"))
-            carried = tf.stack([tf.reduce_min(clean, axis=[0, 1, 3]),
-                                tf.reduce_max(clean, axis=[0, 1, 3]), marks])   # (3, filters)
-            inputs = tf.concat([inputs, tf.zeros(tf.concat([tf.shape(inputs)[:3], [RANGE_TAPS]], 0),
-                                             inputs.dtype)], axis=-1)
+            carried = weight_range_taps(weights)
+            inputs = with_range_channels(inputs)
         grid = []
         for row in subpixel.rows:
             line = []
@@ -123,7 +177,7 @@ def transposed_forward(arithmetic, quant, plan, subpixel):
                     part = inputs
                 geometry = subpixel.phase_geometry(1, int(part.shape[3]), filters, row, column,
                                                    bottom - top, right - left)
-                y = forward_op.conv2d(arithmetic, part, w, geometry, g, s, False, quant,
+                y = forward_op.conv2d(arithmetic, part, w, geometry, g, s, relu, quant,
                                       current_range)
                 line.append(tf.pad(y, [[0, 0], [0, blocks_h - row.outputs],
                                        [0, blocks_w - column.outputs], [0, 0]]))
@@ -132,18 +186,66 @@ def transposed_forward(arithmetic, quant, plan, subpixel):
         y = tf.reshape(y, [tf.shape(inputs)[0], blocks_h * s_h, blocks_w * s_w, filters])
         return y[:, :subpixel.output_height, :subpixel.output_width, :]
 
+    def merged(inputs, weights, current_range, g, s):
+        in_h, in_w, in_c = (int(d) for d in inputs.shape[1:])
+        k_h, k_w, filters = (int(d) for d in weights.shape[:3])
+        one = merged_subpixel(subpixel, in_h, in_w)
+        phase_count = s_h * s_w
+        taps = tf.concat([tf.reshape(weights, [k_h * k_w, filters, in_c]),
+                          tf.zeros([1, filters, in_c], weights.dtype)], axis=0)
+        w = tf.gather(taps, tf.constant(one.filter_index(k_h, k_w)))   # (T_h, T_w, P, f, in)
+        w = tf.reshape(tf.transpose(w, [0, 1, 4, 2, 3]),
+                       [one.rows.taps, one.columns.taps, in_c, phase_count * filters])
+        if table_driven:   # the channel's whole-filter range on extra zero inputs, as phases()
+            carried = tf.tile(weight_range_taps(weights), [1, phase_count])
+            inputs = with_range_channels(inputs)
+            w = tf.concat([w, tf.pad(carried[None, None], [[0, one.rows.taps - 1],
+                                                           [0, one.columns.taps - 1],
+                                                           [0, 0], [0, 0]])], axis=2)
+        geometry = one.geometry(in_h, in_w, int(inputs.shape[3]), filters)
+        tiled = [None if v is None else tf.tile(v, [phase_count]) for v in (g, s)]
+        y = forward_op.conv2d(arithmetic, inputs, w, geometry, *tiled, relu, quant,
+                              current_range)
+        blocks_h, blocks_w = subpixel.blocks
+        if (one.rows.shift, one.columns.shift, one.rows.outputs, one.columns.outputs) != \
+                (0, 0, blocks_h, blocks_w):
+            y = y[:, one.rows.shift:one.rows.shift + blocks_h,
+                  one.columns.shift:one.columns.shift + blocks_w, :]
+        y = depth_to_space(y, subpixel.blocks, plan.strides, filters)
+        if (subpixel.output_height, subpixel.output_width) == (blocks_h * s_h, blocks_w * s_w):
+            return y
+        return y[:, :subpixel.output_height, :subpixel.output_width, :]
+
+    def merged_where_finite(inputs, weights, current_range, g, s):
+        # one reduction: a non-finite value (or a finite sum that overflows) takes the phases
+        finite = tf.math.is_finite(tf.reduce_sum(inputs))
+        return tf.cond(finite, lambda: merged(inputs, weights, current_range, g, s),
+                       lambda: phases(inputs, weights, current_range, g, s))
+
     table_driven = getattr(kernel, "fused_table", None) is not None
     if subpixel is None or not rows.any() or (table_driven and subpixel.crops):
         # (a cropped phase's input would leave values out of this call's activation range)
         return zero_inserted
+    sub_pixel = merged_where_finite if zero_weight_exact(arithmetic, scheme) else phases
     if rows.all() or (signed and rows[0]):
-        return phases
+        return sub_pixel
     good = tf.constant(rows)
 
-    def forward_tf(inputs, weights, current_range, g, s):
+    current_range_is_dynamic = scheme is None or scheme.activations != "static"
+
+    def zero_row_exact(inputs, current_range):
         codes = activation_zero_code(inputs, scheme, current_range)
-        ok = tf.reduce_all(tf.gather(good, codes))
-        return tf.cond(ok, lambda: phases(inputs, weights, current_range, g, s),
+        return tf.reduce_all(tf.gather(good, codes))
+
+    def forward_tf(inputs, weights, current_range, g, s):
+        if current_range is None and current_range_is_dynamic and rows[0]:
+            # one reduction where the input is non-negative (a ReLU's output): zero point 0,
+            # whose row is exact (a NaN minimum compares false and takes the full check)
+            ok = tf.cond(tf.reduce_min(inputs) >= 0.0, lambda: tf.constant(True),
+                         lambda: zero_row_exact(inputs, None))
+        else:
+            ok = zero_row_exact(inputs, current_range)
+        return tf.cond(ok, lambda: sub_pixel(inputs, weights, current_range, g, s),
                        lambda: zero_inserted(inputs, weights, current_range, g, s))
 
     return forward_tf

@@ -14,7 +14,8 @@
  *         16-24 wide; benchmarks/bench_core.py, LeNet conv rows); used only on the avx2 /
  *         avx512 paths.
  *   DEPTHWISE  one input channel per group (DepthwiseConv2D, groups = in_channels): a direct
- *         loop, vectorised across the channels of a pixel -- as a GEMM each group would be a
+ *         loop, vectorised across the channels of a pixel (on the avx512 path, with a depth
+ *         multiplier of 1: conv_depthwise_avx512.c, 4 pixels a block) -- as a GEMM each group would be a
  *         single-column product (measured 7x the float MobileNetV2 through sgemm).  Taps in the
  *         padding are left out (they would add 0 * w).
  *   SINGLE CHANNEL  one input channel, groups == 1, stride_width == 1 (a grayscale image's first
@@ -225,10 +226,12 @@ static int32_t conv_depthwise(const float *input, const float *filter, float *ou
                          (double)P->out_channels;
     int nt = gs_threads_for(flops, GS_CONV_MIN_FLOPS_PER_THREAD);
     if (nt > rows) nt = (int)(rows > 0 ? rows : 1);
-    const int avx2 = gs_isa() >= GS_ISA_AVX2;
+    const int avx2 = gs_isa() >= GS_ISA_AVX2, avx512 = gs_isa() == GS_ISA_AVX512 && M == 1;
 #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
     for (int64_t row = 0; row < rows; ++row) {
-        if (avx2)
+        if (avx512)
+            gs_depthwise_row_avx512(input, filter, output, P, row);
+        else if (avx2)
             depthwise_row_avx2(input, filter, output, P, M, row);
         else
             depthwise_row_baseline(input, filter, output, P, M, row);

@@ -142,6 +142,12 @@ int gs_conv_direct_avx512_fits(const graphswap_conv2d_params *params);
 int32_t gs_conv_direct_avx512(const float *input, const float *filter, float *output,
                               const graphswap_conv2d_params *params);
 
+/* One output row of a depthwise convolution with depth multiplier 1 (conv_depthwise_avx512.c;
+ * avx512 path only): conv_f32.c's depthwise loop, 16 channels a register and 4 pixels a block,
+ * the same additions in the same order. */
+void gs_depthwise_row_avx512(const float *input, const float *filter, float *output,
+                             const graphswap_conv2d_params *params, int64_t row);
+
 /* ---- float32 GEMM internals (gemm_f32.c, AVX2 + FMA only), used by conv_f32.c ----
  *
  * gs_gemm_f32 computes C[i*rs_c + j*cs_c] = sum_k A(i,k) * B(j,k) for i < M, j < N, where an
