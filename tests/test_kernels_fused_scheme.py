@@ -58,3 +58,42 @@ def test_fused_path_equals_the_numpy_pipeline_on_every_isa(spec, each_isa):
             if non_finite:
                 assert np.isnan(fused[0][3]).all() and np.isnan(fused[0][:, 2]).all()
     assert compared >= 2 * 4 * 2 * 2 * len(each_isa.supported_isas)
+
+
+@pytest.mark.parametrize("spec", ["mul8u_drum4", "mul8s_drum4", "mul8u_mitchell"])
+def test_weights_changed_in_place_between_calls_get_their_own_codes(spec):
+    """The fused calls keep the last weights' quantization, keyed by the weights' contents
+    (native_kernels/src/lut_wcache.c): the same weights again (a recurrent layer's timesteps),
+    the same buffer rewritten in place (an optimizer step), the same weights under another
+    scheme, and a weight turned non-finite each get tests/reference.py's result, bit for bit."""
+    import reference
+
+    kernel = resolve_kernel(spec)
+    mult = kernel.multiplier
+    rng = np.random.default_rng(17)
+    a = np.maximum(rng.normal(size=(9, 40)), -0.2).astype(np.float32)
+    b = rng.normal(size=(40, 24)).astype(np.float32)
+    x = rng.normal(size=(2, 6, 5, 4)).astype(np.float32)
+    w = rng.normal(size=(3, 3, 4, 8)).astype(np.float32)
+    geometry = conv_geometry(x.shape, w.shape, (1, 1), (1, 1), "same")
+    encodings = ["symmetric"] if kernel.signed else ["sign_magnitude", "asymmetric"]
+
+    def check():
+        for weights, granularity in itertools.product(encodings, ["per_channel", "per_tensor"]):
+            mode = {"weights": weights, "granularity": granularity}
+            scheme = QuantScheme(**mode).resolve(kernel.signed)
+            for _ in range(2):   # the second call finds the weights cached
+                np.testing.assert_array_equal(
+                    kernel.matmul(a, b, quant=scheme),
+                    reference.quantized_matmul(a, b, mult.table, mult.signed, mode))
+                np.testing.assert_array_equal(
+                    kernel.conv2d(x, w, geometry, quant=scheme),
+                    reference.quantized_conv2d(x, w, mult.table, mult.signed, (1, 1), (1, 1),
+                                               (1, 1, 1, 1), 1, mode))
+
+    check()
+    b[:, 3] *= -2.5            # in place: the same buffer, other values
+    w[1, 1, 2, 5] = 7.0
+    check()
+    b[4, 7] = np.nan
+    check()

@@ -461,3 +461,66 @@ void gs_epilogue_rows_avx512(const gs_epilogue *e, const int64_t *acc, int pairs
         }
     }
 }
+
+/* ---- factored tables: quantize and map, and the epilogue row, 16 lanes at a time ----
+ * gs_quantize_map_avx2's computation (lut_avx2.c) on 16 lanes: the same float32 fast path and the
+ * same clipping; a vector with a lane next to a half-integer (or a reciprocal that is not a
+ * normal float32), and the tail, go to gs_quantize_map_avx2 itself - so the codes are its codes. */
+int gs_quantize_map_avx512(const float *src, int64_t n, double scale, double recip, int32_t zero, int is_signed,
+                           const float *mapped, float *out, uint8_t *codes)
+{
+    const float r32 = (float)recip;
+    if (!(recip == recip && r32 > 1e-30f && r32 < 1e30f))
+        return gs_quantize_map_avx2(src, n, scale, recip, zero, is_signed, mapped, out, codes);
+    int bad = 0;
+    int64_t i = 0;
+    const __m512i z32 = _mm512_set1_epi32(zero), low_byte = _mm512_set1_epi32(0xff);
+    const __m512 rf = _mm512_set1_ps(r32), zf = _mm512_set1_ps((float)zero);
+    const __m512 lo = _mm512_set1_ps(is_signed ? -127.0f : 0.0f), hi = _mm512_set1_ps(is_signed ? 127.0f : 255.0f);
+    const __m512 lim = _mm512_set1_ps(512.0f), nlim = _mm512_set1_ps(-512.0f);
+    const __m512 expmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7f800000));
+    const __m512 half = _mm512_set1_ps(0.5f), tolscale = _mm512_set1_ps(0x1p-22f), far = _mm512_set1_ps(600.0f);
+    for (; i + 16 <= n; i += 16) {
+        const __m512 x = _mm512_loadu_ps(src + i);
+        const __mmask16 nonfinite = _mm512_cmp_ps_mask(_mm512_and_ps(x, expmask), expmask, _CMP_EQ_OQ);
+        const __m512 v = _mm512_mul_ps(_mm512_maskz_mov_ps((__mmask16)~nonfinite, x), rf);
+        const __m512 av = _mm512_abs_ps(v);
+        const __m512 nearest = _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        const __m512 frac = _mm512_abs_ps(_mm512_sub_ps(v, nearest));
+        const __m512 gap = _mm512_abs_ps(_mm512_sub_ps(half, frac));
+        const __mmask16 near = _mm512_cmp_ps_mask(gap, _mm512_mul_ps(av, tolscale), _CMP_LE_OQ) &
+                               _mm512_cmp_ps_mask(av, far, _CMP_LT_OQ);
+        if (near) {
+            bad |= gs_quantize_map_avx2(src + i, 16, scale, recip, zero, is_signed, mapped, out + i,
+                                        codes ? codes + i : NULL);
+            continue;
+        }
+        bad |= nonfinite != 0;
+        __m512 q = _mm512_roundscale_ps(_mm512_max_ps(_mm512_min_ps(v, lim), nlim),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        if (!is_signed) q = _mm512_add_ps(q, zf);
+        q = _mm512_max_ps(_mm512_min_ps(q, hi), lo);
+        const __m512i c = _mm512_mask_mov_epi32(_mm512_cvtps_epi32(q), nonfinite, z32);
+        /* the table is indexed by the code byte (two's complement for signed codes) */
+        const __m512i idx = _mm512_and_si512(c, low_byte);
+        _mm512_storeu_ps(out + i, _mm512_i32gather_ps(idx, mapped, 4));
+        if (codes) _mm_storeu_si128((__m128i *)(codes + i), _mm512_cvtepi32_epi8(idx));
+    }
+    if (i < n)
+        bad |= gs_quantize_map_avx2(src + i, n - i, scale, recip, zero, is_signed, mapped, out + i,
+                                    codes ? codes + i : NULL);
+    return bad != 0;
+}
+
+/* gs_factored_epilogue_row_avx2 on 8 lanes: float32(scale * (y + z)) (+ bias), float64 inside */
+void gs_factored_epilogue_row_avx512(const double *scale, const double *z, const float *bias, float *y, int64_t n)
+{
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8) {
+        const __m512d v = _mm512_add_pd(_mm512_cvtps_pd(_mm256_loadu_ps(y + j)), _mm512_loadu_pd(z + j));
+        __m256 r = _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_loadu_pd(scale + j), v));
+        if (bias) r = _mm256_add_ps(r, _mm256_loadu_ps(bias + j));
+        _mm256_storeu_ps(y + j, r);
+    }
+    if (j < n) gs_factored_epilogue_row_avx2(scale + j, z + j, bias ? bias + j : NULL, y + j, n - j);
+}

@@ -542,9 +542,8 @@ GRAPHSWAP_EXPORT int32_t graphswap_lut_conv2d_f32(const float *input, const floa
     const int sm = quant->weight_encoding == GRAPHSWAP_WEIGHTS_SIGN_MAGNITUDE;
     const int per_channel = quant->weight_mode == GRAPHSWAP_QUANT_PER_CHANNEL;
     const int wbits = gs_weight_bits(quant->weight_bits);
-    rc = sm ? gs_wquant_make_sm(fn, filter, G.taps, P.out_channels, per_channel, wbits, &w)
-            : gs_wquant_make(fn, filter, G.taps, P.out_channels, qx.is_signed, per_channel,
-                             wbits, &w);
+    rc = gs_wquant_prepare(fn, filter, G.taps, P.out_channels, sm, qx.is_signed, per_channel,
+                           wbits, &w);
     if (rc != GRAPHSWAP_OK) return rc;
     double *sasb = gs_alloc(P.out_channels * 8);
     uint8_t *codes = gs_alloc(G.in_elems > 0 ? G.in_elems : 1);

@@ -211,6 +211,8 @@ int gs_quantize_map(const gs_lut_table *t, const float *src, int64_t n, const gs
     for (int i = 0; i < 256; ++i) mapped[i] = t->fa[i] - shift;
     const gs_isa_level isa = gs_isa();
     const double recip = gs_recip(q->scale);
+    if (isa == GS_ISA_AVX512 && q->levels == 0)
+        return gs_quantize_map_avx512(src, n, q->scale, recip, q->zero, q->is_signed, mapped, out, codes);
     if (isa >= GS_ISA_AVX2 && q->levels == 0)
         return gs_quantize_map_avx2(src, n, q->scale, recip, q->zero, q->is_signed, mapped, out, codes);
     /* N-bit activations, or no AVX2: the codes first, in pieces that stay in cache */
@@ -270,7 +272,7 @@ int32_t gs_factored_epilogue(const char *fn, const gs_epilogue *e, const double 
     double *scale = gs_alloc(((int64_t)nt + 1) * n * (int64_t)sizeof(double));
     if (!scale) return gs_fail(GRAPHSWAP_ERR_OUT_OF_MEMORY, "%s: cannot allocate the epilogue's row", fn);
     for (int64_t j = 0; j < n; ++j) scale[j] = e->bad[j] ? __builtin_nan("") : e->sasb[j];
-    const int avx2 = gs_isa() >= GS_ISA_AVX2;
+    const int avx2 = gs_isa() >= GS_ISA_AVX2, avx512 = gs_isa() == GS_ISA_AVX512;
     const int64_t cog = n / groups;
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
@@ -285,7 +287,9 @@ int32_t gs_factored_epilogue(const char *fn, const gs_epilogue *e, const double 
                 for (int64_t j = 0; j < n; ++j)
                     z[j] = base[j] - (double)e->zero[j] * (double)sums[r * groups + j / cog];
             const double *zr = sums ? z : base;
-            if (avx2)
+            if (avx512)
+                gs_factored_epilogue_row_avx512(scale, zr, e->bias, out + r * n, n);
+            else if (avx2)
                 gs_factored_epilogue_row_avx2(scale, zr, e->bias, out + r * n, n);
             else
                 factored_epilogue_row_scalar(scale, zr, e->bias, out + r * n, n);

@@ -327,6 +327,12 @@ void gs_wquant_free(gs_wquant *w);
 int32_t gs_wquant_make_sm(const char *fn, const float *w, int64_t K, int64_t N, int per_channel,
                           int weight_bits, gs_wquant *out);
 
+/* The weights' quantization as gs_wquant_make_sm (sm) or gs_wquant_make, through a small cache keyed
+ * by the weights' contents and the parameters (lut_wcache.c): the caller owns the result either
+ * way (gs_wquant_free). */
+int32_t gs_wquant_prepare(const char *fn, const float *w, int64_t K, int64_t N, int sm, int is_signed,
+                          int per_channel, int weight_bits, gs_wquant *out);
+
 /* The split sign-magnitude sums of one job, made whole: for each row r < rows, with the physical
  * sums acc2[r * 2 ncols + 2c] (non-negative weights) and [.. + 2c + 1] (negative weights) of the
  * logical columns j0 + c, writes acc[r * ncols + c] = acc2[2c] - acc2[2c + 1]
@@ -368,6 +374,9 @@ int gs_quantize_map(const gs_lut_table *t, const float *src, int64_t n, const gs
                     float *out, uint8_t *codes);
 int gs_quantize_map_avx2(const float *src, int64_t n, double scale, double recip, int32_t zero, int is_signed,
                          const float *mapped, float *out, uint8_t *codes);
+/* The same on 16 lanes (lut_avx512.c; avx512 path), the same codes. */
+int gs_quantize_map_avx512(const float *src, int64_t n, double scale, double recip, int32_t zero, int is_signed,
+                           const float *mapped, float *out, uint8_t *codes);
 void gs_factored_filter(const gs_lut_table *t, const gs_wquant *w, int64_t K, int64_t N, int sm, float *g,
                         double *gsum);
 void gs_factored_base(const gs_epilogue *e, const double *gsum, float shift, int64_t n, double *base);
@@ -377,6 +386,7 @@ int32_t gs_factored_epilogue(const char *fn, const gs_epilogue *e, const double 
 void gs_factored_map_avx2(const float *mapped, const uint8_t *codes, int64_t n, float *out);
 /* One row of it (lut_avx2.c): y[j] = float32(scale[j] * (float64(y[j]) + z[j])) (+ bias[j]). */
 void gs_factored_epilogue_row_avx2(const double *scale, const double *z, const float *bias, float *y, int64_t n);
+void gs_factored_epilogue_row_avx512(const double *scale, const double *z, const float *bias, float *y, int64_t n);
 
 /* Checks a graphswap_lut_quant; fills the static activation parameters when STATIC. */
 int32_t gs_quant_check(const char *fn, const graphswap_lut_quant *q, gs_qparams *act);

@@ -300,8 +300,7 @@ GRAPHSWAP_EXPORT int32_t graphswap_lut_matmul_f32(const float *a, const float *b
     const int sm = quant->weight_encoding == GRAPHSWAP_WEIGHTS_SIGN_MAGNITUDE;
     const int per_channel = quant->weight_mode == GRAPHSWAP_QUANT_PER_CHANNEL;
     const int wbits = gs_weight_bits(quant->weight_bits);
-    rc = sm ? gs_wquant_make_sm(fn, b, k, n, per_channel, wbits, &w)
-            : gs_wquant_make(fn, b, k, n, qa.is_signed, per_channel, wbits, &w);
+    rc = gs_wquant_prepare(fn, b, k, n, sm, qa.is_signed, per_channel, wbits, &w);
     if (rc != GRAPHSWAP_OK) {
         gs_lut_table_release(t);
         return rc;
