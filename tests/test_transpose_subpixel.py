@@ -236,3 +236,27 @@ def test_lut_conv2d_transpose_non_finite_values_and_a_static_range(name):
         clipped = np.clip(np.nan_to_num(x), lo, 2.0)
         np.testing.assert_array_equal(
             layer(clipped).numpy(), _zero_inserted_reference(layer, clipped, mult, kwargs, static))
+
+
+@pytest.mark.parametrize("kwargs", GEOMETRIES + [
+    dict(kernel_size=3, strides=3, padding="same", output_padding=1),   # phases that crop
+    dict(kernel_size=(5, 3), strides=(3, 2), padding="valid", output_padding=(1, 0))])
+def test_exact_merged_transposed_convolution_is_keras(kwargs):
+    """graphswap's exact kernel runs the phases merged into one op (the filter gathered, the
+    output interleaved inside it, bias and ReLU in its epilogue): Keras' layer within float32
+    round-off, inside a tf.function, for every geometry above and phases that crop."""
+    import tensorflow as tf
+
+    from conftest import assert_close_to_roundoff
+
+    x = RNG.standard_normal((3, 5, 4, 6)).astype(np.float32)
+    stock = keras.layers.Conv2DTranspose(5, activation="relu", **kwargs)
+    stock.build(x.shape)
+    stock.bias.assign(RNG.standard_normal(5).astype(np.float32))
+    layer = SwappedConv2DTranspose(5, activation="relu", arithmetic="exact", **kwargs)
+    layer.build(x.shape)
+    layer.set_weights(stock.get_weights())
+    assert 1 in _forward_ops_per_branch(layer, x).values()   # the merged branch: one op
+    got, want = tf.function(layer)(x).numpy(), stock(x).numpy()
+    assert got.shape == want.shape
+    assert_close_to_roundoff(got, want, terms=int(np.prod(stock.kernel.shape[:2])) * 6)

@@ -276,6 +276,28 @@ class MergedSubpixel:
         return index.reshape(self.rows.taps, self.columns.taps, s_h * s_w)
 
 
+def merged_filter_gather(merged: MergedSubpixel, kernel_shape, extra_channels: int = 0) -> np.ndarray:
+    """int32 (taps_h, taps_w, in + extra_channels, s_h * s_w * filters): for each entry of the
+    merged convolution's HWIO filter, its index into the Keras kernel (h, w, filters, in)
+    flattened, followed by one zero and then `extra_channels` x filters values (each phase's
+    channel f gets extra value [e, f] as its tap (0, 0) of input channel in + e; its other taps
+    of those channels are the zero) - one gather builds the filter."""
+    k_h, k_w, filters, channels = (int(d) for d in kernel_shape)
+    zero = k_h * k_w * filters * channels
+    taps = merged.filter_index(k_h, k_w)                       # (T_h, T_w, P)
+    f = np.arange(filters)[None, None, None, :, None]          # (.., P, filters, in)
+    c = np.arange(channels)[None, None, None, None, :]
+    index = np.where(taps[..., None, None] == k_h * k_w, zero,
+                     (taps[..., None, None] * filters + f) * channels + c)
+    index = np.transpose(index, (0, 1, 4, 2, 3))               # (T_h, T_w, in, P, filters)
+    if extra_channels:
+        extra = np.full(index.shape[:2] + (extra_channels,) + index.shape[3:], zero)
+        extra[0, 0] = zero + 1 + np.arange(extra_channels)[:, None, None] * filters + \
+            np.arange(filters)[None, None, :]
+        index = np.concatenate([index, extra], axis=2)
+    return index.reshape(*index.shape[:3], -1).astype(np.int32)
+
+
 def merged_subpixel(plan: SubpixelPlan, in_height: int, in_width: int) -> MergedSubpixel:
     """The phases of `plan` (for an input of in_height x in_width) merged into one convolution."""
     return MergedSubpixel(plan, _merged_axis(plan.rows, in_height),

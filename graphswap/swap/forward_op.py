@@ -30,6 +30,7 @@ import threading
 import warnings
 from pathlib import Path
 
+import numpy as np
 import tensorflow as tf
 
 from graphswap import native
@@ -53,7 +54,13 @@ class ForwardCall(ctypes.Structure):
                 ("matmul", ctypes.c_void_p), ("conv2d", ctypes.c_void_p),
                 ("last_error", ctypes.c_void_p), ("affine", ctypes.c_void_p),
                 ("conv", Conv2DParams), ("library", ctypes.c_char * 256),
-                ("table", ctypes.c_void_p), ("quant", LutQuant), ("has_range", ctypes.c_int32)]
+                ("table", ctypes.c_void_p), ("quant", LutQuant), ("has_range", ctypes.c_int32),
+                ("filter_index", ctypes.c_void_p), ("filter_size", ctypes.c_int64),
+                ("kernel_size", ctypes.c_int64), ("range_channels", ctypes.c_int32),
+                ("filters", ctypes.c_int32), ("stride_h", ctypes.c_int32),
+                ("stride_w", ctypes.c_int32), ("shift_h", ctypes.c_int32),
+                ("shift_w", ctypes.c_int32), ("out_height", ctypes.c_int32),
+                ("out_width", ctypes.c_int32)]
 
 
 class _OpLibrary:
@@ -233,12 +240,14 @@ def _call(kind: str, arithmetic, gain, shift, relu: bool, geometry, quant,
 
 
 def _run(kind: str, arithmetic, x, w, gain, shift, relu, geometry=None, quant=None,
-         activation_range=None):
+         activation_range=None, merged=None):
     arithmetic, quant = _unbound(arithmetic, quant)
     has_range = quant is not None and activation_range is not None
     loaded = op_library()
-    handle = loaded.register(_call(kind, arithmetic, gain, shift, relu, geometry, quant,
-                                   has_range))
+    call = _call(kind, arithmetic, gain, shift, relu, geometry, quant, has_range)
+    if merged is not None:
+        merged.fill(call)
+    handle = loaded.register(call)
     extras = [t for t in (activation_range if has_range else None, gain, shift) if t is not None]
     return loaded.module.graphswap_forward(x, w, [tf.cast(t, tf.float32) for t in extras],
                                            handle=handle, name="graphswap_forward")
@@ -255,3 +264,38 @@ def conv2d(arithmetic, x, w, geometry, gain=None, shift=None, relu=False, quant=
            activation_range=None):
     """relu?(conv(x, w) * gain + shift), NHWC x HWIO float32, `geometry` traced with any batch."""
     return _run("conv2d", arithmetic, x, w, gain, shift, relu, geometry, quant, activation_range)
+
+
+class MergedTransposed:
+    """What GraphswapForward needs to run a Conv2DTranspose's merged sub-pixel phases
+    (graphswap/swap/ops_transposed.py) in one call: the merged filter's gather index into the
+    Keras kernel's values (then a zero, then the weight-range values), the kernel's size, the
+    weight-range channels, and the interleaving of the merged output."""
+
+    def __init__(self, index, kernel_size: int, range_channels: int, filters: int, strides,
+                 shifts, output_hw):
+        self.index = np.ascontiguousarray(index, np.int32).reshape(-1)
+        self.kernel_size, self.range_channels, self.filters = (int(kernel_size),
+                                                               int(range_channels), int(filters))
+        self.strides, self.shifts = tuple(map(int, strides)), tuple(map(int, shifts))
+        self.output_hw = tuple(map(int, output_hw))
+
+    def fill(self, call: ForwardCall) -> None:
+        call.filter_index = _pinned(self.index)
+        call.filter_size = self.index.size
+        call.kernel_size = self.kernel_size
+        call.range_channels = self.range_channels
+        call.filters = self.filters
+        call.stride_h, call.stride_w = self.strides
+        call.shift_h, call.shift_w = self.shifts
+        call.out_height, call.out_width = self.output_hw
+
+
+def merged_conv2d_transpose(arithmetic, x, kernel, geometry, merged: MergedTransposed, gain=None,
+                            shift=None, relu=False, quant=None, activation_range=None):
+    """relu?(Conv2DTranspose(x, kernel) * gain + shift) of an NHWC input and a Keras kernel
+    (h, w, filters, in) as ONE merged convolution `geometry` (its input channels include the
+    weight-range channels), one op: the filter built, the input extended and the output
+    interleaved inside it."""
+    return _run("conv2d", arithmetic, x, kernel, gain, shift, relu, geometry, quant,
+                activation_range, merged)

@@ -28,7 +28,7 @@ import numpy as np
 import tensorflow as tf
 
 from graphswap.kernels.float_kernels import LibraryKernel
-from graphswap.native.transpose import merged_subpixel
+from graphswap.native.transpose import merged_filter_gather, merged_subpixel
 from graphswap.swap import forward_op
 
 #: extra input channels (of zeros) a table-driven phase carries its channel's weight range on
@@ -114,19 +114,6 @@ def with_range_channels(inputs):
                                        inputs.dtype)], axis=-1)
 
 
-def depth_to_space(y, blocks, strides, filters):
-    """tf: (n, blocks_h, blocks_w, s_h * s_w * filters) phase-major channels -> the interleaved
-    (n, blocks_h * s_h, blocks_w * s_w, filters)."""
-    (blocks_h, blocks_w), (s_h, s_w) = blocks, strides
-    if s_h == s_w == 1:
-        return y
-    if s_h == s_w:    # TensorFlow's own op: the same channel order, one pass
-        return tf.nn.depth_to_space(y, s_h)
-    y = tf.reshape(y, [-1, blocks_h, blocks_w, s_h, s_w, filters])
-    return tf.reshape(tf.transpose(y, [0, 1, 3, 2, 4, 5]),
-                      [-1, blocks_h * s_h, blocks_w * s_w, filters])
-
-
 def transposed_forward(arithmetic, quant, plan, subpixel, relu=False):
     """forward_tf for _kernel_op of a transposed convolution through graphswap's compiled op:
     the sub-pixel formulation (graphswap.native.transpose.SubpixelPlan: one stride-1 conv2d per
@@ -187,34 +174,22 @@ def transposed_forward(arithmetic, quant, plan, subpixel, relu=False):
         return y[:, :subpixel.output_height, :subpixel.output_width, :]
 
     def merged(inputs, weights, current_range, g, s):
+        # one compiled op: the merged filter gathered from the kernel (with the weight-range
+        # channels of a table-driven layer, as phases() carries them), one convolution, the
+        # phases interleaved into the output (forward_op.MergedTransposed)
         in_h, in_w, in_c = (int(d) for d in inputs.shape[1:])
-        k_h, k_w, filters = (int(d) for d in weights.shape[:3])
+        filters = int(weights.shape[2])
         one = merged_subpixel(subpixel, in_h, in_w)
-        phase_count = s_h * s_w
-        taps = tf.concat([tf.reshape(weights, [k_h * k_w, filters, in_c]),
-                          tf.zeros([1, filters, in_c], weights.dtype)], axis=0)
-        w = tf.gather(taps, tf.constant(one.filter_index(k_h, k_w)))   # (T_h, T_w, P, f, in)
-        w = tf.reshape(tf.transpose(w, [0, 1, 4, 2, 3]),
-                       [one.rows.taps, one.columns.taps, in_c, phase_count * filters])
-        if table_driven:   # the channel's whole-filter range on extra zero inputs, as phases()
-            carried = tf.tile(weight_range_taps(weights), [1, phase_count])
-            inputs = with_range_channels(inputs)
-            w = tf.concat([w, tf.pad(carried[None, None], [[0, one.rows.taps - 1],
-                                                           [0, one.columns.taps - 1],
-                                                           [0, 0], [0, 0]])], axis=2)
-        geometry = one.geometry(in_h, in_w, int(inputs.shape[3]), filters)
-        tiled = [None if v is None else tf.tile(v, [phase_count]) for v in (g, s)]
-        y = forward_op.conv2d(arithmetic, inputs, w, geometry, *tiled, relu, quant,
-                              current_range)
-        blocks_h, blocks_w = subpixel.blocks
-        if (one.rows.shift, one.columns.shift, one.rows.outputs, one.columns.outputs) != \
-                (0, 0, blocks_h, blocks_w):
-            y = y[:, one.rows.shift:one.rows.shift + blocks_h,
-                  one.columns.shift:one.columns.shift + blocks_w, :]
-        y = depth_to_space(y, subpixel.blocks, plan.strides, filters)
-        if (subpixel.output_height, subpixel.output_width) == (blocks_h * s_h, blocks_w * s_w):
-            return y
-        return y[:, :subpixel.output_height, :subpixel.output_width, :]
+        extra = RANGE_TAPS if table_driven else 0
+        spec = forward_op.MergedTransposed(
+            merged_filter_gather(one, weights.shape, extra), int(np.prod(weights.shape)), extra,
+            filters, plan.strides, (one.rows.shift, one.columns.shift),
+            (subpixel.output_height, subpixel.output_width))
+        y = forward_op.merged_conv2d_transpose(
+            arithmetic, inputs, weights, one.geometry(in_h, in_w, in_c + extra, filters), spec,
+            g, s, relu, quant, current_range)
+        y.set_shape([None, subpixel.output_height, subpixel.output_width, filters])
+        return y
 
     def merged_where_finite(inputs, weights, current_range, g, s):
         # one reduction: a non-finite value (or a finite sum that overflows) takes the phases

@@ -30,10 +30,20 @@
  * 1.2 MB a slice, ran 2.1x slower from memory). */
 #define GS_DIRECT_MAX_SLICE_BYTES (1 << 20)
 
+/* Pixels whose window crosses the padding, and a row's last OW % TW, run one at a time: a row
+ * whose full tiles cover under 3/4 of it runs slower than im2col + sgemm (the Conv2DTranspose
+ * phases merged into one 2x2 convolution over a 12-wide row, 64 -> 128 channels: 1.8x the time;
+ * over a 6-wide row 2x). */
+static int rows_tile_well(const graphswap_conv2d_params *P)
+{
+    const int64_t inner = P->out_width - P->pad_left - P->pad_right;
+    return inner >= TW && 4 * (inner / TW) * TW >= 3 * P->out_width;
+}
+
 int gs_conv_direct_avx512_fits(const graphswap_conv2d_params *P)
 {
     const int64_t taps = P->filter_height * P->filter_width;
-    return P->groups == 1 && P->stride_height == 1 && P->stride_width == 1 && P->dilation_height == 1 &&
+    return rows_tile_well(P) && P->groups == 1 && P->stride_height == 1 && P->stride_width == 1 && P->dilation_height == 1 &&
            P->dilation_width == 1 && P->out_channels % 16 == 0 && P->out_channels >= 32 &&
            P->in_channels >= 16 && taps > 1 &&
            taps * P->in_channels * OCB * (int64_t)sizeof(float) <= GS_DIRECT_MAX_SLICE_BYTES;

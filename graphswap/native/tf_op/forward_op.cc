@@ -19,6 +19,7 @@
 #include <mutex>
 #include <random>
 #include <string>
+#include <vector>
 
 #include "graphswap_kernels.h"
 #include "tensorflow/core/framework/common_shape_fns.h"
@@ -52,6 +53,19 @@ struct ForwardCall {
   const int32_t* table;          // kLut*: the multiplier's 65536-entry table (kept by Python)
   graphswap_lut_quant quant;     // kLut*: the resolved scheme (static scale from the range input)
   int32_t has_range;             // kLut*: a static activation range [lo, hi] is the first extra
+  // A Conv2DTranspose's sub-pixel phases merged into one convolution (graphswap/swap/
+  // ops_transposed.py): w is then the Keras kernel (h, w, filters, in) and the op builds the
+  // merged HWIO filter itself - entry i is value filter_index[i] of w's kernel_size values
+  // followed by one zero and the weight-range values [range_channels][filters] (each filter's
+  // finite minimum and maximum, non-finite values counted as 0, and NaN where it has a
+  // non-finite value: what a table-driven phase carries on range_channels extra input channels
+  // of zeros, appended to x here).  The merged output (n, conv.out_height, conv.out_width,
+  // stride_h * stride_w * filters) is written interleaved (depth to space): block b of phase
+  // (r_h, r_w) from merged position b + shift to output position b * stride + r of the
+  // (n, out_height, out_width, filters) result; gain, shift and ReLU apply to that.
+  const int32_t* filter_index;  // null: an ordinary call
+  int64_t filter_size, kernel_size;
+  int32_t range_channels, filters, stride_h, stride_w, shift_h, shift_w, out_height, out_width;
 };
 
 // graphswap.kernels.quantized.fused_quant's static scale and zero point of the range [lo, hi],
@@ -163,6 +177,19 @@ class GraphswapForwardOp : public OpKernel {
       rows = x.dim_size(0);
       channels = w.dim_size(1);
       out_shape = TensorShape({rows, channels});
+    } else if (call_.filter_index != nullptr) {
+      const graphswap_conv2d_params& p = call_.conv;
+      OP_REQUIRES(context,
+                  x.dims() == 4 && x.dim_size(1) == p.in_height && x.dim_size(2) == p.in_width &&
+                      x.dim_size(3) == p.in_channels - call_.range_channels &&
+                      w.NumElements() == call_.kernel_size,
+                  errors::InvalidArgument("GraphswapForward merged transposed conv: input ",
+                                          x.shape().DebugString(), " and kernel ",
+                                          w.shape().DebugString(),
+                                          " differ from the traced geometry"));
+      rows = x.dim_size(0) * call_.out_height * call_.out_width;
+      channels = call_.filters;
+      out_shape = TensorShape({x.dim_size(0), call_.out_height, call_.out_width, call_.filters});
     } else {
       const graphswap_conv2d_params& p = call_.conv;
       OP_REQUIRES(context,
@@ -200,6 +227,16 @@ class GraphswapForwardOp : public OpKernel {
     float* ys = y->flat<float>().data();
     graphswap_conv2d_params params = call_.conv;
     params.batch = x.dim_size(0);
+    Tensor merged_filter, merged_input, merged_output;
+    if (call_.filter_index != nullptr) {
+      OP_REQUIRES_OK(context, merge_operands(context, x, ws, &merged_filter, &merged_input));
+      OP_REQUIRES_OK(context, context->allocate_temp(
+          DT_FLOAT, TensorShape({x.dim_size(0), params.out_height, params.out_width,
+                                 params.out_channels}), &merged_output));
+      ws = merged_filter.flat<float>().data();
+      if (call_.range_channels > 0) xs = merged_input.flat<float>().data();
+      ys = merged_output.flat<float>().data();
+    }
     int32_t code = 0;
     const char* function = "";
     if (call_.kind == kMatmul) {
@@ -225,6 +262,10 @@ class GraphswapForwardOp : public OpKernel {
       }
     }
     OP_REQUIRES(context, code == 0, library_error(code, function));
+    if (call_.filter_index != nullptr) {
+      ys = y->flat<float>().data();
+      interleave(merged_output.flat<float>().data(), x.dim_size(0), params, ys);
+    }
     if (call_.affine == nullptr) return;
     code = reinterpret_cast<AffineFn>(call_.affine)(ys, rows, channels, extras[1], extras[2],
                                                     call_.relu);
@@ -234,6 +275,65 @@ class GraphswapForwardOp : public OpKernel {
   }
 
  private:
+  // The merged filter from the Keras kernel w (and its weight-range values), and the input with
+  // range_channels zero channels appended (ForwardCall's comment).
+  Status merge_operands(OpKernelContext* context, const Tensor& x, const float* w,
+                        Tensor* filter, Tensor* input) const {
+    const int64_t values = call_.kernel_size, filters = call_.filters;
+    const int64_t extra = call_.range_channels;
+    std::vector<float> source(values + 1 + extra * filters, 0.0f);
+    std::copy(w, w + values, source.begin());
+    if (extra > 0) {
+      const int64_t channels = call_.conv.in_channels - extra;
+      const int64_t taps = values / (filters * channels);
+      for (int64_t f = 0; f < filters; ++f) {
+        float lo = 0.0f, hi = 0.0f, mark = 0.0f;
+        bool first = true;
+        for (int64_t t = 0; t < taps; ++t)
+          for (int64_t c = 0; c < channels; ++c) {
+            float v = w[(t * filters + f) * channels + c];
+            if (!std::isfinite(v)) v = 0.0f, mark = NAN;
+            lo = first ? v : std::min(lo, v);
+            hi = first ? v : std::max(hi, v);
+            first = false;
+          }
+        float* range = source.data() + values + 1;
+        range[f] = lo, range[filters + f] = hi;
+        if (extra > 2) range[2 * filters + f] = mark;
+      }
+    }
+    TF_RETURN_IF_ERROR(context->allocate_temp(DT_FLOAT, TensorShape({call_.filter_size}), filter));
+    float* merged = filter->flat<float>().data();
+    for (int64_t i = 0; i < call_.filter_size; ++i) merged[i] = source[call_.filter_index[i]];
+    if (extra == 0) return Status();
+    const int64_t pixels = x.NumElements() / x.dim_size(3), c_in = x.dim_size(3);
+    TF_RETURN_IF_ERROR(context->allocate_temp(
+        DT_FLOAT, TensorShape({x.dim_size(0), x.dim_size(1), x.dim_size(2), c_in + extra}), input));
+    const float* from = x.flat<float>().data();
+    float* to = input->flat<float>().data();
+    for (int64_t q = 0; q < pixels; ++q) {
+      std::copy(from + q * c_in, from + (q + 1) * c_in, to + q * (c_in + extra));
+      std::fill(to + q * (c_in + extra) + c_in, to + (q + 1) * (c_in + extra), 0.0f);
+    }
+    return Status();
+  }
+
+  // Depth to space: the merged output's phase channels to their output positions.
+  void interleave(const float* merged, int64_t batch, const graphswap_conv2d_params& p,
+                  float* out) const {
+    const int64_t f = call_.filters, s_h = call_.stride_h, s_w = call_.stride_w;
+    const int64_t oh_n = call_.out_height, ow_n = call_.out_width;
+    for (int64_t n = 0; n < batch; ++n)
+      for (int64_t oh = 0; oh < oh_n; ++oh) {
+        const int64_t row = n * p.out_height + oh / s_h + call_.shift_h, r_h = oh % s_h;
+        for (int64_t ow = 0; ow < ow_n; ++ow) {
+          const float* src = merged + ((row * p.out_width + ow / s_w + call_.shift_w) *
+                                           p.out_channels + (r_h * s_w + ow % s_w) * f);
+          std::copy(src, src + f, out + ((n * oh_n + oh) * ow_n + ow) * f);
+        }
+      }
+  }
+
   // The same words as graphswap.native.KernelLibrary's errors on the numpy_function path.
   Status library_error(int32_t code, const char* function) const {
     std::string message;
