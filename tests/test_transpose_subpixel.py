@@ -129,47 +129,6 @@ def test_zero_weight_exact_names_the_kernels_whose_merged_phases_keep_the_sums()
     assert zero_weight_exact(resolve_kernel("mul8u_exact"), asymmetric)
 
 
-def _forward_ops_per_branch(layer, x):
-    """{branch function name: number of GraphswapForward ops} of the layer traced."""
-    import tensorflow as tf
-
-    graph = tf.function(layer).get_concrete_function(
-        tf.TensorSpec(x.shape, tf.float32)).graph
-    counts = {}
-    for name, function in graph._functions.items():
-        ops = function.graph.get_operations() if hasattr(function, "graph") else []
-        counts[name] = sum(op.type == "GraphswapForward" for op in ops)
-    return counts
-
-
-@pytest.mark.parametrize("name,branches", [("exact", [1, 4]), ("mul8u_drum4", [1, 1, 4])])
-def test_finite_inputs_take_one_merged_convolution_and_others_the_phases(name, branches):
-    """The merged branch runs ONE compiled op for the four phases of a 3x3 stride-2 layer; the
-    branch a non-finite input takes runs one per phase (and a table's input whose zero point
-    row is not exact, one on the zero-inserted input).  Non-finite inputs: the exact kernel's
-    results are non-finite exactly where TensorFlow's are (no inf * 0 reaches other outputs)."""
-    import tensorflow as tf
-
-    stock = keras.layers.Conv2DTranspose(3, 3, strides=2, padding="same", activation="relu")
-    x = np.maximum(RNG.standard_normal((2, 5, 4, 3)), 0).astype(np.float32)
-    stock.build(x.shape)
-    layer = SwappedConv2DTranspose(3, 3, strides=2, padding="same", activation="relu",
-                                   arithmetic=name)
-    layer.build(x.shape)
-    layer.set_weights(stock.get_weights())
-    counts = sorted(c for c in _forward_ops_per_branch(layer, x).values() if c)
-    assert counts == branches, counts
-    if name != "exact":
-        return
-    np.testing.assert_allclose(tf.function(layer)(x).numpy(), stock(x).numpy(), atol=1e-5)
-    x[1, 2, 1, 0] = np.inf
-    got, want = tf.function(layer)(x).numpy(), stock(x).numpy()
-    np.testing.assert_array_equal(np.isfinite(got), np.isfinite(want))
-    assert not np.isfinite(got).all()
-    finite = np.isfinite(want)
-    np.testing.assert_allclose(got[finite], want[finite], atol=1e-5)
-
-
 def _zero_inserted_reference(layer, x, mult, kwargs, mode=None):
     plan = transposed_conv(x.shape, layer.kernel.shape, layer.strides, kwargs.get("padding"),
                            layer.output_padding)
@@ -238,25 +197,66 @@ def test_lut_conv2d_transpose_non_finite_values_and_a_static_range(name):
             layer(clipped).numpy(), _zero_inserted_reference(layer, clipped, mult, kwargs, static))
 
 
+def _forward_ops(layer, x):
+    """{function name ("" for the traced graph itself, else a cond branch): number of
+    GraphswapForward ops} of the layer traced."""
+    import tensorflow as tf
+
+    graph = tf.function(layer).get_concrete_function(
+        tf.TensorSpec(x.shape, tf.float32)).graph
+    counts = {"": sum(op.type == "GraphswapForward" for op in graph.get_operations())}
+    for name, function in graph._functions.items():
+        ops = function.graph.get_operations() if hasattr(function, "graph") else []
+        counts[name] = sum(op.type == "GraphswapForward" for op in ops)
+    return counts
+
+
+def _stock_and_swapped(name, x, **kwargs):
+    stock = keras.layers.Conv2DTranspose(activation="relu", **kwargs)
+    stock.build(x.shape)
+    stock.bias.assign(RNG.standard_normal(stock.filters).astype(np.float32))
+    layer = SwappedConv2DTranspose(activation="relu", arithmetic=name, **kwargs)
+    layer.build(x.shape)
+    layer.set_weights(stock.get_weights())
+    return stock, layer
+
+
+def test_a_table_layer_takes_one_merged_convolution_for_finite_inputs_and_phases_else():
+    """mul8u_drum4 (zero-weight column exact): the merged branch runs ONE compiled op for the
+    four phases of a 3x3 stride-2 layer; the branch a non-finite input takes runs one per phase,
+    and a table's input whose zero point row is not exact one on the zero-inserted input."""
+    x = np.maximum(RNG.standard_normal((2, 5, 4, 3)), 0).astype(np.float32)
+    _, layer = _stock_and_swapped("mul8u_drum4", x, filters=3, kernel_size=3, strides=2,
+                                  padding="same")
+    counts = _forward_ops(layer, x)
+    assert counts.pop("") == 0
+    assert sorted(c for c in counts.values() if c) == [1, 1, 4], counts
+
+
 @pytest.mark.parametrize("kwargs", GEOMETRIES + [
     dict(kernel_size=3, strides=3, padding="same", output_padding=1),   # phases that crop
-    dict(kernel_size=(5, 3), strides=(3, 2), padding="valid", output_padding=(1, 0))])
-def test_exact_merged_transposed_convolution_is_keras(kwargs):
-    """graphswap's exact kernel runs the phases merged into one op (the filter gathered, the
-    output interleaved inside it, bias and ReLU in its epilogue): Keras' layer within float32
-    round-off, inside a tf.function, for every geometry above and phases that crop."""
+    dict(kernel_size=(5, 3), strides=(3, 2), padding="valid", output_padding=(1, 0)),
+    dict(kernel_size=3, strides=1, padding="same", dilation_rate=2),
+    dict(kernel_size=2, strides=3, padding="same")])                     # a kernel < its stride
+def test_exact_transposed_convolution_is_keras_in_one_op(kwargs):
+    """graphswap's exact kernel runs a Conv2DTranspose as the input gradient of its forward
+    convolution (graphswap_conv2d_backprop_input_f32: one GEMM by every tap, their scatter-add,
+    bias and ReLU in the op's epilogue) - one op, no branch - within float32 round-off of Keras'
+    layer inside a tf.function, for every geometry; non-finite inputs reach exactly the outputs
+    they reach in TensorFlow (only real products: no zero weight or inserted zero meets them)."""
     import tensorflow as tf
 
     from conftest import assert_close_to_roundoff
 
     x = RNG.standard_normal((3, 5, 4, 6)).astype(np.float32)
-    stock = keras.layers.Conv2DTranspose(5, activation="relu", **kwargs)
-    stock.build(x.shape)
-    stock.bias.assign(RNG.standard_normal(5).astype(np.float32))
-    layer = SwappedConv2DTranspose(5, activation="relu", arithmetic="exact", **kwargs)
-    layer.build(x.shape)
-    layer.set_weights(stock.get_weights())
-    assert 1 in _forward_ops_per_branch(layer, x).values()   # the merged branch: one op
+    stock, layer = _stock_and_swapped("exact", x, filters=5, **kwargs)
+    assert _forward_ops(layer, x) == {"": 1}
     got, want = tf.function(layer)(x).numpy(), stock(x).numpy()
     assert got.shape == want.shape
     assert_close_to_roundoff(got, want, terms=int(np.prod(stock.kernel.shape[:2])) * 6)
+    x[1, 2, 1, 0] = np.inf
+    got, want = tf.function(layer)(x).numpy(), stock(x).numpy()
+    np.testing.assert_array_equal(np.isfinite(got), np.isfinite(want))
+    assert not np.isfinite(got).all()
+    finite = np.isfinite(want)
+    np.testing.assert_allclose(got[finite], want[finite], atol=1e-4)

@@ -43,6 +43,7 @@ class TransposedConv:
     crop_height: int           # rows/columns of the zero-inserted input kept (a negative
     crop_width: int            # after-padding is a crop)
     geometry: ConvGeometry     # the stride-1 convolution over the (cropped) zero-inserted input
+    forward: ConvGeometry      # the convolution it is the transpose of (output -> input sizes)
 
     @property
     def output_shape(self):
@@ -75,7 +76,7 @@ def transposed_conv(input_shape, kernel_shape, strides, padding, output_padding=
     crop_h, crop_w = z_h + min(bottom, 0), z_w + min(right, 0)
     geometry = ConvGeometry(batch, crop_h, crop_w, in_c, k_h, k_w, filters, out_h, out_w, 1, 1,
                             d_h, d_w, top, max(bottom, 0), left, max(right, 0), 1)
-    return TransposedConv((s_h, s_w), z_h, z_w, crop_h, crop_w, geometry)
+    return TransposedConv((s_h, s_w), z_h, z_w, crop_h, crop_w, geometry, forward)
 
 
 def insert_zeros(x: np.ndarray, plan: TransposedConv) -> np.ndarray:

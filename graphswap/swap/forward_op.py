@@ -43,7 +43,7 @@ from graphswap.native.library import Conv2DParams, LutQuant
 
 SOURCE = Path(__file__).resolve().parent.parent / "native" / "tf_op" / "forward_op.cc"
 BRIDGE_MODES = ("auto", "op", "numpy", "xla")
-MATMUL, CONV2D, LUT_MATMUL, LUT_CONV2D = 0, 1, 2, 3
+MATMUL, CONV2D, LUT_MATMUL, LUT_CONV2D, CONV2D_BACKPROP_INPUT = 0, 1, 2, 3, 4
 
 
 class ForwardCall(ctypes.Structure):
@@ -229,9 +229,12 @@ def _call(kind: str, arithmetic, gain, shift, relu: bool, geometry, quant,
                                  getattr(arithmetic, "activation_bits", 8))
     else:
         library = arithmetic.library
-        call.kind = MATMUL if kind == "matmul" else CONV2D
+        call.kind = {"matmul": MATMUL, "conv2d": CONV2D,
+                     "conv2d_backprop_input": CONV2D_BACKPROP_INPUT}[kind]
         call.matmul = library.function_address("graphswap_matmul_f32")
-        call.conv2d = library.function_address("graphswap_conv2d_f32")
+        call.conv2d = library.function_address("graphswap_conv2d_backprop_input_f32"
+                                               if kind == "conv2d_backprop_input"
+                                               else "graphswap_conv2d_f32")
     call.last_error = library.function_address("graphswap_last_error")
     call.library = os.path.basename(library.path).encode()[:255]
     if geometry is not None:
@@ -299,3 +302,13 @@ def merged_conv2d_transpose(arithmetic, x, kernel, geometry, merged: MergedTrans
     interleaved inside it."""
     return _run("conv2d", arithmetic, x, kernel, gain, shift, relu, geometry, quant,
                 activation_range, merged)
+
+
+def conv2d_backprop_input(arithmetic, x, kernel, forward_geometry, gain=None, shift=None,
+                          relu=False):
+    """relu?(Conv2DTranspose(x, kernel) * gain + shift) of an NHWC input and a Keras kernel
+    (h, w, filters, in) - the input gradient of the convolution `forward_geometry` (traced with
+    any batch) - through graphswap's own graphswap_conv2d_backprop_input_f32, one op: the
+    products of real values only (one GEMM by every tap, then their scatter-add)."""
+    return _run("conv2d_backprop_input", arithmetic, x, kernel, gain, shift, relu,
+                forward_geometry)

@@ -20,6 +20,11 @@ padded with zero weights to one window, stride_h * stride_w * filters output cha
 depth-to-space after): one pass over the input, one quantization and one GEMM instead of one per
 phase - the same exact sums.  A non-finite input would reach outputs through the zero weights
 (inf * 0), so a call whose input is not all finite takes the separate phases.
+
+graphswap's own exact kernel needs none of this: its library computes the transposed convolution
+as the input gradient of the forward convolution (graphswap_conv2d_backprop_input_f32: one GEMM of
+the input by every tap, then their scatter-add; `scatters`), the products of real values only, in
+one op for every geometry.
 """
 
 from __future__ import annotations
@@ -52,6 +57,17 @@ def exact_zero_rows(arithmetic) -> np.ndarray:
         return rows
     codes = np.arange(256, dtype=np.int64)
     return (table == codes[:, None] * codes[None, :]).all(axis=1)
+
+
+def scatters(arithmetic) -> bool:
+    """Whether the transposed convolution runs as the input gradient of its forward convolution
+    (graphswap_conv2d_backprop_input_f32: one GEMM by every tap, then their scatter-add - only
+    the products of real values, any geometry): graphswap's own exact kernel, whose library
+    exports it."""
+    kernel = getattr(arithmetic, "kernel", arithmetic)
+    return (isinstance(kernel, LibraryKernel) and kernel.path is None and kernel.spec == "exact"
+            and kernel.library.function_address("graphswap_conv2d_backprop_input_f32")
+            is not None)
 
 
 def zero_weight_exact(arithmetic, scheme) -> bool:
@@ -197,6 +213,14 @@ def transposed_forward(arithmetic, quant, plan, subpixel, relu=False):
         return tf.cond(finite, lambda: merged(inputs, weights, current_range, g, s),
                        lambda: phases(inputs, weights, current_range, g, s))
 
+    def scatter(inputs, weights, current_range, g, s):
+        y = forward_op.conv2d_backprop_input(arithmetic, inputs, weights, plan.forward, g, s,
+                                             relu)
+        y.set_shape([None, *plan.output_shape[1:]])
+        return y
+
+    if scatters(arithmetic):
+        return scatter
     table_driven = getattr(kernel, "fused_table", None) is not None
     if subpixel is None or not rows.any() or (table_driven and subpixel.crops):
         # (a cropped phase's input would leave values out of this call's activation range)

@@ -96,6 +96,14 @@ GRAPHSWAP_EXPORT int32_t graphswap_matmul_f32(const float *a, const float *b, fl
 GRAPHSWAP_EXPORT int32_t graphswap_conv2d_f32(const float *input, const float *filter, float *output,
                                               const graphswap_conv2d_params *params);
 
+/* The input gradient of that convolution (TensorFlow's Conv2DBackpropInput; a Conv2DTranspose of
+ * dy by the same filter): dx[n, ih, iw, ic] = sum over (oh, ow, fh, fw, oc) with
+ * ih == oh*sh - pt + fh*dh and iw == ow*sw - pl + fw*dw of dy[n, oh, ow, oc] * filter[fh, fw, ic, oc].
+ * params describe the forward convolution (dx is its input, dy its output); groups must be 1.
+ * dx is overwritten.  graphswap's own library exports it (graphswap's exact Conv2DTranspose). */
+GRAPHSWAP_EXPORT int32_t graphswap_conv2d_backprop_input_f32(const float *dy, const float *filter, float *dx,
+                                                             const graphswap_conv2d_params *params);
+
 /* Human-readable message for the last non-zero return in the calling thread ("" if none). */
 GRAPHSWAP_EXPORT const char *graphswap_last_error(void);
 

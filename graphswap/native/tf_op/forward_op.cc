@@ -38,7 +38,12 @@ using LutMatmulFn = int32_t (*)(const float*, const float*, const float*, float*
 using LutConvFn = int32_t (*)(const float*, const float*, const float*, float*, const int32_t*,
                               const graphswap_lut_quant*, const graphswap_conv2d_params*);
 
-enum ForwardKind : int32_t { kMatmul = 0, kConv2D = 1, kLutMatmul = 2, kLutConv2D = 3 };
+// kConvBackpropInput: a Conv2DTranspose through graphswap_conv2d_backprop_input_f32 (conv2d holds
+// its address): x is the transposed convolution's input (the forward convolution's output, conv
+// its geometry), w the Keras kernel (its HWIO filter), the result the forward convolution's input.
+enum ForwardKind : int32_t {
+  kMatmul = 0, kConv2D = 1, kLutMatmul = 2, kLutConv2D = 3, kConvBackpropInput = 4
+};
 
 // Field order is the ABI shared with graphswap/swap/forward_op.py (its ctypes mirror).
 struct ForwardCall {
@@ -177,6 +182,20 @@ class GraphswapForwardOp : public OpKernel {
       rows = x.dim_size(0);
       channels = w.dim_size(1);
       out_shape = TensorShape({rows, channels});
+    } else if (call_.kind == kConvBackpropInput) {
+      const graphswap_conv2d_params& p = call_.conv;
+      OP_REQUIRES(context,
+                  x.dims() == 4 && x.dim_size(1) == p.out_height && x.dim_size(2) == p.out_width &&
+                      x.dim_size(3) == p.out_channels && w.dims() == 4 &&
+                      w.dim_size(0) == p.filter_height && w.dim_size(1) == p.filter_width &&
+                      w.dim_size(2) == p.in_channels && w.dim_size(3) == p.out_channels,
+                  errors::InvalidArgument("GraphswapForward transposed conv: input ",
+                                          x.shape().DebugString(), " and kernel ",
+                                          w.shape().DebugString(),
+                                          " differ from the traced geometry"));
+      rows = x.dim_size(0) * p.in_height * p.in_width;
+      channels = p.in_channels;
+      out_shape = TensorShape({x.dim_size(0), p.in_height, p.in_width, p.in_channels});
     } else if (call_.filter_index != nullptr) {
       const graphswap_conv2d_params& p = call_.conv;
       OP_REQUIRES(context,
@@ -244,6 +263,9 @@ class GraphswapForwardOp : public OpKernel {
       code = reinterpret_cast<MatmulFn>(call_.matmul)(xs, ws, ys, rows, x.dim_size(1), channels);
     } else if (call_.kind == kConv2D) {
       function = "graphswap_conv2d_f32";
+      code = reinterpret_cast<ConvFn>(call_.conv2d)(xs, ws, ys, &params);
+    } else if (call_.kind == kConvBackpropInput) {
+      function = "graphswap_conv2d_backprop_input_f32";
       code = reinterpret_cast<ConvFn>(call_.conv2d)(xs, ws, ys, &params);
     } else if (x.NumElements() == 0 || w.NumElements() == 0) {
       std::fill(ys, ys + y->NumElements(), 0.0f);  // no products: the numpy path's zero sums
