@@ -421,6 +421,49 @@ def test_a_study_killed_while_writing_reopens_whole_and_leaves_no_temporary(tmp_
     assert sorted(p.name for p in tmp_path.iterdir()) == ["study.db"]
 
 
+HOT_JOURNAL_WRITER = """
+import sqlite3, sys, time
+connection = sqlite3.connect(sys.argv[1], isolation_level=None)
+connection.execute("PRAGMA cache_size = 1")   # pages spill to the file before the commit
+connection.execute("BEGIN IMMEDIATE")
+connection.execute("UPDATE studies SET study_name = study_name || '-half-written'")
+connection.execute("CREATE TABLE scratch (x)")
+for _ in range(20):
+    connection.execute("INSERT INTO scratch VALUES (zeroblob(200000))")
+print("in transaction", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_study_whose_writer_died_inside_a_transaction_reopens_rolled_back(tmp_path):
+    """A writer killed inside a transaction leaves a hot journal, which only a read-write open
+    rolls back: the study check (a read-only open) must not refuse the study for it ("attempt
+    to write a readonly database", seen when the test above's kill landed mid-transaction) - the
+    study reopens with the transaction rolled back and the journal gone."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    path = tmp_path / "study.db"
+    study = _study(path)
+    study.put("finetuned:0", {"accuracy": 0.5, "loss": 1.0, "agreement": 1.0, "drop": 0.0})
+    del study
+    child = subprocess.Popen([sys.executable, "-c", HOT_JOURNAL_WRITER, str(path)],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "in transaction"
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=60)
+    assert (tmp_path / "study.db-journal").exists()
+    study = _study(path)
+    assert study.get("finetuned:0")["accuracy"] == 0.5
+    assert "scratch" not in _tables(path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["study.db"]
+    assert os.path.getsize(path) > 0
+
+
 def test_saliency_reads_an_npz_sample_through_the_checked_reader(tmp_path):
     """`graphswap saliency MODEL A.npz --index 0` reads the archive with the same bounded
     reader as every other command: the eight damaged archives whose inputs cannot be read are

@@ -1,6 +1,8 @@
 """Conv2DTranspose through graphswap's compiled op in the sub-pixel formulation
 (graphswap.native.transpose.subpixel_plan, graphswap.swap.ops_layers): one stride-1 convolution
-per phase of the input itself.  The plan is checked against Keras' own transposed convolution in
+per phase of the input itself (merged into one convolution where the zero weights that takes are
+exact), or the input gradient of the forward convolution (graphswap's exact kernel, factored
+tables).  The plan is checked against Keras' own transposed convolution in
 float64; the swapped layer's table-driven results against tests/reference.py's quantized
 convolution of the zero-inserted input, bit for bit - on inputs whose activation zero point makes
 the dropped products vanish (the sub-pixel path) and on inputs where it does not (the
@@ -150,7 +152,8 @@ MODES = [None, {"weights": "asymmetric", "granularity": "per_tensor"},
 
 
 @pytest.mark.parametrize("kwargs", GEOMETRIES)
-@pytest.mark.parametrize("name,mode", [("mul8s_drum4", None), ("mul8u_exact", None)]
+@pytest.mark.parametrize("name,mode", [("mul8s_drum4", None), ("mul8u_exact", None),
+                                       ("mul8u_mitchell", None)]
                          + [("mul8u_drum4", m) for m in MODES])
 @pytest.mark.parametrize("inputs", ["relu", "signed"])
 def test_lut_conv2d_transpose_is_bit_identical_to_the_zero_inserted_convolution(
@@ -221,16 +224,18 @@ def _stock_and_swapped(name, x, **kwargs):
     return stock, layer
 
 
-def test_a_table_layer_takes_one_merged_convolution_for_finite_inputs_and_phases_else():
-    """mul8u_drum4 (zero-weight column exact): the merged branch runs ONE compiled op for the
-    four phases of a 3x3 stride-2 layer; the branch a non-finite input takes runs one per phase,
-    and a table's input whose zero point row is not exact one on the zero-inserted input."""
+@pytest.mark.parametrize("name,branches", [("mul8u_drum4", [1, 1]), ("mul8u_mitchell", [1, 1, 4])])
+def test_which_single_op_a_table_layer_takes(name, branches):
+    """A factored table (mul8u_drum4) runs its transposed convolution as the input gradient of
+    the forward convolution, one op - where its zero point's row is exact, else one on the
+    zero-inserted input.  A table that does not factor but whose zero-weight column is exact
+    (Mitchell's) runs the merged phases in one op for finite inputs and one op per phase for
+    others."""
     x = np.maximum(RNG.standard_normal((2, 5, 4, 3)), 0).astype(np.float32)
-    _, layer = _stock_and_swapped("mul8u_drum4", x, filters=3, kernel_size=3, strides=2,
-                                  padding="same")
+    _, layer = _stock_and_swapped(name, x, filters=3, kernel_size=3, strides=2, padding="same")
     counts = _forward_ops(layer, x)
     assert counts.pop("") == 0
-    assert sorted(c for c in counts.values() if c) == [1, 1, 4], counts
+    assert sorted(c for c in counts.values() if c) == branches, counts
 
 
 @pytest.mark.parametrize("kwargs", GEOMETRIES + [
@@ -260,3 +265,17 @@ def test_exact_transposed_convolution_is_keras_in_one_op(kwargs):
     assert not np.isfinite(got).all()
     finite = np.isfinite(want)
     np.testing.assert_allclose(got[finite], want[finite], atol=1e-4)
+
+
+def test_a_factored_table_over_more_channels_than_one_exact_float_run():
+    """mul8u_drum4's float32 sums stay exact integers over 258 terms; 300 input channels take
+    two runs per tap, added in float64: still the zero-inserted convolution's bits."""
+    name = "mul8u_drum4"
+    mult = resolve_multiplier(name)
+    kwargs = dict(kernel_size=3, strides=2, padding="same")
+    x = np.maximum(RNG.standard_normal((2, 3, 2, 300)), 0).astype(np.float32)
+    layer = SwappedConv2DTranspose(4, use_bias=False, arithmetic=name, **kwargs)
+    layer.build(x.shape)
+    assert 1 in _forward_ops(layer, x).values()
+    np.testing.assert_array_equal(layer(x).numpy(),
+                                  _zero_inserted_reference(layer, x, mult, kwargs))

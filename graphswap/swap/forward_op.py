@@ -43,7 +43,7 @@ from graphswap.native.library import Conv2DParams, LutQuant
 
 SOURCE = Path(__file__).resolve().parent.parent / "native" / "tf_op" / "forward_op.cc"
 BRIDGE_MODES = ("auto", "op", "numpy", "xla")
-MATMUL, CONV2D, LUT_MATMUL, LUT_CONV2D, CONV2D_BACKPROP_INPUT = 0, 1, 2, 3, 4
+MATMUL, CONV2D, LUT_MATMUL, LUT_CONV2D, CONV2D_BACKPROP_INPUT, LUT_CONV2D_BACKPROP_INPUT = range(6)
 
 
 class ForwardCall(ctypes.Structure):
@@ -218,9 +218,12 @@ def _call(kind: str, arithmetic, gain, shift, relu: bool, geometry, quant,
                        relu=int(bool(relu)), affine=affine, has_range=int(has_range))
     if isinstance(arithmetic, LutKernel):
         library = native.shipped_library()
-        call.kind = LUT_MATMUL if kind == "matmul" else LUT_CONV2D
+        call.kind = {"matmul": LUT_MATMUL, "conv2d": LUT_CONV2D,
+                     "conv2d_backprop_input": LUT_CONV2D_BACKPROP_INPUT}[kind]
         call.matmul = library.function_address("graphswap_lut_matmul_f32")
-        call.conv2d = library.function_address("graphswap_lut_conv2d_f32")
+        call.conv2d = library.function_address("graphswap_lut_conv2d_backprop_input_f32"
+                                               if kind == "conv2d_backprop_input"
+                                               else "graphswap_lut_conv2d_f32")
         call.table = _pinned(arithmetic.fused_table)
         # a static range arrives per call (the layer's state): its scale is computed in the op
         scheme = quant.with_range(0.0, 1.0) if has_range else quant
@@ -305,10 +308,11 @@ def merged_conv2d_transpose(arithmetic, x, kernel, geometry, merged: MergedTrans
 
 
 def conv2d_backprop_input(arithmetic, x, kernel, forward_geometry, gain=None, shift=None,
-                          relu=False):
+                          relu=False, quant=None, activation_range=None):
     """relu?(Conv2DTranspose(x, kernel) * gain + shift) of an NHWC input and a Keras kernel
     (h, w, filters, in) - the input gradient of the convolution `forward_geometry` (traced with
     any batch) - through graphswap's own graphswap_conv2d_backprop_input_f32, one op: the
-    products of real values only (one GEMM by every tap, then their scatter-add)."""
+    products of real values only (one GEMM by every tap, then their scatter-add) - or, for a
+    multiplier table, graphswap_lut_conv2d_backprop_input_f32 with the scheme `quant`."""
     return _run("conv2d_backprop_input", arithmetic, x, kernel, gain, shift, relu,
-                forward_geometry)
+                forward_geometry, quant, activation_range)

@@ -32,6 +32,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
+from graphswap import native
 from graphswap.kernels.float_kernels import LibraryKernel
 from graphswap.native.transpose import merged_filter_gather, merged_subpixel
 from graphswap.swap import forward_op
@@ -68,6 +69,24 @@ def scatters(arithmetic) -> bool:
     return (isinstance(kernel, LibraryKernel) and kernel.path is None and kernel.spec == "exact"
             and kernel.library.function_address("graphswap_conv2d_backprop_input_f32")
             is not None)
+
+
+def table_scatters(arithmetic, scheme) -> bool:
+    """Whether a table-driven transposed convolution runs as the input gradient of its forward
+    convolution (graphswap_lut_conv2d_backprop_input_f32: the zero-inserted convolution's sums
+    from the products of real values only): a table that factors, T[a][b] = f(a) g(b), with
+    sign-magnitude or symmetric 8-bit weights and 8-bit activations (the zero point's row must be
+    exact as well, which transposed_forward checks per call)."""
+    kernel = getattr(arithmetic, "kernel", arithmetic)
+    table = getattr(kernel, "fused_table", None)
+    if table is None or getattr(kernel, "weight_bits", 8) != 8 or \
+            getattr(kernel, "activation_bits", 8) != 8:
+        return False
+    library = native.shipped_library()
+    if library.function_address("graphswap_lut_conv2d_backprop_input_f32") is None or \
+            not library.table_factored(table):
+        return False
+    return kernel.resolve_scheme(scheme).weights in ("sign_magnitude", "symmetric")
 
 
 def zero_weight_exact(arithmetic, scheme) -> bool:
@@ -215,7 +234,7 @@ def transposed_forward(arithmetic, quant, plan, subpixel, relu=False):
 
     def scatter(inputs, weights, current_range, g, s):
         y = forward_op.conv2d_backprop_input(arithmetic, inputs, weights, plan.forward, g, s,
-                                             relu)
+                                             relu, quant, current_range)
         y.set_shape([None, *plan.output_shape[1:]])
         return y
 
@@ -225,7 +244,12 @@ def transposed_forward(arithmetic, quant, plan, subpixel, relu=False):
     if subpixel is None or not rows.any() or (table_driven and subpixel.crops):
         # (a cropped phase's input would leave values out of this call's activation range)
         return zero_inserted
-    sub_pixel = merged_where_finite if zero_weight_exact(arithmetic, scheme) else phases
+    if table_scatters(arithmetic, scheme):
+        sub_pixel = scatter
+    elif zero_weight_exact(arithmetic, scheme):
+        sub_pixel = merged_where_finite
+    else:
+        sub_pixel = phases
     if rows.all() or (signed and rows[0]):
         return sub_pixel
     good = tf.constant(rows)

@@ -213,6 +213,20 @@ GRAPHSWAP_EXPORT int32_t graphswap_lut_matmul_f32(const float *a, const float *b
                                                   float *c, int64_t m, int64_t k, int64_t n,
                                                   const int32_t *table, const graphswap_lut_quant *quant);
 
+/* The table-driven Conv2DTranspose: output = the quantized convolution of the zero-inserted,
+ * padded input with the flipped filter (graphswap_lut_conv2d_f32 of them, + bias), as the input
+ * gradient of the forward convolution `params` (dy = the transposed convolution's input, dx its
+ * output, filter the Keras kernel = the forward HWIO filter; per-channel weight ranges over each
+ * filter, the forward convolution's in_channels).  Only for a table that factors, T[a][b] =
+ * f(a) g(b), whose row of the activation zero point is exact, sign-magnitude or symmetric 8-bit
+ * weights, 8-bit activations and groups 1: else GRAPHSWAP_ERR_UNSUPPORTED.  The same bits as the
+ * zero-inserted convolution. */
+GRAPHSWAP_EXPORT int32_t graphswap_lut_conv2d_backprop_input_f32(const float *dy, const float *filter,
+                                                                 const float *bias, float *dx,
+                                                                 const int32_t *table,
+                                                                 const graphswap_lut_quant *quant,
+                                                                 const graphswap_conv2d_params *params);
+
 /* output = quantized conv2d(input, filter) through `table` per `quant` (+ bias[out_channels]),
  * geometry and layouts as graphswap_conv2d_f32.  Per-channel weight ranges are over
  * filter[:, :, :, oc]; window code sums for the corrections are computed inside. */

@@ -41,8 +41,11 @@ using LutConvFn = int32_t (*)(const float*, const float*, const float*, float*, 
 // kConvBackpropInput: a Conv2DTranspose through graphswap_conv2d_backprop_input_f32 (conv2d holds
 // its address): x is the transposed convolution's input (the forward convolution's output, conv
 // its geometry), w the Keras kernel (its HWIO filter), the result the forward convolution's input.
+// kLutConvBackpropInput: the same through graphswap_lut_conv2d_backprop_input_f32 (a factored
+// table's transposed convolution).
 enum ForwardKind : int32_t {
-  kMatmul = 0, kConv2D = 1, kLutMatmul = 2, kLutConv2D = 3, kConvBackpropInput = 4
+  kMatmul = 0, kConv2D = 1, kLutMatmul = 2, kLutConv2D = 3, kConvBackpropInput = 4,
+  kLutConvBackpropInput = 5
 };
 
 // Field order is the ABI shared with graphswap/swap/forward_op.py (its ctypes mirror).
@@ -182,7 +185,7 @@ class GraphswapForwardOp : public OpKernel {
       rows = x.dim_size(0);
       channels = w.dim_size(1);
       out_shape = TensorShape({rows, channels});
-    } else if (call_.kind == kConvBackpropInput) {
+    } else if (call_.kind == kConvBackpropInput || call_.kind == kLutConvBackpropInput) {
       const graphswap_conv2d_params& p = call_.conv;
       OP_REQUIRES(context,
                   x.dims() == 4 && x.dim_size(1) == p.out_height && x.dim_size(2) == p.out_width &&
@@ -277,6 +280,10 @@ class GraphswapForwardOp : public OpKernel {
         code = reinterpret_cast<LutMatmulFn>(call_.matmul)(xs, ws, nullptr, ys, rows,
                                                            x.dim_size(1), channels, call_.table,
                                                            &quant);
+      } else if (call_.kind == kLutConvBackpropInput) {
+        function = "graphswap_lut_conv2d_backprop_input_f32";
+        code = reinterpret_cast<LutConvFn>(call_.conv2d)(xs, ws, nullptr, ys, call_.table, &quant,
+                                                         &params);
       } else {
         function = "graphswap_lut_conv2d_f32";
         code = reinterpret_cast<LutConvFn>(call_.conv2d)(xs, ws, nullptr, ys, call_.table, &quant,
