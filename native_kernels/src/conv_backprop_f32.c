@@ -27,7 +27,7 @@
 #define GS_BACKPROP_BLOCK_FLOATS (256 * 1024) /* Y of one block of dy rows */
 #define GS_BACKPROP_MIN_FLOPS_PER_THREAD 4.0e6
 
-static void scatter_rows(const graphswap_conv2d_params *P, const float *y, int64_t row0, int64_t rows,
+void gs_scatter_taps_f32(const graphswap_conv2d_params *P, const float *y, int64_t row0, int64_t rows,
                          float *dx_image)
 {
     const int64_t IH = P->in_height, IW = P->in_width, C = P->in_channels, FH = P->filter_height,
@@ -90,7 +90,7 @@ GRAPHSWAP_EXPORT int32_t graphswap_conv2d_backprop_input_f32(const float *dy, co
                 scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)(rows * P.out_width),
                                   (blasint)N, (blasint)K, 1.0f, dy + n * image_out + row0 * P.out_width * K,
                                   (blasint)K, filter, (blasint)K, 0.0f, y, (blasint)N);
-                scatter_rows(&P, y, row0, rows, dx + n * image_in);
+                gs_scatter_taps_f32(&P, y, row0, rows, dx + n * image_in);
             }
         }
         gs_free(y);

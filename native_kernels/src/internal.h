@@ -148,6 +148,12 @@ int32_t gs_conv_direct_avx512(const float *input, const float *filter, float *ou
 void gs_depthwise_row_avx512(const float *input, const float *filter, float *output,
                              const graphswap_conv2d_params *params, int64_t row);
 
+/* The scatter-add of graphswap_conv2d_backprop_input_f32 (conv_backprop_f32.c): the products y of
+ * dy rows row0 .. row0 + rows - 1 by every tap ((oh, ow) x (fh, fw, ic)) added into one image of
+ * dx at the positions each tap reaches. */
+void gs_scatter_taps_f32(const graphswap_conv2d_params *params, const float *y, int64_t row0, int64_t rows,
+                         float *dx_image);
+
 /* ---- float32 GEMM internals (gemm_f32.c, AVX2 + FMA only), used by conv_f32.c ----
  *
  * gs_gemm_f32 computes C[i*rs_c + j*cs_c] = sum_k A(i,k) * B(j,k) for i < M, j < N, where an

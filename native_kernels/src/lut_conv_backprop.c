@@ -10,8 +10,8 @@
  *     c = sum over the real taps of (f(qa) - f(z)) * sigma g(m)
  * - the mapped input (gs_quantize_map, shifted by f(z)) times the mapped weights, scattered as
  * conv_backprop_f32.c does: per image one GEMM by every tap (over runs of input channels whose
- * float32 sums stay exact integers), the runs and the taps added into float64, where integer sums
- * below 2^53 are exact; then y = float32((s_a s_j) c) (+ bias), NaN where a non-finite input
+ * float32 sums stay exact integers), the runs and the taps added in float32 where every output's
+ * whole sum stays exact there too, else into float64, where integer sums below 2^53 are exact; then y = float32((s_a s_j) c) (+ bias), NaN where a non-finite input
  * reaches or the channel has a non-finite weight.  The zero-inserted convolution's sums, bit for
  * bit (tests/test_transpose_subpixel.py against tests/reference.py).  Anything else is
  * GRAPHSWAP_ERR_UNSUPPORTED (graphswap routes only these calls here).
@@ -114,6 +114,12 @@ GRAPHSWAP_EXPORT int32_t graphswap_lut_conv2d_backprop_input_f32(const float *dy
         exact_row &= qa.is_signed ? t->table[q] == 0 : t->table[(qa.zero << 8) | q] == qa.zero * q;
     int64_t run = K; /* input channels per float32 GEMM run whose sums stay exact integers */
     while (run > 1 && !gs_factored_float_fits(t, run, qa.zero)) run = (run + 1) / 2;
+    /* whether every output's whole sum (at most ceil(FH / sh) ceil(FW / sw) taps of K channels)
+     * stays exact in float32 too: then the scatter adds in float32, else in float64 */
+    const int64_t reach = ((P.filter_height + P.stride_height - 1) / P.stride_height) *
+                          ((P.filter_width + P.stride_width - 1) / P.stride_width);
+    const int whole_fits = run == K && gs_factored_float_fits(t, reach * K, qa.zero) &&
+                           P.dilation_height == 1 && P.dilation_width == 1;
     if (!exact_row || !gs_factored_float_fits(t, run, qa.zero)) {
         gs_lut_table_release(t);
         return gs_fail(GRAPHSWAP_ERR_UNSUPPORTED, FN ": the table does not factor, or its zero-point row is not exact");
@@ -156,12 +162,14 @@ GRAPHSWAP_EXPORT int32_t graphswap_lut_conv2d_backprop_input_f32(const float *dy
 #pragma omp parallel num_threads(nt) if (nt > 1) reduction(| : failed)
         {
             float *y = gs_alloc(block * row_floats * (int64_t)sizeof(float));
-            double *sum = gs_alloc(image_in * 8);
-            if (!y || !sum) failed = 1;
+            double *sum = whole_fits ? NULL : gs_alloc(image_in * 8);
+            if (!y || (!whole_fits && !sum)) failed = 1;
 #pragma omp for schedule(static)
             for (int64_t n = 0; n < P.batch; ++n) {
-                if (!y || !sum) continue;
-                memset(sum, 0, (size_t)image_in * 8);
+                if (!y || (!whole_fits && !sum)) continue;
+                float *out = dx + n * image_in;
+                if (whole_fits) memset(out, 0, (size_t)image_in * sizeof(float));
+                else memset(sum, 0, (size_t)image_in * 8);
                 const float *img = mapped + n * pixels_out * K;
                 for (int64_t row0 = 0; row0 < P.out_height; row0 += block) {
                     const int64_t rows = row0 + block <= P.out_height ? block : P.out_height - row0;
@@ -169,15 +177,16 @@ GRAPHSWAP_EXPORT int32_t graphswap_lut_conv2d_backprop_input_f32(const float *dy
                         const int64_t len = k0 + run <= K ? run : K - k0;
                         gs_sgemm_rows(rows * P.out_width, N, len, img + row0 * P.out_width * K + k0, K,
                                       b + k0 * N, N, y, N, 0);
-                        scatter_rows64(&P, y, row0, rows, sum);
+                        if (whole_fits) gs_scatter_taps_f32(&P, y, row0, rows, out);
+                        else scatter_rows64(&P, y, row0, rows, sum);
                     }
                 }
-                float *out = dx + n * image_in;
-                for (int64_t i = 0; i < image_in; ++i) {
-                    const int64_t c = i % C;
-                    const float v = (float)(sasb[c] * sum[i]);
-                    out[i] = w.bad[c] ? NAN : (bias ? v + bias[c] : v);
-                }
+                for (int64_t q = 0; q < image_in / (C > 0 ? C : 1); ++q)
+                    for (int64_t c = 0; c < C; ++c) {
+                        const double total = whole_fits ? (double)out[q * C + c] : sum[q * C + c];
+                        const float v = (float)(sasb[c] * total);
+                        out[q * C + c] = w.bad[c] ? NAN : (bias ? v + bias[c] : v);
+                    }
                 if (bad) poison(&P, dy + n * pixels_out * K, out);
             }
             gs_free(y), gs_free(sum);
