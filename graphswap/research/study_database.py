@@ -21,7 +21,6 @@ import numpy as np
 from graphswap.errors import GraphswapError
 
 
-
 def model_fingerprint(model) -> str:
     """Architecture and weights of the model being explored."""
     digest = hashlib.sha256(json.dumps(model.get_config(), sort_keys=True, default=str).encode())
@@ -49,35 +48,11 @@ OPTUNA_TABLES = frozenset({
 STUDY_NAME = "graphswap-explore"
 
 
-def _tables_and_studies(text: str):
-    """(table names, optuna study names) of the SQLite file `text`, opened read-only."""
-    uri = "file:" + urllib_quote(os.path.abspath(text)) + "?mode=ro"
-    connection = sqlite3.connect(uri, uri=True)
-    try:
-        tables = {row[0] for row in connection.execute(
-            "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")}
-        studies = ({row[0] for row in connection.execute("SELECT study_name FROM studies")}
-                   if "studies" in tables else set())
-    finally:
-        connection.close()
-    return tables, studies
-
-
-def _roll_back(text: str) -> None:
-    """Open the SQLite file `text` read-write and read it, so that SQLite rolls back the hot
-    journal a killed writer left beside it."""
-    connection = sqlite3.connect(text)
-    try:
-        connection.execute("SELECT count(*) FROM sqlite_master").fetchall()
-    finally:
-        connection.close()
-
-
 def check_study_file(path) -> None:
     """Refuse a --study file that is not a graphswap study, before optuna opens it (optuna adds
     its tables to any SQLite file): a missing or empty file is a new study; an existing one must be
-    an SQLite database holding only optuna's tables and graphswap's study.  Read-only, but for
-    the rollback of a hot journal a killed writer left (what SQLite's next read-write open does)."""
+    an SQLite database of only optuna's tables and graphswap's study.  Read-only but for SQLite's
+    rollback of a hot journal."""
     text = os.fspath(path)
     new_file = "give --study a new file name (graphswap creates it)"
     if os.path.isdir(text):
@@ -93,15 +68,18 @@ def check_study_file(path) -> None:
         raise GraphswapError(f"the study {text} is not an SQLite database (a graphswap study is "
                              f"one); {new_file}, or delete {text} if it is not needed")
     try:
+        # a hot journal (its writer killed mid-transaction) rolls back only in a read-write open
+        mode = "rw" if os.path.exists(text + "-journal") else "ro"
+        uri = "file:" + urllib_quote(os.path.abspath(text)) + "?mode=" + mode
+        connection = sqlite3.connect(uri, uri=True)
         try:
-            tables, studies = _tables_and_studies(text)
-        except sqlite3.OperationalError:
-            if not os.path.exists(text + "-journal"):
-                raise
-            # a writer killed inside a transaction left a hot journal, which only a read-write
-            # open rolls back (SQLite's recovery, as the next optuna open would do it); then read
-            _roll_back(text)
-            tables, studies = _tables_and_studies(text)
+            tables = {row[0] for row in connection.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE "
+                "'sqlite_%'")}
+            studies = ({row[0] for row in connection.execute("SELECT study_name FROM studies")}
+                       if "studies" in tables else set())
+        finally:
+            connection.close()
     except sqlite3.Error as exc:
         raise GraphswapError(f"the study {text} cannot be read as an SQLite database ({exc}); "
                              f"{new_file}") from None
