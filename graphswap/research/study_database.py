@@ -6,6 +6,7 @@ measuring anything twice."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -51,8 +52,8 @@ STUDY_NAME = "graphswap-explore"
 def check_study_file(path) -> None:
     """Refuse a --study file that is not a graphswap study, before optuna opens it (optuna adds
     its tables to any SQLite file): a missing or empty file is a new study; an existing one must be
-    an SQLite database of only optuna's tables and graphswap's study.  Read-only but for SQLite's
-    rollback of a hot journal."""
+    an SQLite database of optuna's tables and graphswap's study.  Reads only (and rolls back a hot
+    journal, as SQLite's next read-write open would)."""
     text = os.fspath(path)
     new_file = "give --study a new file name (graphswap creates it)"
     if os.path.isdir(text):
@@ -67,22 +68,21 @@ def check_study_file(path) -> None:
     if magic != b"SQLite format 3\x00":
         raise GraphswapError(f"the study {text} is not an SQLite database (a graphswap study is "
                              f"one); {new_file}, or delete {text} if it is not needed")
-    try:
-        # a hot journal (its writer killed mid-transaction) rolls back only in a read-write open
-        mode = "rw" if os.path.exists(text + "-journal") else "ro"
-        uri = "file:" + urllib_quote(os.path.abspath(text)) + "?mode=" + mode
-        connection = sqlite3.connect(uri, uri=True)
+    uri = "file:" + urllib_quote(os.path.abspath(text)) + "?mode="
+    for mode in ("ro", "rw"):   # a hot journal (a killed writer's) rolls back only in "rw"
         try:
-            tables = {row[0] for row in connection.execute(
-                "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE "
-                "'sqlite_%'")}
-            studies = ({row[0] for row in connection.execute("SELECT study_name FROM studies")}
-                       if "studies" in tables else set())
-        finally:
-            connection.close()
-    except sqlite3.Error as exc:
-        raise GraphswapError(f"the study {text} cannot be read as an SQLite database ({exc}); "
-                             f"{new_file}") from None
+            with contextlib.closing(sqlite3.connect(uri + mode, uri=True)) as connection:
+                tables = {row[0] for row in connection.execute(
+                    "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE "
+                    "'sqlite_%'")}
+                studies = ({row[0] for row in connection.execute(
+                    "SELECT study_name FROM studies")} if "studies" in tables else set())
+            break
+        except sqlite3.Error as exc:
+            if mode == "ro" and os.path.exists(text + "-journal"):
+                continue
+            raise GraphswapError(f"the study {text} cannot be read as an SQLite database "
+                                 f"({exc}); {new_file}") from None
     foreign = sorted(tables - OPTUNA_TABLES)
     if foreign:
         shown = ", ".join(foreign[:6]) + (", ..." if len(foreign) > 6 else "")
