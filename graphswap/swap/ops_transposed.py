@@ -60,15 +60,19 @@ def exact_zero_rows(arithmetic) -> np.ndarray:
     return (table == codes[:, None] * codes[None, :]).all(axis=1)
 
 
+def _graphswap_exact(kernel) -> bool:
+    """Whether `kernel` is graphswap's own exact float kernel (not a user's library)."""
+    return isinstance(kernel, LibraryKernel) and kernel.path is None and kernel.spec == "exact"
+
+
 def scatters(arithmetic) -> bool:
     """Whether the transposed convolution runs as the input gradient of its forward convolution
     (graphswap_conv2d_backprop_input_f32: one GEMM by every tap, then their scatter-add - only
     the products of real values, any geometry): graphswap's own exact kernel, whose library
     exports it."""
     kernel = getattr(arithmetic, "kernel", arithmetic)
-    return (isinstance(kernel, LibraryKernel) and kernel.path is None and kernel.spec == "exact"
-            and kernel.library.function_address("graphswap_conv2d_backprop_input_f32")
-            is not None)
+    return _graphswap_exact(kernel) and kernel.library.function_address(
+        "graphswap_conv2d_backprop_input_f32") is not None
 
 
 def table_scatters(arithmetic, scheme) -> bool:
@@ -98,7 +102,7 @@ def zero_weight_exact(arithmetic, scheme) -> bool:
     every column, T[a, q] == a * q (graphswap/kernels/quantized.py's spec)."""
     kernel = getattr(arithmetic, "kernel", arithmetic)
     if isinstance(kernel, LibraryKernel):
-        return kernel.path is None and kernel.spec == "exact"
+        return _graphswap_exact(kernel)
     table = getattr(kernel, "fused_table", None)
     if table is None:
         return False
