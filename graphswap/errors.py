@@ -86,3 +86,14 @@ class QuantizationError(GraphswapError, ValueError):
 class CacheSecurityError(KernelTrustError):
     """graphswap's per-user cache (compiled code it loads) is not private to the user: a folder on
     its path belongs to another user, is writable by others, or is a symbolic link."""
+
+
+class TrustStoreError(KernelTrustError):
+    """graphswap's per-user trust store cannot be written (a full disk or a read-only folder under
+    the config folder; `reason` is the system's word for it, e.g. "No space left on device"), or
+    its file or lock file is not a plain file graphswap made (a symbolic link, a FIFO, a folder:
+    `reason` is None).  The store is left as it was."""
+
+    def __init__(self, message: str, reason: "str | None" = None):
+        super().__init__(message)
+        self.reason = reason

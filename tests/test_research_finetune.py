@@ -467,9 +467,15 @@ def test_a_run_killed_mid_epoch_resumes_to_the_uninterrupted_run_bit_for_bit(tmp
     assert state["epoch"] == 1 and state["rng"]["seed_generators"]  # the Dropout's state is kept
     import shutil
 
-    shutil.copytree(tmp_path / "ck", tmp_path / "ck_without_rng")
+    from graphswap.research.checkpoint_state import seal
+
+    # the copy keeps the checkpoint's own links (state.json -> current/state.json, current ->
+    # epoch-N), as graphswap wrote them; the state is re-sealed as the writing version sealed it
+    shutil.copytree(tmp_path / "ck", tmp_path / "ck_without_rng", symlinks=True)
     del state["rng"]  # as a checkpoint written before graphswap kept the random-number state
-    (tmp_path / "ck_without_rng" / "state.json").write_text(json.dumps(state))
+    state = seal({k: v for k, v in state.items() if k != "state_sha256"})
+    epoch_state = (tmp_path / "ck_without_rng" / "current").resolve() / "state.json"
+    epoch_state.write_text(json.dumps(state))
     resumed = run("resume", tmp_path / "ck", tmp_path / "resumed.npz")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     a = json.loads(straight.stdout.split("RESULT ")[-1])

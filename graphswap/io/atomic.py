@@ -4,10 +4,13 @@ disk before they are moved; a no-replace rename (renameat2 RENAME_NOREPLACE, els
 exclusive mkdir) so that of two writers exactly one wins; a replaced directory set aside and
 removed only once the new one is in place.
 
-Temporaries are named `.NAME.graphswap-tmp-<pid>-<random>` and set-aside outputs
-`.NAME.graphswap-old-<pid>-<random>`, so what a killed run left is recognised and cleaned up by
-the next run writing the same output (only once that pid is gone; an old output set aside is put
-back if the new one never arrived).
+Temporaries are named `.NAME.graphswap-tmp-<pid>.<host>-<random>` and set-aside outputs
+`.NAME.graphswap-old-<pid>.<host>-<random>` (`owner_prefix`; <host>: `host_tag`, eight hex digits
+of this machine's boot and pid namespace), so what a killed run left is recognised and cleaned up
+by the next run writing the same output - only once that pid is provably gone: the host tag is
+this one's (a pid of another machine sharing the folder, or of a boot before, means nothing here)
+and no process of that pid runs.  Names without a host tag (graphswap before it) are judged by the
+pid alone.  An old output set aside is put back if the new one never arrived.
 """
 
 from __future__ import annotations
@@ -15,9 +18,12 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import functools
+import hashlib
 import os
 import re
 import shutil
+import socket
 import tempfile
 from pathlib import Path
 
@@ -28,6 +34,33 @@ TEMPORARY_MARK = ".graphswap-tmp-"
 ASIDE_MARK = ".graphswap-old-"
 _RANDOM_LENGTH = 8      # tempfile's random part
 _PID_ROOM = 10          # digits a pid may take in a temporary's name
+_TAG_ROOM = 9           # "." and the host tag
+#: after a mark: the pid, the host tag (absent in names of graphswap before it), "-"
+OWNER = re.compile(r"(\d+)(?:\.([0-9a-f]{8}))?-")
+
+
+@functools.lru_cache(maxsize=1)
+def host_tag() -> str:
+    """Eight hex digits naming this machine's boot and pid namespace (and host name): a pid in a
+    temporary's name refers to a process here only when the tag beside it is this one."""
+    parts = [socket.gethostname()]
+    with contextlib.suppress(OSError):
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as handle:
+            parts.append(handle.read().strip())
+    with contextlib.suppress(OSError):
+        parts.append(os.readlink("/proc/self/ns/pid"))
+    return hashlib.sha256("\0".join(parts).encode("utf-8", "surrogateescape")).hexdigest()[:8]
+
+
+def owner_prefix(stem: str, mark: str) -> str:
+    """`<stem><mark><pid>.<host tag>-`: the start of a temporary this process owns."""
+    return f"{stem}{mark}{os.getpid()}.{host_tag()}-"
+
+
+def left_by_a_dead_process(pid: int, tag: str | None) -> bool:
+    """Whether an entry named with `pid` and host `tag` (None: an older graphswap's name) was left
+    by a process that is provably gone: one of this machine and boot, no longer running."""
+    return (tag is None or tag == host_tag()) and not _pid_alive(pid)
 
 
 def name_max(directory) -> int:
@@ -39,11 +72,12 @@ def name_max(directory) -> int:
 
 
 def _stem_for_temporaries(path: Path, mark: str, suffix: str) -> str:
-    """`.NAME` shortened so that `.NAME<mark><pid>-<random><suffix>` fits the file system."""
-    room = (name_max(path.parent) - 1 - len(mark) - _PID_ROOM - 1 - _RANDOM_LENGTH
-            - len(suffix.encode()))
+    """`.NAME` shortened so that `.NAME<mark><pid>.<host>-<random><suffix>` fits the file
+    system."""
+    room = (name_max(path.parent) - 1 - len(mark) - _PID_ROOM - _TAG_ROOM - 1 - _RANDOM_LENGTH
+            - len(os.fsencode(suffix)))
     name = path.name
-    while len(name.encode()) > max(room, 1):
+    while len(os.fsencode(name)) > max(room, 1):
         name = name[:-1]
     return f".{name}"
 
@@ -61,16 +95,17 @@ def _pid_alive(pid: int) -> bool:
 
 
 def _stale(parent: Path, stem: str, mark: str) -> list[Path]:
-    """Entries of `parent` named `<stem><mark><pid>-...` whose pid is no longer running."""
+    """Entries of `parent` named `<stem><mark><pid>[.<host>]-...` left by a process that is
+    provably gone (left_by_a_dead_process)."""
     found = []
-    pattern = re.compile(re.escape(stem + mark) + r"(\d+)-")
+    pattern = re.compile(re.escape(stem + mark) + OWNER.pattern)
     try:
         names = os.listdir(parent)
     except OSError:
         return found
     for name in names:
         match = pattern.match(name)
-        if match and not _pid_alive(int(match.group(1))):
+        if match and left_by_a_dead_process(int(match.group(1)), match.group(2)):
             found.append(parent / name)
     return found
 
@@ -79,7 +114,8 @@ def clean_stale_temporaries(target) -> list[str]:
     """Remove what killed runs left while writing `target` (links followed): their temporaries,
     and their set-aside old outputs - an old output is put back first when `target` itself is
     missing (the run died between moving the old one aside and the new one in).  Only entries of
-    processes no longer running are touched.  Returns the names removed or restored."""
+    processes provably gone are touched (left_by_a_dead_process).  Returns the names removed or
+    restored."""
     target = Path(target)
     done = []
     parent = target.parent
@@ -106,7 +142,7 @@ def _temporary_suffixes(target: Path) -> list[str]:
 
 def make_temporary(path: Path, suffix: str, directory: bool) -> str:
     stem = _stem_for_temporaries(path, TEMPORARY_MARK, suffix)
-    prefix = f"{stem}{TEMPORARY_MARK}{os.getpid()}-"
+    prefix = owner_prefix(stem, TEMPORARY_MARK)
     if directory:
         return tempfile.mkdtemp(prefix=prefix, suffix=suffix, dir=path.parent)
     fd, name = tempfile.mkstemp(prefix=prefix, suffix=suffix, dir=path.parent)
@@ -253,7 +289,7 @@ def publish(tmp_name, target, replace: bool, shown=None) -> None:
         fsync_directory(target.parent)
         return
     stem = _stem_for_temporaries(target, ASIDE_MARK, "")
-    aside = tempfile.mkdtemp(prefix=f"{stem}{ASIDE_MARK}{os.getpid()}-", dir=target.parent)
+    aside = tempfile.mkdtemp(prefix=owner_prefix(stem, ASIDE_MARK), dir=target.parent)
     os.rmdir(aside)
     os.rename(target, aside)
     try:

@@ -10,6 +10,7 @@ untrusted kernel: KernelTrustError) through unchanged.
 
 from __future__ import annotations
 
+import re
 import zipfile
 from pathlib import Path
 
@@ -99,6 +100,9 @@ def describe_load_failure(path, exc: BaseException) -> GraphswapError:
     cause = graphswap_cause(exc)
     if cause is not None:
         return cause
+    refused = _refused_weights(path, str(exc))
+    if refused is not None:
+        return refused
     text = str(exc).strip()
     message = text.splitlines()[0] if text else type(exc).__name__
     if len(message) > 300:  # Keras quotes whole layer configs; the class and the reason suffice
@@ -111,6 +115,32 @@ def describe_load_failure(path, exc: BaseException) -> GraphswapError:
         hint = (" The model uses custom classes; pass them with custom_objects= "
                 "(CLI: --custom-objects module.py).")
     return ModelLoadError(f"cannot load model {path}: {type(exc).__name__}: {message}.{hint}")
+
+
+#: Keras' one error for the weights of several objects it could not load (saving_lib): its first
+#: line names no reason; the example error after it does
+_AGGREGATE = re.compile(r"A total of (\d+) objects could not be loaded\. Example error message "
+                        r"for object (.*?):\n\n(.*?)\n\nList of objects that could not be "
+                        r"loaded:\n(.*)", re.S)
+
+
+def _refused_weights(path, text: str):
+    """ModelLoadError naming the object whose weights Keras refused and why, for Keras'
+    aggregate message; None for any other."""
+    match = _AGGREGATE.match(text.strip())
+    if match is None:
+        return None
+    count, example, reason, listed = match.groups()
+    reason = " ".join(reason.split("Target variable:")[0].split()) or "no reason given"
+    if len(reason) > 300:
+        reason = reason[:240] + " ... " + reason[-40:]
+    names = re.findall(r"<(\w+) name=([^,>]+)", listed)
+    shown = ", ".join(f"{kind} {name!r}" for kind, name in names[:5]) or example
+    return ModelLoadError(
+        f"cannot load model {path}: the weights of {count} object(s) ({shown}"
+        f"{', ...' if len(names) > 5 else ''}) were refused: {reason}. The weights stored in "
+        f"the file do not fit its architecture (the file was edited or damaged, or holds "
+        f"links to other files); re-save the model from the code or checkpoint that made it")
 
 
 def graphswap_cause(exc: BaseException):

@@ -136,6 +136,24 @@ def _is_graphswap_saved_model(directory: Path) -> bool:
     return (embedded_dir(directory) / MANIFEST_FILE).is_file()
 
 
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:   # bytes the file system gave that are no UTF-8 (surrogates)
+        return False
+    return True
+
+
+def _first_undecodable(text: str) -> int:
+    """The first byte of `text`'s file-system encoding that is no UTF-8."""
+    raw = os.fsencode(text)
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return raw[exc.start]
+    return 0
+
+
 def _within(inner: Path, outer: Path) -> bool:
     return inner == outer or outer in inner.parents
 
@@ -212,11 +230,16 @@ def check_output_path(path, force: bool = False, inputs=(), suffixes=None,
             f"output directory {directory} does not exist: {missing} {reason} (a path is "
             f"followed as written, '..' included); create it first or choose another -o/--output")
     limit = name_max(parent)
-    if len(path.name.encode()) > limit or len(absolute.encode()) >= 4096:
+    if len(os.fsencode(path.name)) > limit or len(os.fsencode(absolute)) >= 4096:
         raise OutputPathError(
             f"output name is too long ({os.strerror(errno.ENAMETOOLONG)}): "
-            f"{len(path.name.encode())} bytes in {path.name[:40]}..., this file system allows "
+            f"{len(os.fsencode(path.name))} bytes in {path.name[:40]}..., this file system allows "
             f"{limit} per name; choose a shorter -o/--output")
+    if directory and not _is_utf8(absolute):
+        raise OutputPathError(
+            f"output {text!r} is not UTF-8 text (a name with the byte "
+            f"0x{_first_undecodable(absolute):02x}); TensorFlow writes a SavedModel directory "
+            f"only under a UTF-8 path: name the output in UTF-8 (or write a .keras file)")
     resolved = _resolve(path)
     if resolved is None:
         raise OutputPathError(f"output {path} {missing_reason(path)}; remove it or choose another "

@@ -250,6 +250,8 @@ def _file_kernel(file_spec: FileSpec, content: native.FileContent) -> Kernel:
     key = (file_spec.kind, content.path, content.sha256, file_spec.extra)
     if file_spec.kind == "library":
         def build():
+            # what the loader would load with it must be the system's: nothing unpinned runs
+            native.check_library_dependencies(content, file_spec.what)
             copy = native.private_copy(content.data, content.sha256,
                                        os.path.basename(content.path))
             library = native.load_library(copy, content.sha256)

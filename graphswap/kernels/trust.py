@@ -22,9 +22,15 @@ Trust sources (any one suffices; trust is always of a content hash, so editing a
   ~/.config/graphswap), owner-only, keyed by SHA-256 and recording the path (like Jupyter's
   notebook signatures or `direnv allow`);
 * the environment variable GRAPHSWAP_TRUSTED_KERNELS: entries separated by os.pathsep, each a
-  SHA-256 hex digest or a file path (a path trusts whatever that path holds: the file that was
-  read must be the file the path names - same device and inode, compared on the descriptor that
-  was read, never by resolving the recorded path again).
+  SHA-256 hex digest or an absolute file path (a path trusts whatever that path holds: the file
+  that was read must be the file the path names - same device and inode, compared on the
+  descriptor that was read, never by resolving the recorded path again).  A relative entry is
+  refused: it would name another file in every folder a command runs in.
+
+Trust is of a file's own bytes, so a kernel must not read other files that could change without
+changing them: a C source may include only system headers, a library may need only system
+libraries (graphswap.native.dependencies; `trust` refuses such a file at once, the compile and
+the load check what they use again).
 
 Multiplier tables (.lut/.bin) are data, not code: they need no trust, but they pass the same
 record checks and their hash must match.
@@ -34,14 +40,18 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import errno
 import json
 import os
 import re
 import stat
+import tempfile
 import threading
 from pathlib import Path
 
-from graphswap.errors import KernelTrustError
+from graphswap.errors import KernelTrustError, TrustStoreError
+from graphswap.native import compiler
+from graphswap.native.dependencies import check_library_dependencies, check_source_reads
 from graphswap.native.files import FileContent, read_file
 
 ENV_VAR = "GRAPHSWAP_TRUSTED_KERNELS"
@@ -49,6 +59,10 @@ CONFIG_ENV_VAR = "GRAPHSWAP_CONFIG_DIR"
 STORE_NAME = "trusted_kernels.json"
 STORE_VERSION = 1
 _HEX = re.compile(r"^[0-9a-f]{64}$")
+_LIBRARY = re.compile(r"\.(?:so|dylib)(?:\.\d+)*$")
+_FILE_TYPES = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+               (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"),
+               (stat.S_ISDIR, "a directory"))
 
 _session: dict[str, str] = {}   # sha256 -> path it was trusted under
 _lock = threading.Lock()
@@ -82,9 +96,9 @@ def store_path() -> Path:
     return config_dir() / STORE_NAME
 
 
-def _check_private(path: Path, what: str) -> None:
+def _check_private(path: Path, what: str, info: os.stat_result | None = None) -> None:
     """Refuse a store (or its directory) that another user owns or could write."""
-    info = path.stat()
+    info = path.stat() if info is None else info
     if info.st_uid != os.getuid():
         raise KernelTrustError(
             f"the trust store {what} {path} belongs to another user (uid {info.st_uid}); "
@@ -92,26 +106,69 @@ def _check_private(path: Path, what: str) -> None:
             f"${CONFIG_ENV_VAR} at a directory of yours")
     mode = stat.S_IMODE(info.st_mode)
     if mode & 0o077:
-        fix = "700" if path.is_dir() else "600"
+        fix = "700" if stat.S_ISDIR(info.st_mode) else "600"
         raise KernelTrustError(
             f"the trust store {what} {path} has permissions {mode:04o}; it must be owner-only "
             f"(others could add trust to it). Fix it with: chmod {fix} {path}")
 
 
+def _not_plain(path: Path, what: str, kind: str) -> TrustStoreError:
+    return TrustStoreError(
+        f"the trust store's {what} {path} is {kind}; graphswap uses only a plain file it made "
+        f"there, never reading or writing through anything else. Remove it and run again")
+
+
+def _open_plain(path: Path, what: str, flags: int) -> int | None:
+    """`path` opened without following a link (None when it does not exist and `flags` do not
+    create it); TrustStoreError for a symbolic link, a FIFO, a folder, anything but a plain file."""
+    info = None
+    with contextlib.suppress(FileNotFoundError):
+        info = os.lstat(path)
+    if info is not None and not stat.S_ISREG(info.st_mode):
+        raise _not_plain(path, what, f"a symbolic link (to {shown(os.readlink(path))})"
+                         if stat.S_ISLNK(info.st_mode) else next(
+                             (name for test, name in _FILE_TYPES if test(info.st_mode)),
+                             "not a plain file"))
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        if exc.errno == errno.ENOENT and not flags & os.O_CREAT:
+            return None
+        if exc.errno == errno.ELOOP:   # became a link meanwhile
+            raise _not_plain(path, what, "a symbolic link") from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise _not_plain(path, what, "not a plain file")
+    return fd
+
+
+def _unwritable(path: Path, exc: OSError, what: str = "trust store") -> TrustStoreError:
+    reason = exc.strerror or str(exc)   # e.g. "No space left on device"
+    return TrustStoreError(
+        f"could not write the {what} {path}: {reason}; free some space there (or make the folder "
+        f"writable, or set {CONFIG_ENV_VAR} to a writable folder) and run the command again. "
+        f"The trust store was left as it was", reason=reason)
+
+
 def _read_store() -> dict[str, dict]:
-    """{sha256: entry} from the store file ({} when there is none)."""
+    """{sha256: entry} from the store file ({} when there is none), opened following no link."""
     path = store_path()
-    if not path.exists():
+    if not os.path.lexists(path):
         return {}
     _check_private(path.parent, "directory")
-    _check_private(path, "file")
     def unreadable(reason):
         return KernelTrustError(
             f"the trust store {path} is unreadable ({reason}); remove it and trust your kernels "
             f"again with 'graphswap trust add FILE'")
 
     try:
-        entries = json.loads(path.read_text(encoding="utf-8"))["kernels"]
+        fd = _open_plain(path, "file", os.O_RDONLY)
+        if fd is None:
+            return {}
+        with os.fdopen(fd, "rb") as handle:
+            _check_private(path, "file", os.fstat(fd))
+            entries = json.loads(handle.read().decode("utf-8"))["kernels"]
         store = {}
         for entry in entries:
             if not isinstance(entry.get("sha256"), str) or not _HEX.match(entry["sha256"]):
@@ -124,30 +181,45 @@ def _read_store() -> dict[str, dict]:
 
 
 def _write_store(store: dict[str, dict]) -> None:
+    """Replace the store (under _store_lock): written in full to a new owner-only temporary,
+    synced, renamed over it; on a failure the old store stays (TrustStoreError)."""
     path = store_path()
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    _check_private(path.parent, "directory")
     document = {"version": STORE_VERSION,
                 "kernels": sorted(store.values(), key=lambda e: (e["path"], e["sha256"]))}
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
+    tmp = None
+    try:   # mkstemp: O_EXCL | O_NOFOLLOW, mode 0600, a random name
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             json.dump(document, handle, indent=2)
+            handle.flush()
+            os.fsync(handle.fileno())
         os.replace(tmp, path)
+        tmp = None
+    except OSError as exc:
+        raise _unwritable(path, exc) from None
     finally:
-        if tmp.exists():
-            tmp.unlink()
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
 
 
 @contextlib.contextmanager
 def _store_lock():
-    """Serialise read-modify-write of the store between processes."""
+    """Serialise read-modify-write of the store between processes: an flock on the plain file
+    `.trusted_kernels.json.lock`, opened without following a link, never truncated or written."""
     import fcntl
 
     directory = config_dir()
-    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-    fd = os.open(directory / f".{STORE_NAME}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    path = directory / f".{STORE_NAME}.lock"
+    try:
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as exc:
+        raise _unwritable(directory, exc, "trust store's folder") from None
+    _check_private(directory, "directory")
+    try:
+        fd = _open_plain(path, "lock file", os.O_RDWR | os.O_CREAT)
+    except OSError as exc:
+        raise _unwritable(path, exc, "trust store's lock file") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
@@ -161,12 +233,43 @@ def stored_trust() -> list[dict]:
 
 
 def file_state(entry: dict) -> str:
-    """Whether a store entry's file still holds the trusted content: "same", "changed", "missing"."""
+    """Whether a store entry's file still holds the trusted content: "same", "changed",
+    "missing", or "reads other files" (same content, but it includes headers or needs libraries
+    from outside the system's, so graphswap refuses it: check_reads)."""
     try:
         content = read_file(entry["path"], "kernel file")
     except KernelTrustError:
         return "missing"
-    return "same" if content.sha256 == entry["sha256"] else "changed"
+    if content.sha256 != entry["sha256"]:
+        return "changed"
+    try:
+        check_reads(content)
+    except KernelTrustError:
+        return "reads other files"
+    return "same"
+
+
+def shown(path: str) -> str:
+    """A path as printed: itself when every character is printable, else escaped as Python writes
+    a string (a newline or another control character in a stored path must not make lines of
+    output of its own)."""
+    return path if path.isprintable() else repr(path)
+
+
+def check_reads(content: FileContent) -> None:
+    """Refuse (KernelTrustError naming both files) a kernel file that reads files besides itself
+    that its hash does not cover: a C source (.c) including a header from outside the compiler's
+    system headers, a library (.so) needing one from outside the system library directories.
+    Compiling and loading check what they use again; this is the early, same answer."""
+    if content.path.endswith(".c"):
+        try:
+            listed = compiler.list_dependencies(content.path)
+            system = compiler.system_include_dirs()
+        except compiler.CompilerError:
+            return   # no compiler, or no valid C: said when it is compiled
+        check_source_reads(listed, [content.path], content.path, system, "kernel source")
+    elif _LIBRARY.search(content.path):
+        check_library_dependencies(content, "kernel library")
 
 
 def _now() -> str:
@@ -180,9 +283,19 @@ def trust(path, persist: bool = False) -> str:
     change of the file revokes the trust: its new hash is not trusted.
     """
     real = os.path.realpath(os.fspath(path))
-    if not os.path.isfile(real):
-        raise KernelTrustError(f"cannot trust {path}: no such file")
+    try:
+        mode = os.stat(real).st_mode
+    except OSError:
+        raise KernelTrustError(f"cannot trust {shown(os.fspath(path))}: no such file") from None
+    if not stat.S_ISREG(mode):
+        kind = next((f"{name}, not a regular file" for test, name in _FILE_TYPES if test(mode)),
+                     "not a regular file")
+        raise KernelTrustError(
+            f"cannot trust {shown(os.fspath(path))}: it is {kind}; graphswap trusts kernel files "
+            f"(a .c source, a .so library) by the hash of their content. Give the path of the "
+            f"kernel file itself")
     content = read_file(real, "kernel file")
+    check_reads(content)
     approve(content, persist=persist)
     return content.sha256
 
@@ -240,8 +353,17 @@ def clear_session_trust() -> None:
 
 
 def _env_entries() -> list[str]:
-    return [entry.strip() for entry in os.environ.get(ENV_VAR, "").split(os.pathsep)
-            if entry.strip()]
+    """The entries of $GRAPHSWAP_TRUSTED_KERNELS; KernelTrustError for a relative path."""
+    entries = [entry.strip() for entry in os.environ.get(ENV_VAR, "").split(os.pathsep)
+               if entry.strip()]
+    for entry in entries:
+        if not _HEX.match(entry.lower()) and not os.path.isabs(os.path.expanduser(entry)):
+            raise KernelTrustError(
+                f"${ENV_VAR} holds the relative path {entry!r}; it would be resolved against "
+                f"each command's current folder, trusting whatever file of that name the folder "
+                f"you run in holds. Its entries must be absolute paths or SHA-256 digests: "
+                f"write it as an absolute path (e.g. {os.path.abspath(entry)}), or remove it")
+    return entries
 
 
 def trusted_by(sha256: str, path: str, identity: tuple[int, int] | None = None) -> str | None:

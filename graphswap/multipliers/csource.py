@@ -22,6 +22,7 @@ import dataclasses
 import hashlib
 import os
 import re
+import tempfile
 from pathlib import Path
 
 from graphswap.errors import KernelSpecError
@@ -34,6 +35,7 @@ from graphswap.multipliers.widths import (NAMED_WIDTHS, WIDTH_DECLARATION, Width
 from graphswap.native import (FileContent, cache_dir, compiler, owner_only_directory,
                               record_artefact, recorded_artefact, remove_stale,
                               write_atomically)
+from graphswap.native.dependencies import check_source_reads
 
 _C_TYPES = {
     "uint8_t": (8, False), "unsigned char": (8, False), "int8_t": (8, True), "signed char": (8, True),
@@ -176,7 +178,7 @@ def _classify(fn: _CFunction, path: str, widths: Widths | None = None) -> _Signa
     return _Signature(signed, arg_type, swap, result, generation, tuple(notes))
 
 
-_WRAPPER_VERSION = "3"  # 2: built portable (no -march=native); 3: 8xN operands
+_WRAPPER_VERSION = "4"  # 2: portable (no -march=native); 3: 8xN; 4: from one checked .i
 
 
 def _wrapper_source(fn: _CFunction, sig: _Signature, include_name: str,
@@ -215,7 +217,8 @@ def _wrapper_source(fn: _CFunction, sig: _Signature, include_name: str,
 def compile_error(path: str, exc: Exception, copied: Path, what: str = "multiplier",
                    instead: str = "a prebuilt 'lib.so:symbol' or a .lut table") -> KernelSpecError:
     """The compiler's whole output, with the private copy's name replaced by the user's file."""
-    output = str(exc).replace(str(copied), path)
+    output = re.sub(r"(\.c)\.\w+\.i\b", r"\1", str(exc))   # a unit: named by its source
+    output = output.replace(str(copied), path)
     output = re.sub(r"\S*/wrapper-(?:fp8-)?[0-9a-f]+\.c", "graphswap's generated wrapper", output)
     return KernelSpecError(f"cannot compile {what} {path}: {output}\nFix the C source (it "
                            f"must compile with 'cc -c'), or pass {instead}")
@@ -232,26 +235,67 @@ def private_source_copy(content: FileContent) -> tuple[Path, Path]:
     return workdir, copied
 
 
+def checked_unit(source_file: Path, workdir: Path, content: FileContent, copied: Path,
+                 failed, what: str = "multiplier source") -> Path:
+    """The translation unit (.i, in `workdir`; the caller compiles and removes it) of
+    `source_file` - graphswap's wrapper, or the private copy itself - from one preprocessor run,
+    after checking every file that run read: the private copy, the wrapper and the compiler's
+    system headers only (native.dependencies: a KernelTrustError naming any other header, or one
+    not found, before anything is compiled).  The unit is compiled without opening a header
+    again, so what was checked is what is compiled.  `failed(exc)` is the error a compiler
+    failure raises."""
+    fd, name = tempfile.mkstemp(prefix=source_file.name + ".", suffix=".i", dir=workdir)
+    os.close(fd)
+    unit = Path(name)
+    own = [source_file, copied]
+    try:
+        try:
+            # portable: the table is filled once, and a cache shared by machines (a home
+            # directory on a cluster) must not hold code another CPU cannot run
+            read = compiler.preprocess(source_file, unit, include_dirs=[workdir], portable=True)
+        except compiler.CompilerError as exc:
+            try:   # a header that is not there (one beside the user's file): say so
+                listed = compiler.list_dependencies(source_file, [workdir])
+            except compiler.CompilerError:
+                listed = []
+            check_source_reads(listed, own, content.path, compiler.system_include_dirs(), what)
+            raise failed(exc) from None
+        check_source_reads(read, own, content.path, compiler.system_include_dirs(), what)
+    except BaseException:
+        unit.unlink(missing_ok=True)
+        raise
+    return unit
+
+
+def compile_checked(unit: Path, output: Path, failed) -> None:
+    """Compile a unit from checked_unit() into `output`, then remove the unit; `failed(exc)` is
+    the error a compiler failure raises."""
+    try:
+        compiler.compile_unit(unit, output, portable=True)
+    except compiler.CompilerError as exc:
+        raise failed(exc) from None
+    finally:
+        unit.unlink(missing_ok=True)
+
+
 def built_wrapper(workdir: Path, wrapper: str, wrapper_name: str, library_path: Path,
-                  compile_error):
-    """The recorded artefact of `wrapper` compiled into `library_path` (closed; its sha256 is
-    what the evaluating process checks): reused only if it is the binary graphswap built (its
-    hash matches graphswap's record in the cache; a planted file, or a `.sha256` file beside
-    one, counts for nothing), else rebuilt; `compile_error(exc)` is the error a failed build
-    raises."""
+                  compile_error, content: FileContent, copied: Path,
+                  what: str = "multiplier source"):
+    """The recorded artefact of `wrapper` (which includes `copied`, the private copy of
+    `content`) compiled into `library_path` (closed; its sha256 is what the evaluating process
+    checks).  What the wrapper reads is checked first, every time (checked_unit); the artefact is
+    reused only if it is the binary graphswap built (its hash matches graphswap's record in the
+    cache; a planted file, or a `.sha256` file beside one, counts for nothing), else rebuilt;
+    `compile_error(exc)` is the error a failed build raises."""
+    wrapper_path = workdir / wrapper_name
+    write_atomically(wrapper_path, wrapper.encode())
+    unit = checked_unit(wrapper_path, workdir, content, copied, compile_error, what)
     checked = recorded_artefact(library_path)
     if checked is None:
         remove_stale(library_path)
-        wrapper_path = workdir / wrapper_name
-        write_atomically(wrapper_path, wrapper.encode())
-        try:
-            # portable: the table is filled once, and a cache shared by machines (a home directory
-            # on a cluster) must not hold code another CPU cannot run
-            compiler.compile_shared([wrapper_path], library_path, include_dirs=[workdir],
-                                    portable=True)
-        except compiler.CompilerError as exc:
-            raise compile_error(exc) from None
+        compile_checked(unit, library_path, compile_error)
         checked = record_artefact(library_path)
+    unit.unlink(missing_ok=True)
     checked.close()
     return checked
 
@@ -266,6 +310,7 @@ def from_c_source(content: FileContent, function: str | None, isolated: bool = T
     path = content.path
     sha = content.sha256
     source = content.data.decode("utf-8", "replace")
+    header, header_text = parse_header_metrics(source, path)   # refused before any compiling
     workdir, copied = private_source_copy(content)
     include_name = copied.name
 
@@ -285,10 +330,11 @@ def from_c_source(content: FileContent, function: str | None, isolated: bool = T
                   or NAMED_WIDTHS.match(f.name)] or functions
     if not chosen:
         # Maybe the source does not even compile: the compiler's message is the useful one then.
-        try:
-            compiler.compile_shared([copied], workdir / "syntax-check.so", portable=True)
-        except compiler.CompilerError as exc:
-            raise compile_error(path, exc, copied) from None
+        def failed(exc):
+            return compile_error(path, exc, copied)
+
+        compile_checked(checked_unit(copied, workdir, content, copied, failed),
+                        workdir / "syntax-check.so", failed)
         found = [f"{f.ret} {f.name}({', '.join(' '.join(p) for p in f.params)})"
                  for f in _find_functions(source)]
         raise KernelSpecError(
@@ -307,7 +353,7 @@ def from_c_source(content: FileContent, function: str | None, isolated: bool = T
     key = hashlib.sha256((sha + fn.name + _WRAPPER_VERSION + wrapper).encode()).hexdigest()[:16]
     library_path = workdir / f"{fn.name}-{key}.so"
     checked = built_wrapper(workdir, wrapper, f"wrapper-{key}.c", library_path,
-                            lambda exc: compile_error(path, exc, copied))
+                            lambda exc: compile_error(path, exc, copied), content, copied)
     # the evaluating process loads it only with this hash, checked on the descriptor it loads from
     plan = EvaluationPlan(source=path, name=fn.name, library=str(library_path),
                           sha256=checked.sha256, mode="wrapper")
@@ -319,7 +365,6 @@ def from_c_source(content: FileContent, function: str | None, isolated: bool = T
         table = table_from_raw(raw, sig.result, path, fn.name)
     else:
         table = narrow_table(raw, sig.result, weight_bits, path, fn.name, activation_bits)
-    header, header_text = parse_header_metrics(source)
     absolute = path
     spec = absolute + (f":{function}" if function else f":{declared}" if declared else "")
     kind = "signed" if sig.signed else "unsigned"

@@ -34,7 +34,7 @@ from graphswap.multipliers.csource import built_wrapper, compile_error, private_
 from graphswap.native import FileContent
 
 TABLE_SHAPE = (256, 256)
-_WRAPPER_VERSION = "fp8-1"
+_WRAPPER_VERSION = "fp8-2"  # 2: compiled from one checked .i
 _OPERAND = r"(?:const\s+)?(?:uint8_t|unsigned\s+char)\s+(?:const\s+)?\w+"
 _FP8_FUNCTION = re.compile(
     r"(?:^|[;}\s])(?:(?:static|inline|extern)\s+)*(?P<ret>float|double)\s+(?P<name>[A-Za-z_]\w*)"
@@ -88,6 +88,7 @@ def table_from_c(content: FileContent, function: str | None) -> tuple[np.ndarray
     path = content.path
     source = content.data.decode("utf-8", "replace")
     name = _choose_function(source, path, function)
+    header, _ = parse_header_metrics(source, path)   # refused before any compiling
     workdir, copied = private_source_copy(content)
     wrapper = _wrapper_source(name, copied.name)
     key = hashlib.sha256((content.sha256 + name + _WRAPPER_VERSION + wrapper).encode()) \
@@ -95,12 +96,12 @@ def table_from_c(content: FileContent, function: str | None) -> tuple[np.ndarray
     library_path = workdir / f"fp8-{name}-{key}.so"
     checked = built_wrapper(workdir, wrapper, f"wrapper-fp8-{key}.c", library_path,
                             lambda exc: compile_error(path, exc, copied, "FP8 multiplier",
-                                                      "a .npy table"))
+                                                      "a .npy table"),
+                            content, copied, "FP8 multiplier source")
     plan = EvaluationPlan(source=path, name=name, library=str(library_path),
                           sha256=checked.sha256, mode="wrapper")
     raw = evaluate_isolated(plan, False)
     table = (raw & np.uint64(0xFFFFFFFF)).astype(np.uint32).view(np.float32).reshape(TABLE_SHAPE)
-    header, _ = parse_header_metrics(source)
     return np.ascontiguousarray(table), name, header
 
 

@@ -3,25 +3,43 @@ an EvoApproxLib file prints in its header, and whether the two agree."""
 
 from __future__ import annotations
 
+import math
 import re
 
 import numpy as np
 
+from graphswap.errors import KernelSpecError
 from graphswap.multipliers.record import Multiplier, operand_values, weight_values
 
 HEADER_KEYS = ("MAE%", "MAE", "WCE%", "WCE", "WCRE%", "EP%", "MRE%", "MSE",
                "PDK45_PWR", "PDK45_AREA", "PDK45_DELAY")
+#: the circuit's hardware figures (power in mW, area in um^2, delay in ns): numbers >= 0
+HARDWARE_KEYS = ("PDK45_PWR", "PDK45_AREA", "PDK45_DELAY")
 _HEADER_LINE = re.compile(
     r"^\s*//\s*(MAE%|MAE|WCE%|WCE|WCRE%|EP%|MRE%|MSE|PDK45_PWR|PDK45_AREA|PDK45_DELAY)\s*=\s*"
-    r"([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)", re.MULTILINE)
+    r"([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?i:nan|inf(?:inity)?)\b)",
+    re.MULTILINE)
 
 
-def parse_header_metrics(source: str) -> tuple[dict, dict]:
-    """EvoApproxLib header metrics ("// MAE% = 0.0034 %") -> ({key: float}, {key: printed text})."""
+def parse_header_metrics(source: str, path: str = "the multiplier source") -> tuple[dict, dict]:
+    """EvoApproxLib header metrics ("// MAE% = 0.0034 %") -> ({key: float}, {key: printed text}).
+
+    A hardware figure (PDK45_PWR / _AREA / _DELAY) that is negative, NaN or infinite is refused
+    (KernelSpecError naming `path`, the line and the value); a NaN or infinite error metric is
+    left out, as if the line were not there."""
     values, texts = {}, {}
     for key, text in _HEADER_LINE.findall(source):
-        if key not in values:
-            values[key] = float(text)
+        if key in values:
+            continue
+        value = float(text)
+        if key in HARDWARE_KEYS and not (math.isfinite(value) and value >= 0):
+            raise KernelSpecError(
+                f"{path}: its header says '{key} = {text}'; a hardware figure (PDK45_PWR in mW, "
+                f"PDK45_AREA, PDK45_DELAY) must be a finite number >= 0. Correct that line of the "
+                f"header, or remove it and give the figure another way (sweep --power, a metrics "
+                f"table for explore)")
+        if math.isfinite(value):
+            values[key] = value
             texts[key] = text
     return values, texts
 

@@ -16,7 +16,7 @@ from graphswap.multipliers.evaluation import (EvaluationPlan, ResultType, evalua
                                               evaluate_isolated, table_from_raw)
 from graphswap.multipliers.widths import WIDTH_DECLARATION, narrow_table, operand_widths
 from graphswap.multipliers.record import Multiplier
-from graphswap.native import FileContent, private_copy
+from graphswap.native import FileContent, check_library_dependencies, private_copy
 
 _SO_SIGNATURES = {
     # option: (argument type, return type, signed, C return type)  (table_child.CTYPES names)
@@ -85,6 +85,8 @@ def from_shared_library(content: FileContent, symbol: str, options: str | None,
     arg_type, ret_type, signed, c_return = _SO_SIGNATURES[signature]
     if widths is not None:
         signed = widths.signed
+    # what the loader would load with it must be the system's: nothing unpinned runs
+    check_library_dependencies(content, "multiplier library")
     copy = private_copy(content.data, content.sha256, os.path.basename(path))
     plan = EvaluationPlan(source=path, name=symbol, library=str(copy), sha256=content.sha256,
                           mode="symbol", symbol=symbol, arg=arg_type, ret=ret_type, order=order)

@@ -12,8 +12,11 @@ Nothing here imports TensorFlow.  Layers above use:
     cache_dir, private_copy                         - the owner-only cache
     record_artefact, recorded_artefact, open_checked - compiled code reused only as it was built,
                                                       loaded through the descriptor it was hashed on
+    check_library_dependencies, check_source_reads  - nothing read besides the kernel file itself
+                                                      but system libraries and headers
 """
 
+from graphswap.native.dependencies import check_library_dependencies, check_source_reads
 from graphswap.native.cache import (cache_dir, configured_cache_root, owner_only_directory,
                                     private_copy, record_artefact, recorded_artefact, remove_stale,
                                     write_atomically)
@@ -39,4 +42,5 @@ __all__ = ["ISA_PATHS", "LUT_SIGNED", "LUT_UNSIGNED", "LutQuant", "QUANT_DYNAMIC
            "im2col", "load_library", "missing_reason", "owner_only_directory", "private_copy", "read_file",
            "sha256_of", "shipped_library", "shipped_library_path", "write_atomically",
            "CheckedFile", "configured_cache_root", "open_checked", "record_artefact",
-           "recorded_artefact", "remove_stale"]
+           "recorded_artefact", "remove_stale", "check_library_dependencies",
+           "check_source_reads"]
