@@ -16,6 +16,18 @@ the same architecture is saved as a Keras 3 `.keras` and as tf.keras `.h5` / Ker
 
 Sizes are cut down so that a test runs in seconds; the layer kinds and their options are the
 published ones.  Every model is compiled with the loss its task would use, as users save them.
+
+Issue 37's fixtures (`ROUND2`, not in the zoo's BUILDERS: each is about one way a file or an
+export went wrong, tests/test_realmodels_round2.py):
+
+    gru_sensor       a Keras 2-era sequence classifier: GRU(recurrent_activation="hard_sigmoid",
+                     reset_after=False) - Keras 2.0-2.2's defaults -, an LSTM with the same gate,
+                     hard_sigmoid Dense and Activation layers (built by tf_keras: Keras 2's
+                     formula, 0.2 x + 0.5 clipped)
+    sequential_gru   a Sequential whose first layer carries the input shape (`input_shape=`:
+                     Keras 2 saves it as the layer's batch_input_shape), then Bidirectional(GRU)
+    two_heads        two outputs of different widths, named out of alphabetical order
+    augmented_cnn    RandomFlip and RandomRotation before a Conv2D (Keras 3)
 """
 
 from __future__ import annotations
@@ -187,6 +199,54 @@ def transformer_ecg(k, length=32, classes=5):
     return model
 
 
+def gru_sensor(k, steps=10, features=4, classes=3):
+    inputs = k.Input((steps, features), name="signals")
+    x = k.layers.GRU(8, recurrent_activation="hard_sigmoid", reset_after=False,
+                     return_sequences=True, name="gru")(inputs)
+    x = k.layers.LSTM(8, recurrent_activation="hard_sigmoid", name="lstm")(x)
+    x = k.layers.Dense(8, activation="hard_sigmoid", name="gate")(x)
+    x = k.layers.Activation("hard_sigmoid", name="squash")(k.layers.Dense(8, name="mix")(x))
+    outputs = k.layers.Dense(classes, activation="softmax", name="head")(x)
+    model = k.Model(inputs, outputs, name="gru_sensor")
+    model.compile("adam", "sparse_categorical_crossentropy", metrics=["accuracy"])
+    return model
+
+
+def sequential_gru(k, steps=10, features=3, classes=2):
+    model = k.Sequential([
+        k.layers.GRU(6, return_sequences=True, input_shape=(steps, features), name="gru"),
+        k.layers.Bidirectional(k.layers.GRU(4, return_sequences=True), name="bidirectional"),
+        k.layers.GlobalAveragePooling1D(),
+        k.layers.Dense(classes, activation="softmax", name="head")], name="sequential_gru")
+    model.compile("adam", "sparse_categorical_crossentropy", metrics=["accuracy"])
+    return model
+
+
+def two_heads(k, features=6):
+    inputs = k.Input((features,), name="features")
+    x = k.layers.Dense(16, activation="relu", name="trunk")(inputs)
+    zeta = k.layers.Dense(7, name="zeta")(x)                          # a regression head
+    alpha = k.layers.Dense(2, activation="softmax", name="alpha")(x)  # a classifier head
+    model = k.Model(inputs, [zeta, alpha], name="two_heads")
+    model.compile("adam", ["mse", "sparse_categorical_crossentropy"])
+    return model
+
+
+def augmented_cnn(k, size=16, classes=4, flip=None):
+    inputs = k.Input((size, size, 3), name="image")
+    x = (flip or k.layers.RandomFlip)("horizontal", name="flip")(inputs)
+    x = k.layers.RandomRotation(0.1, name="rotate")(x)
+    x = k.layers.Conv2D(8, 3, padding="same", activation="relu", name="conv")(x)
+    x = k.layers.GlobalAveragePooling2D()(x)
+    outputs = k.layers.Dense(classes, activation="softmax", name="head")(x)
+    model = k.Model(inputs, outputs, name="augmented_cnn")
+    model.compile("adam", "sparse_categorical_crossentropy", metrics=["accuracy"])
+    return model
+
+
+ROUND2 = {f.__name__: f for f in (gru_sensor, sequential_gru, two_heads, augmented_cnn)}
+
+
 BUILDERS = {f.__name__: f for f in (resnet8, mobilenet_v1, ds_cnn, fc_autoencoder, lstm_text,
                                      gru_text, conv_decoder, binary_mlp, regression_mlp,
                                      transformer_ecg)}
@@ -211,6 +271,8 @@ def sample_data(model, n=32, seed=0):
         y = (x.sum(axis=1, keepdims=True) > shape[0] / 2).astype(np.float32)
     elif model.name == "mobilenet_v1":
         y = np.eye(out[-1], dtype=np.float32)[rng.integers(0, out[-1], n)]
+    elif model.name == "two_heads":  # (regression targets, class indices)
+        y = (rng.uniform(0, 1, (n, *out)).astype(np.float32), rng.integers(0, 2, n))
     else:
         y = rng.integers(0, out[-1], n)
     return x, y
@@ -221,7 +283,7 @@ def trained(k, name, epochs=2, seed=0):
     its BatchNormalization statistics and outputs are not those of an initialisation)."""
     if hasattr(k.utils, "set_random_seed"):
         k.utils.set_random_seed(seed)
-    model = BUILDERS[name](k)
+    model = {**BUILDERS, **ROUND2}[name](k)
     x, y = sample_data(model, seed=seed)
     model.fit(x, y, epochs=epochs, batch_size=16, verbose=0)
     return model

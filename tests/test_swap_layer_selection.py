@@ -19,7 +19,8 @@ from graphswap.swap.catalog import RECURRENT_TYPES
 
 RNG = np.random.default_rng(23)
 #: the types of all_types_model (the recurrent ones: tests/test_swap_recurrent.py)
-NON_RECURRENT = set(graphswap.LAYER_TYPES) - set(RECURRENT_TYPES)
+# TimeDistributed wraps the others (tests/test_realmodels_timedistributed.py): not one of them
+NON_RECURRENT = set(graphswap.LAYER_TYPES) - set(RECURRENT_TYPES) - {"TimeDistributed"}
 
 
 def all_types_model():

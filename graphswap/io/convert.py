@@ -20,6 +20,7 @@ from graphswap.io.lowering import lower_model
 from graphswap.io.paths import check_model_output_path, default_output_path
 from graphswap.io.saving import save_model
 from graphswap.swap import (OriginalCannotRunError, RewriteReport, calibration_inputs,
+                            counting_length, free_dimension_length, has_free_dimensions,
                             is_swapped, iter_layers, max_output_difference, rewrite_model,
                             sample_inputs, transform_model, validate_check_batch)
 
@@ -64,7 +65,8 @@ class ConvertResult:
 def convert(model, kernel=None, *, kernel_map=None, include=None, exclude=None,
             layer_types=None, backward: str = "native", check_batch: int = 8,
             output=None, force: bool = False, custom_objects=None,
-            safe_mode: bool = True, inplace: bool = False, rewrite_options=None) -> ConvertResult:
+            safe_mode: bool = True, inplace: bool = False, rewrite_options=None,
+            sequence_length=None) -> ConvertResult:
     """Rewrite `model` (a path, or a keras.Model) so its selected layers run `kernel`.
 
     `kernel` defaults to "exact", or to none when a `kernel_map` is given (see rewrite_model for
@@ -79,6 +81,9 @@ def convert(model, kernel=None, *, kernel_map=None, include=None, exclude=None,
     copy, never the file.  `rewrite_options` are rewrite_model's quantization, calibration and
     folding arguments (quantization, calibration_data as arrays, calibration_samples,
     calibration_method, calibration_source, bias_correction, recalibrate_bn, fold_batchnorm).
+    `sequence_length`: the length free (None) input dimensions take in the random check batch
+    and in the report's MAC count (None: the calibration data's, else
+    graphswap.swap.DEFAULT_SEQUENCE_LENGTH).
     """
     source = Path(model) if isinstance(model, (str, os.PathLike)) else None
     check_batch = validate_check_batch(check_batch)
@@ -93,10 +98,13 @@ def convert(model, kernel=None, *, kernel_map=None, include=None, exclude=None,
         if source is not None else model
     previous = {path: layer for path, layer in iter_layers(original) if is_swapped(layer)}
     base = lower_model(original)[0] if previous else original
-    swapped, report = rewrite_model(base, kernel=kernel, include=include, exclude=exclude,
-                                    kernel_map=kernel_map, layer_types=layer_types,
-                                    backward=backward, return_report=True, inplace=inplace,
-                                    **(rewrite_options or {}))
+    length = free_dimension_length(original, (rewrite_options or {}).get("calibration_data"),
+                                   sequence_length)
+    with counting_length(length):
+        swapped, report = rewrite_model(base, kernel=kernel, include=include, exclude=exclude,
+                                        kernel_map=kernel_map, layer_types=layer_types,
+                                        backward=backward, return_report=True,
+                                        inplace=inplace, **(rewrite_options or {}))
     if previous:
         swapped = _keep_unselected_kernels(swapped, report, previous)
     if not report.swapped:
@@ -106,13 +114,14 @@ def convert(model, kernel=None, *, kernel_map=None, include=None, exclude=None,
             f"({len(report.layers)} layers inspected); see 'graphswap inspect MODEL'")
     difference, note, checked_on = None, None, "a random batch"
     if check_batch > 0:
-        batch, checked_on = _comparison_batch(original, check_batch, rewrite_options)
+        batch, checked_on = _comparison_batch(original, check_batch, rewrite_options, length)
         try:
             difference = max_output_difference(original, swapped, batch)
         except OriginalCannotRunError as exc:
             note = f"comparison with the original skipped: {exc}"
     if output is not None:
-        save_model(swapped, output, force=force, check_batch=max(check_batch, 1))
+        save_model(swapped, output, force=force, check_batch=max(check_batch, 1),
+                   sequence_length=length)
     return ConvertResult(swapped, report, output, check_batch, difference, note, checked_on,
                          _compile_notes(original, swapped))
 
@@ -130,12 +139,15 @@ def _compile_notes(original, swapped) -> tuple:
     return ()
 
 
-def _comparison_batch(original, check_batch: int, rewrite_options) -> tuple:
+def _comparison_batch(original, check_batch: int, rewrite_options, length: int) -> tuple:
     """(inputs, what they are) for comparing the rewritten model with the original: the first
-    `check_batch` calibration examples when calibration data was given, else a random batch."""
+    `check_batch` calibration examples when calibration data was given, else a random batch (free
+    dimensions at `length`)."""
     data = (rewrite_options or {}).get("calibration_data")
     if data is None:
-        return sample_inputs(original, check_batch), f"a random batch of {check_batch}"
+        free = f" (free dimensions at length {length})" if has_free_dimensions(original) else ""
+        return (sample_inputs(original, check_batch, sequence_length=length),
+                f"a random batch of {check_batch}{free}")
     arrays = [a[:check_batch] for a in calibration_inputs(original, data)]
     return (arrays[0] if len(arrays) == 1 else arrays,
             f"the first {len(arrays[0])} calibration examples")

@@ -45,11 +45,11 @@ from graphswap._version import __version__
 from graphswap.errors import (ExportError, GraphswapError, ModelLoadError,
                               SavedModelConsistencyError)
 from graphswap.io.export_result import ASSET_NAME
-from graphswap.io.keras3 import load_keras_file
+from graphswap.io.keras3 import MAX_ARCHIVE_JSON_BYTES, check_archive_members, load_keras_file
 from graphswap.io.lowering import lower_model, swapped_layers
 from graphswap.io.savedmodel_program import check_program, private_copy, shown_as
 from graphswap.io.signatures import signature_names
-from graphswap.swap import compare_outputs, run_model, sample_inputs
+from graphswap.swap import MAX_SEQUENCE_LENGTH, compare_outputs, run_model, sample_inputs
 
 EMBED_DIR = "graphswap"
 MODEL_FILE = "model.keras"
@@ -89,7 +89,12 @@ def _sha256(data: bytes) -> str:
 
 
 def manifest_document(records, input_names, output_names, model_name: str, model_bytes: bytes,
-                      check_batch: int) -> dict:
+                      check_batch: int, sequence_length=None) -> dict:
+    check = {"batch": int(check_batch), "seed": CHECK_SEED,
+             "compares": f"{SIGNATURE} with the embedded model, swapped layers lowered, on "
+                         f"graphswap.swap.sample_inputs(model, batch, seed, sequence_length)"}
+    if sequence_length is not None:   # free input dimensions' length (absent: the default)
+        check["sequence_length"] = int(sequence_length)
     return {"format": FORMAT, "format_version": FORMAT_VERSION, "producer": "graphswap",
             "graphswap_version": __version__,
             "model": {"file": MODEL_FILE, "name": model_name, "sha256": _sha256(model_bytes),
@@ -97,13 +102,11 @@ def manifest_document(records, input_names, output_names, model_name: str, model
             "signature": {"name": SIGNATURE, "inputs": list(input_names),
                           "outputs": list(output_names)},
             "lowered_layers": _layer_keys(r.to_dict() for r in records),
-            "consistency_check": {
-                "batch": int(check_batch), "seed": CHECK_SEED,
-                "compares": f"{SIGNATURE} with the embedded model, swapped layers lowered, on "
-                            f"graphswap.swap.sample_inputs(model, batch, seed)"}}
+            "consistency_check": check}
 
 
-def embed_model(model, directory, records, input_names, output_names, check_batch: int) -> dict:
+def embed_model(model, directory, records, input_names, output_names, check_batch: int,
+                sequence_length=None) -> dict:
     """Write the graphswap half into the SavedModel being exported at `directory` (a temporary
     directory the export renames into place): assets/graphswap/model.keras and its manifest."""
     target = embedded_dir(directory)
@@ -116,7 +119,7 @@ def embed_model(model, directory, records, input_names, output_names, check_batc
         raise ExportError(f"cannot embed the Keras model in the SavedModel (model.save failed: "
                           f"{type(exc).__name__}: {first}); nothing was written") from None
     manifest = manifest_document(records, input_names, output_names, model.name,
-                                 model_path.read_bytes(), check_batch)
+                                 model_path.read_bytes(), check_batch, sequence_length)
     (target / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, sort_keys=True),
                                         encoding="utf-8")
     return manifest
@@ -142,7 +145,8 @@ def read_manifest(path) -> dict:
     if not manifest_path.is_file():
         raise _missing(path, f"assets/{EMBED_DIR}/{MANIFEST_FILE}")
     try:
-        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        manifest = json.loads(read_bounded(manifest_path, path, f"assets/{EMBED_DIR}/"
+                                                                f"{MANIFEST_FILE}"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise SavedModelConsistencyError(
             f"{path}: the manifest assets/{EMBED_DIR}/{MANIFEST_FILE} is not readable JSON "
@@ -159,6 +163,21 @@ def read_manifest(path) -> dict:
             f"version {FORMAT_VERSION}. Open it with the graphswap that wrote it "
             f"({manifest.get('graphswap_version', 'unknown')}), or re-export it")
     return manifest
+
+
+def read_bounded(file: Path, path: Path, shown: str) -> str:
+    """The UTF-8 text of the JSON file `file` of the SavedModel `path`, read only if it holds at
+    most MAX_ARCHIVE_JSON_BYTES (the limit of a .keras archive's config): a manifest of gigabytes,
+    sparse or not, is refused before it is read (ModelLoadError)."""
+    with open(file, "rb") as handle:
+        size = os.fstat(handle.fileno()).st_size
+        data = handle.read(MAX_ARCHIVE_JSON_BYTES + 1) if size <= MAX_ARCHIVE_JSON_BYTES else b""
+    if size > MAX_ARCHIVE_JSON_BYTES or len(data) > MAX_ARCHIVE_JSON_BYTES:
+        raise ModelLoadError(
+            f"{path}: {shown} holds {max(size, len(data)):,} bytes, more than the "
+            f"{MAX_ARCHIVE_JSON_BYTES:,} graphswap reads of a JSON file in a model (graphswap "
+            f"writes kilobytes there); it was edited or replaced. Re-export the directory")
+    return data.decode("utf-8")
 
 
 def _manifest_field(manifest: dict, path: Path, *keys):
@@ -179,6 +198,17 @@ def _check_batch(manifest: dict, path: Path) -> int:
             f"{path}: the manifest's consistency_check.batch is {batch!r}; it must be a whole "
             f"number 1..{MAX_CHECK_BATCH} (the check cannot be skipped). Re-export the directory")
     return batch
+
+
+def _check_length(manifest: dict, path: Path):
+    """The manifest's length of free input dimensions (None: absent, the default)."""
+    length = (manifest.get("consistency_check") or {}).get("sequence_length")
+    if length is not None and (isinstance(length, bool) or not isinstance(length, int)
+                               or not 1 <= length <= MAX_SEQUENCE_LENGTH):
+        raise SavedModelConsistencyError(
+            f"{path}: the manifest's consistency_check.sequence_length is {length!r}; it must be "
+            f"a whole number 1..{MAX_SEQUENCE_LENGTH}. Re-export the directory")
+    return length
 
 
 def load_dual_saved_model(path, custom_objects=None, safe_mode: bool = True,
@@ -235,6 +265,7 @@ def _load_private_copy(path: Path, data: bytes, custom_objects, safe_mode, compi
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
         try:
+            check_archive_members(copy)   # its config is bounded as a .keras file's
             return load_keras_file(copy, custom_objects, safe_mode, compile)
         except ModelLoadError as exc:
             raise ModelLoadError(str(exc).replace(str(copy), shown)) from None
@@ -250,7 +281,8 @@ def _check_layers(path: Path, manifest: dict, model) -> None:
             f"layers ({_first_difference(recorded, actual)}): the manifest or the model was edited. "
             f"Re-export the directory from the model you trust")
     try:
-        metadata = json.loads((path / "assets" / ASSET_NAME).read_text(encoding="utf-8"))
+        metadata = json.loads(read_bounded(path / "assets" / ASSET_NAME, path,
+                                           f"assets/{ASSET_NAME}"))
         exported = _layer_keys(metadata["swapped_layers"])
     except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError):
         exported = None
@@ -319,7 +351,8 @@ def _check_serving(path: Path, manifest: dict, model, safe_mode: bool = True) ->
             f"{path}: {SIGNATURE} takes {sorted(specs)} and returns "
             f"{sorted(serving.structured_outputs)}, the embedded model {input_names} -> "
             f"{output_names}: the serving graph and the embedded model are not one export")
-    batch = sample_inputs(model, batch_size, seed=CHECK_SEED)
+    batch = sample_inputs(model, batch_size, seed=CHECK_SEED,
+                          sequence_length=_check_length(manifest, path))
     batches = batch if isinstance(batch, list) else [batch]
     lowered, _ = lower_model(model, marked=True)
     reference = run_model(lowered, batch)

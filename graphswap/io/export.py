@@ -39,8 +39,9 @@ from graphswap.io.savedmodel import export_saved_model
 
 def export_model(model, path, format: str = "onnx", keep_kernels: bool = False,  # noqa: A002
                  opset: int = DEFAULT_OPSET, force: bool = False,
-                 check_batch: int = 8) -> ExportResult:
-    """Export `model` as `format` ("onnx" or "savedmodel"); see export_onnx / export_saved_model."""
+                 check_batch: int = 8, sequence_length=None) -> ExportResult:
+    """Export `model` as `format` ("onnx" or "savedmodel"); see export_onnx / export_saved_model.
+    `sequence_length`: the length free (None) input dimensions take in the verifying batch."""
     if format not in FORMATS:
         raise ExportError(f"unknown export format {format!r}; allowed: {', '.join(FORMATS)}")
     if format == "savedmodel":
@@ -50,9 +51,10 @@ def export_model(model, path, format: str = "onnx", keep_kernels: bool = False, 
                 "Python body is not serialized into a SavedModel, so it could not serve. Export "
                 "the SavedModel lowered (without --keep-kernels: exact float32 arithmetic), or use "
                 "--format onnx --keep-kernels to run the kernels in onnxruntime")
-        return export_saved_model(model, path, force=force, check_batch=check_batch)
+        return export_saved_model(model, path, force=force, check_batch=check_batch,
+                                  sequence_length=sequence_length)
     return export_onnx(model, path, keep_kernels=keep_kernels, opset=opset, force=force,
-                       check_batch=check_batch)
+                       check_batch=check_batch, sequence_length=sequence_length)
 
 
 def read_metadata(path) -> dict:

@@ -10,6 +10,8 @@ graphswap.io.onnx_export's handler, which makes it a custom node (graphswap.io.o
     LSTM, GRU, SimpleRNN, RNN, Bidirectional: each product of the cell (input, recurrent state, a
         GRU's r * h), part i with its own scheme, inside Keras' while loop, which tf2onnx makes
         an ONNX Loop with the custom nodes in its body         -> GraphswapMatMul
+    TimeDistributed: the kept version of the layer it wraps, called once on the timesteps folded
+        into the batch (reshapes around it)                    -> the wrapped layer's nodes
 
 `onnx_node(part)` gives each part's custom op and attributes.  These layers are only ever traced
 for tf2onnx: never trained, never saved.  The numbers are the swapped layers' own: the same Kernel
@@ -18,6 +20,7 @@ on the same operands.
 
 from __future__ import annotations
 
+import keras
 import tensorflow as tf
 
 from graphswap.io.onnx_ops import CONV2D_OP, MATMUL_OP
@@ -25,7 +28,8 @@ from graphswap.native import conv_geometry, einsum_plan, transposed_conv
 from graphswap.swap import (SwappedBidirectional, SwappedConv1D, SwappedConv2DTranspose,
                             SwappedDepthwiseConv2D, SwappedEinsumDense, SwappedGRU, SwappedLSTM,
                             SwappedMultiHeadAttention, SwappedRNN, SwappedSeparableConv2D,
-                            SwappedSimpleRNN)
+                            SwappedSimpleRNN, SwappedTimeDistributed)
+from graphswap.swap.layers_wrapped import FoldedTimeDistributed
 from graphswap.swap.recurrent_cells import SwappedGRUCell, SwappedLSTMCell, SwappedSimpleRNNCell
 from graphswap.swap.report import input_shape_of
 from graphswap.swap.tracking import replace_attribute
@@ -344,10 +348,23 @@ class KeptBidirectional(SwappedBidirectional):
         return MATMUL_OP, {}
 
 
+class KeptTimeDistributed(FoldedTimeDistributed):
+    """TimeDistributed around a kept layer, the timesteps folded into one call of it (traced
+    only); its parts are the wrapped layer's."""
+
+    graphswap_marker = ""
+
+    def onnx_node(self, part):
+        return self.layer.onnx_node(part)
+
+
 def mark(layer, marker: str) -> None:
     """Give a marked layer its marker (and a kept recurrent layer's cells theirs, each with the
-    index of its first part)."""
+    index of its first part; a TimeDistributed's wrapped layer the same marker)."""
     layer.graphswap_marker = marker
+    if isinstance(layer, keras.layers.TimeDistributed) and \
+            hasattr(layer.layer, "graphswap_marker"):
+        mark(layer.layer, marker)
     base = 0
     for cell in getattr(layer, "kept_cells", list)():
         cell.graphswap_marker, cell.graphswap_part_base = marker, base
@@ -358,4 +375,5 @@ KEPT_CLASSES = {SwappedDepthwiseConv2D: KeptDepthwiseConv2D,
                 SwappedSeparableConv2D: KeptSeparableConv2D, SwappedConv1D: KeptConv1D,
                 SwappedConv2DTranspose: KeptConv2DTranspose, SwappedEinsumDense: KeptEinsumDense,
                 SwappedMultiHeadAttention: KeptMultiHeadAttention,
-                SwappedBidirectional: KeptBidirectional, **KEPT_RECURRENT}
+                SwappedBidirectional: KeptBidirectional, **KEPT_RECURRENT,
+                SwappedTimeDistributed: KeptTimeDistributed}

@@ -32,18 +32,15 @@ import tempfile
 import warnings
 from pathlib import Path
 
-import keras
-import numpy as np
-
 from graphswap.errors import GraphswapError, ModelLoadError
 from graphswap.io.savedmodel_program import (check_keras2_saved_model, private_copy,
                                               shown_as)
 from graphswap.io.legacy_hdf5 import compile_training_config, emit, load_hdf5_model
-from graphswap.swap.compare import compare_outputs, sample_inputs
+from graphswap.io.legacy_reference import (TRANSLATION_TOLERANCE,  # noqa: F401 - its old home
+                                           first_line, sample_batch, split_custom_objects,
+                                           tf_keras_module, verify_translation)
 
 KERAS_METADATA = "keras_metadata.pb"
-#: largest |keras2 - keras3| accepted, relative to max(1, |output|)
-TRANSLATION_TOLERANCE = 1e-5
 
 
 def is_saved_model(path) -> bool:
@@ -132,41 +129,12 @@ saved_model_layer_classes = _metadata_class_names
 
 
 def _import_tf_keras():
-    try:
-        import tf_keras
-    except ImportError as exc:
+    tf_keras = tf_keras_module()
+    if tf_keras is None:
         raise ModelLoadError(
-            f"reading a Keras 2 SavedModel needs tf_keras, the Keras 2 package matching your "
-            f"TensorFlow: pip install 'graphswap[legacy]' (or pip install tf_keras) ({exc})") \
-            from None
+            "reading a Keras 2 SavedModel needs tf_keras, the Keras 2 package matching your "
+            "TensorFlow: pip install 'graphswap[legacy]' (or pip install tf_keras)")
     return tf_keras
-
-
-def _split_custom_objects(custom_objects, tf_keras):
-    """(objects for tf_keras, objects for Keras 3) from one user-supplied mapping."""
-    import inspect
-
-    if not custom_objects:
-        return {}, {}
-    old, new = {}, {}
-    for name, obj in custom_objects.items():
-        if inspect.isclass(obj):
-            module = getattr(obj, "__module__", "") or ""
-            if issubclass(obj, keras.layers.Layer) or issubclass(obj, keras.Model) \
-                    or module.startswith("keras"):
-                new[name] = obj
-            elif issubclass(obj, tf_keras.layers.Layer) or module.startswith("tf_keras"):
-                old[name] = obj
-            else:
-                old[name] = new[name] = obj
-        else:
-            old[name] = new[name] = obj
-    return old, new
-
-
-def _first_line(exc) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def load_keras2_saved_model(path, custom_objects=None, safe_mode: bool = True,
@@ -193,7 +161,7 @@ def load_keras2_saved_model(path, custom_objects=None, safe_mode: bool = True,
             f"from (.keras or full-model .h5), a SavedModel written by graphswap export --format "
             f"savedmodel, or a Keras 2 SavedModel written by tf.keras model.save('dir')")
     tf_keras = _import_tf_keras()
-    old_objects, new_objects = _split_custom_objects(custom_objects, tf_keras)
+    old_objects, new_objects = split_custom_objects(custom_objects, tf_keras)
     # a SavedModel is a program: its private copy is checked (ops, nested Keras configs) and
     # that copy, not the directory, is what tf_keras loads (graphswap.io.savedmodel_program)
     with private_copy(path) as copy:
@@ -206,7 +174,7 @@ def load_keras2_saved_model(path, custom_objects=None, safe_mode: bool = True,
         except Exception as exc:  # noqa: BLE001 - tf_keras raises many types
             raise ModelLoadError(f"tf_keras cannot load the SavedModel {path}: "
                                  f"{type(exc).__name__}: "
-                                 f"{_first_line(exc).replace(str(copy), str(path))}") from None
+                                 f"{first_line(exc).replace(str(copy), str(path))}") from None
     with tempfile.TemporaryDirectory(prefix="graphswap-keras2-") as scratch:
         h5_path = os.path.join(scratch, "model.h5")
         try:
@@ -216,7 +184,7 @@ def load_keras2_saved_model(path, custom_objects=None, safe_mode: bool = True,
         except Exception as exc:  # noqa: BLE001
             raise ModelLoadError(
                 f"{path}: the Keras 2 model cannot be written as full-model HDF5 for translation "
-                f"({type(exc).__name__}: {_first_line(exc)}); subclassed Keras 2 models cannot be "
+                f"({type(exc).__name__}: {first_line(exc)}); subclassed Keras 2 models cannot be "
                 f"translated, rebuild them as Functional/Sequential models") from None
         try:
             model = load_keras_file(Path(h5_path), new_objects or None, safe_mode, False)
@@ -234,36 +202,11 @@ def load_keras2_saved_model(path, custom_objects=None, safe_mode: bool = True,
 
 def load_keras_file(path, custom_objects=None, safe_mode: bool = True,
                     compile: bool = False):  # noqa: A002
-    """The HDF5 file tf_keras wrote, read with the Keras 2 -> 3 translation (legacy_hdf5)."""
-    return load_hdf5_model(path, custom_objects, safe_mode, compile)
+    """The HDF5 file tf_keras wrote, read with the Keras 2 -> 3 translation (legacy_hdf5); the
+    caller compares it with the SavedModel's own model, so not with tf_keras' load of the file."""
+    return load_hdf5_model(path, custom_objects, safe_mode, compile, reference=False)
 
 
 def _verify_translation(path, original, model, check_batch) -> float:
     """Compare the Keras 2 and Keras 3 models on a deterministic batch; ModelLoadError if apart."""
-    batch = sample_inputs(model, check_batch)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # Keras' input-structure notice for list/array inputs
-            expected = [np.asarray(t) for t in _flatten(original(batch, training=False))]
-            actual = [np.asarray(t) for t in keras.tree.flatten(model(batch, training=False))]
-    except Exception as exc:  # noqa: BLE001
-        raise ModelLoadError(f"{path}: running the translated model on a sample batch failed: "
-                             f"{type(exc).__name__}: {_first_line(exc)}") from None
-    try:
-        comparison = compare_outputs(expected, actual, "the translated model")
-    except GraphswapError as exc:
-        raise ModelLoadError(f"{path}: {exc} (the Keras 2 model is the reference)") from None
-    if not comparison.within(TRANSLATION_TOLERANCE):
-        raise ModelLoadError(
-            f"{path}: the model translated from Keras 2 to Keras 3 gives different outputs "
-            f"(max difference {comparison.max_difference:.3g} on a sample batch); it cannot be "
-            f"converted faithfully")
-    return comparison.max_difference
-
-
-def _flatten(outputs):
-    if isinstance(outputs, dict):
-        return [outputs[k] for k in sorted(outputs)]
-    if isinstance(outputs, (list, tuple)):
-        return [item for entry in outputs for item in _flatten(entry)]
-    return [outputs]
+    return verify_translation(path, original, model, sample_batch(model, check_batch))

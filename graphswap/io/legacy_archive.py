@@ -7,7 +7,9 @@ Keras 2 options and `TFOpLambda` layers, so Keras 3 cannot rebuild it ("Could no
 module names removed), translated like an HDF5 file's (graphswap.io.legacy_config), and written
 with the archive's other members into a private temporary archive that Keras 3 loads in safe
 mode, uncompiled; with `compile`, the saved compile config is rebuilt by
-graphswap.io.legacy_hdf5.compile_training_config (notes for what cannot be).
+graphswap.io.legacy_hdf5.compile_training_config (notes for what cannot be).  Where tf_keras is
+installed, the model is compared with tf_keras' own load of the archive
+(graphswap.io.legacy_reference).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from graphswap.errors import ModelLoadError
 from graphswap.io import legacy_config
 from graphswap.io.keras3 import load_keras_file
 from graphswap.io.legacy_hdf5 import compile_training_config, emit
+from graphswap.io.legacy_reference import check_against_tf_keras
 from graphswap.io.stored_code import check_keras_configs
 from graphswap.io.tf_op_layer import LAYER_CLASSES
 
@@ -32,17 +35,24 @@ TOP_LEVEL = {"Functional": ("keras.src.models.functional", "Functional", "Functi
              "Sequential": ("keras", "Sequential", None)}
 
 
+def _keras_version(archive: zipfile.ZipFile) -> str:
+    """The `keras_version` the archive's metadata.json records ("" when it records none)."""
+    if "metadata.json" not in archive.namelist():
+        return ""
+    try:
+        metadata = json.loads(archive.read("metadata.json"))
+    except ValueError:
+        return ""
+    return str(metadata.get("keras_version", "")) if isinstance(metadata, dict) else ""
+
+
 def written_by_keras2(path) -> bool:
     """True for a .keras archive whose metadata.json says Keras 2 wrote it."""
     try:
         with zipfile.ZipFile(path) as archive:
-            if "metadata.json" not in archive.namelist():
-                return False
-            metadata = json.loads(archive.read("metadata.json"))
-    except (zipfile.BadZipFile, OSError, ValueError):
+            return _keras_version(archive).startswith("2")
+    except (zipfile.BadZipFile, OSError):
         return False
-    version = str(metadata.get("keras_version", "")) if isinstance(metadata, dict) else ""
-    return version.startswith("2")
 
 
 def _legacy_form(entry):
@@ -60,8 +70,10 @@ def _legacy_form(entry):
     return entry
 
 
-def translate_archive_config(config: dict, notes) -> tuple[dict, dict | None]:
-    """(the translated config Keras 3 loads, the Keras 2 compile config or None)."""
+def translate_archive_config(config: dict, notes, version: str | None = None) \
+        -> tuple[dict, dict | None]:
+    """(the translated config Keras 3 loads, the Keras 2 compile config or None); `version`: the
+    archive's keras_version."""
     if not isinstance(config, dict) or config.get("class_name") not in TOP_LEVEL:
         raise ModelLoadError(
             f"a Keras 2 archive whose model is a {config.get('class_name') if isinstance(config, dict) else type(config).__name__} "
@@ -69,7 +81,7 @@ def translate_archive_config(config: dict, notes) -> tuple[dict, dict | None]:
             f"in Keras 3")
     compile_config = config.pop("compile_config", None)
     config.pop("build_config", None)
-    legacy = legacy_config.translate_model_config(_legacy_form(config), notes)
+    legacy = legacy_config.translate_model_config(_legacy_form(config), notes, version)
     legacy["module"], legacy["class_name"], legacy["registered_name"] = \
         TOP_LEVEL[config["class_name"]]
     return legacy, compile_config
@@ -87,7 +99,8 @@ def load_keras2_archive(path: Path, custom_objects=None, safe_mode: bool = True,
                                  f"model") from None
         if safe_mode:  # stored Python code at any depth, before the translation touches it
             check_keras_configs([("config.json", config)], path)
-        translated, compile_config = translate_archive_config(config, notes)
+        translated, compile_config = translate_archive_config(config, notes,
+                                                              _keras_version(archive))
         objects = {**LAYER_CLASSES, **(custom_objects or {})}
         with tempfile.TemporaryDirectory(prefix="graphswap-keras2-archive-") as scratch:
             copy = Path(scratch) / "model.keras"
@@ -104,6 +117,7 @@ def load_keras2_archive(path: Path, custom_objects=None, safe_mode: bool = True,
             except ModelLoadError as exc:
                 raise ModelLoadError(str(exc).replace(str(copy), f"{path} (a Keras 2 archive)")) \
                     from None
+    check_against_tf_keras(path, model, custom_objects, safe_mode, notes, archive=True)
     if compile and isinstance(compile_config, dict):
         training = dict(compile_config)
         training.setdefault("optimizer_config", training.pop("optimizer", None))

@@ -11,6 +11,13 @@ renamed or dropped, before Keras 3 builds a layer (Keras 3's own legacy loader o
   the computation (`groups=2` on a transposed conv, `time_major=True`, batch renormalization).
 - any other option a Keras 3 layer of that class does not accept: dropped when it is null, else
   refused by name (never a config dump).
+- what a config means (graphswap.io.legacy_semantics): Keras 2's `hard_sigmoid` formula, and
+  Keras 2's defaults (by the writing Keras version) for keys a config leaves out.
+- where a layer sits: a wrapper's inner layer without a `module` key (tf.keras before 2.13) gets
+  Keras 3's `keras.layers`, which its wrappers need to find the class; a Sequential's first layer
+  holding `batch_input_shape` (no InputLayer entry, as older tf.keras wrote it) gets an
+  InputLayer of that shape, and no other layer keeps one (Keras 3 would read it as a shape
+  without the batch axis: "expected ndim=3, found ndim=4").
 - the graph's nodes: Keras 2 wrote a call's keyword arguments with tensor references
   (`[layer, node, tensor]`, e.g. MultiHeadAttention's `value`) that Keras 3's legacy reader
   passes on as plain lists; they are rewritten in Keras 3's node format.  `TFOpLambda` /
@@ -30,6 +37,7 @@ import inspect
 import keras
 
 from graphswap.errors import ModelLoadError
+from graphswap.io.legacy_semantics import apply_semantics, keras_version
 
 #: a note for every option that was translated with a caveat, or dropped
 Notes = list
@@ -82,16 +90,19 @@ TENSOR_METHOD_CLASSES = ("ClassMethod", "InstanceMethod", "InstanceProperty")
 #: classes whose Keras 2 options Keras 3's legacy reader translates itself
 KERAS_TRANSLATES = ("Lambda",)
 CONSTANT = "_CONSTANT_VALUE"
+#: the keys of a wrapper's (Bidirectional, TimeDistributed, RNN) inner layers
+INNER_KEYS = ("layer", "backward_layer", "cell")
 
 
-def translate_model_config(config: dict, notes: Notes) -> dict:
-    """A translated copy of a Keras 2 model config ({"class_name", "config"}); notes appended."""
+def translate_model_config(config: dict, notes: Notes, version: str | None = None) -> dict:
+    """A translated copy of a Keras 2 model config ({"class_name", "config"}); notes appended.
+    `version`: the `keras_version` the file records (Keras 2's defaults depend on it)."""
     config = copy.deepcopy(config)
-    _translate_layer(config, notes)
+    _translate_layer(config, notes, keras_version(version))
     return config
 
 
-def _translate_layer(entry, notes: Notes) -> None:
+def _translate_layer(entry, notes: Notes, version=None) -> None:
     if not isinstance(entry, dict) or not isinstance(entry.get("config"), dict):
         return
     class_name = entry.get("class_name")
@@ -99,8 +110,10 @@ def _translate_layer(entry, notes: Notes) -> None:
     if class_name in MODEL_CLASSES:
         if class_name != "Sequential":
             _renumber_nested_model_nodes(layer_config)
+        else:
+            _sequential_input(layer_config)
         for child in layer_config.get("layers", []) or []:
-            _translate_layer(child, notes)
+            _translate_layer(child, notes, version)
             if class_name != "Sequential":
                 _translate_nodes(child)
                 if isinstance(child, dict) and child.get("class_name") != "InputLayer" and \
@@ -114,12 +127,13 @@ def _translate_layer(entry, notes: Notes) -> None:
             if isinstance(ends, list) and len(ends) == 1 and _is_reference(ends[0]):
                 layer_config[key] = ends[0]
         return
-    for key in ("layer", "backward_layer", "cell"):  # wrappers: Bidirectional, TimeDistributed, RNN
-        if isinstance(layer_config.get(key), dict):
-            _translate_layer(layer_config[key], notes)
-    if isinstance(layer_config.get("cells"), list):
-        for cell in layer_config["cells"]:
-            _translate_layer(cell, notes)
+    inner = [layer_config[key] for key in INNER_KEYS if isinstance(layer_config.get(key), dict)]
+    inner += [cell for cell in layer_config.get("cells") or [] if isinstance(cell, dict)]
+    for child in inner:  # wrappers: Bidirectional, TimeDistributed, RNN, StackedRNNCells
+        _translate_layer(child, notes, version)
+        _inner_layer_module(child)
+        if isinstance(child.get("config"), dict):  # the wrapper's input shape is the model's
+            child["config"].pop("batch_input_shape", None)
     if class_name in TF_OP_CLASSES:
         layer_config.pop("function_type", None)
         return
@@ -134,7 +148,53 @@ def _translate_layer(entry, notes: Notes) -> None:
     for key, rule in KEY_RULES.get(class_name, {}).items():
         if key in layer_config:
             _apply_rule(layer_config, key, rule, name, class_name)
+    if _keras_layer_class(class_name) is not None:  # a custom class's config means what it says
+        apply_semantics(class_name, layer_config, version)
     _drop_unknown_keys(layer_config, name, class_name)
+
+
+def _keras_layer_class(class_name):
+    cls = getattr(keras.layers, str(class_name), None)
+    return cls if inspect.isclass(cls) and issubclass(cls, keras.layers.Layer) else None
+
+
+def _inner_layer_module(entry: dict) -> None:
+    """A wrapper's inner Keras layer without a `module` key (tf.keras before 2.13 wrote none):
+    Keras 3's wrappers deserialize it by module ("Could not locate class 'GRU'" without one)."""
+    class_name = entry.get("class_name")
+    if "module" not in entry and class_name not in MODEL_CLASSES and \
+            _keras_layer_class(class_name) is not None:
+        entry["module"] = "keras.layers"
+        entry.setdefault("registered_name", None)
+
+
+def _sequential_input(sequential: dict) -> None:
+    """A Sequential's input shape as an InputLayer entry: Keras 2 kept `batch_input_shape` on its
+    first layer (older tf.keras wrote no InputLayer), which Keras 3's legacy reader passes on as
+    `input_shape`, batch axis included.  Later layers' copies (tf_keras writes one on the layer
+    after its InputLayer) are dropped."""
+    layers = sequential.get("layers")
+    if not isinstance(layers, list) or not layers or not isinstance(layers[0], dict):
+        return
+    first = layers[0]
+    if first.get("class_name") != "InputLayer" and isinstance(first.get("config"), dict):
+        config = first["config"]
+        shape = config.get("batch_input_shape")
+        if shape is None:  # a wrapper first (Bidirectional(LSTM(input_shape=...))): its layer's
+            inner = [config[key].get("config") for key in INNER_KEYS
+                     if isinstance(config.get(key), dict)]
+            shape = next((c.get("batch_input_shape") for c in inner
+                          if isinstance(c, dict) and c.get("batch_input_shape")), None)
+        if shape is not None:
+            dtype = config.get("dtype")
+            dtype = dtype if isinstance(dtype, str) and not dtype.startswith("mixed") \
+                else "float32"
+            layers.insert(0, {"class_name": "InputLayer", "config": {
+                "batch_input_shape": shape, "dtype": dtype,
+                "name": f"{config.get('name', 'sequential')}_input"}})
+    for child in layers[1:]:
+        if isinstance(child, dict) and isinstance(child.get("config"), dict):
+            child["config"].pop("batch_input_shape", None)
 
 
 def _apply_rule(layer_config, key, rule, name, class_name) -> None:

@@ -7,6 +7,8 @@ written by Keras 2 (tf.keras, tf_keras: `keras_version` 2.x) has its architectur
 layers), is built by Keras 3 in safe mode, and gets its weights from the file.  With `compile`,
 its training configuration is rebuilt for Keras 3 (`translate_training_config`); what cannot be
 rebuilt is replaced by Keras 3's equivalent or left out, each with a `LegacyModelWarning` note.
+Where tf_keras is installed, the translated model is compared with tf_keras' own load of the
+file and refused when they differ (graphswap.io.legacy_reference).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import keras
 
 from graphswap.io import legacy_config
 from graphswap.io.keras3 import describe_load_failure, require_built
+from graphswap.io.legacy_reference import check_against_tf_keras
 from graphswap.io.stored_code import check_keras_configs
 from graphswap.io.tf_op_layer import LAYER_CLASSES
 
@@ -47,11 +50,13 @@ def written_by_keras2(path) -> bool:
 
 
 def load_hdf5_model(path, custom_objects=None, safe_mode: bool = True,
-                    compile: bool = True):  # noqa: A002
-    """A full-model HDF5 file as a Keras 3 model; ModelLoadError (or graphswap's own) on failure."""
+                    compile: bool = True, reference: bool = True):  # noqa: A002
+    """A full-model HDF5 file as a Keras 3 model; ModelLoadError (or graphswap's own) on failure.
+    A Keras 2 file is compared with tf_keras' load of it unless `reference` is False."""
     import h5py
     from keras.src.legacy.saving import legacy_h5_format
 
+    notes: list[str] = []
     try:
         with h5py.File(path, "r") as handle:
             version = str(_attribute(handle, "keras_version") or "")
@@ -59,22 +64,25 @@ def load_hdf5_model(path, custom_objects=None, safe_mode: bool = True,
                 model = legacy_h5_format.load_model_from_hdf5(
                     handle, custom_objects=custom_objects, compile=compile, safe_mode=safe_mode)
             else:
-                model = _load_keras2(handle, custom_objects, safe_mode, compile)
+                model = _load_keras2(handle, custom_objects, safe_mode, compile, version, notes)
     except Exception as exc:  # noqa: BLE001 - Keras and h5py raise many types
         raise describe_load_failure(path, exc) from None
-    return require_built(model, path)
+    model = require_built(model, path)
+    if not version.startswith("3") and reference:
+        check_against_tf_keras(path, model, custom_objects, safe_mode, notes)
+    emit(notes)
+    return model
 
 
-def _load_keras2(handle, custom_objects, safe_mode, compile):  # noqa: A002
+def _load_keras2(handle, custom_objects, safe_mode, compile, version, notes):  # noqa: A002
     from keras.src.legacy.saving import json_utils, legacy_h5_format, saving_options, \
         saving_utils
     from keras.src.saving import serialization_lib
 
-    notes: list[str] = []
     config = json_utils.decode(_attribute(handle, "model_config"))
     if safe_mode:  # stored Python code at any depth, before the translation touches it
         check_keras_configs([("model_config", config)], handle.filename)
-    config = legacy_config.translate_model_config(config, notes)
+    config = legacy_config.translate_model_config(config, notes, version or None)
     objects = {**LAYER_CLASSES, **(custom_objects or {})}
     with saving_options.keras_option_scope(use_legacy_config=True), \
             serialization_lib.SafeModeScope(safe_mode):
@@ -86,7 +94,6 @@ def _load_keras2(handle, custom_objects, safe_mode, compile):  # noqa: A002
         if _optimizer_arrays(handle) > 1:  # more than the step counter
             notes.append("the saved optimizer state (its slot variables) is not restored; "
                          "training starts with a fresh optimizer")
-    emit(notes)
     return model
 
 

@@ -6,7 +6,10 @@ layers whose kernel calls are marked PyFuncs that tf2onnx turns into custom ONNX
 compensates an approximate multiplier's error, so it is dropped with it); `kept_kernel_model`
 keeps the kernels, with each layer's quantization scheme - static ranges included - fixed at
 export and its output correction as standard ops.  Both return the per-layer records the export
-metadata stores.
+metadata stores.  For an export (`marked`, and the kept-kernel model) a layer that only acts in
+training - random augmentation, noise, dropout: `INFERENCE_IDENTITY` - becomes the identity it is
+at inference, so the exported graph holds no random-number state (a SavedModel could not reach
+its seed generator's variable from the root).
 """
 
 from __future__ import annotations
@@ -22,15 +25,29 @@ from graphswap.io.onnx_ops import MATMUL_OP
 from graphswap.native import conv_geometry
 from graphswap.errors import ExportError, GraphswapError
 from graphswap.swap import (SWAPPED_CLASSES, SwappedConv2D, SwappedDense,
-                            iter_layers, stock_class, transform_model, type_name)
+                            SwappedTimeDistributed, iter_layers, stock_class, transform_model,
+                            type_name)
+from graphswap.swap.layers_wrapped import FoldedTimeDistributed, fold_time_steps, folded_copy
+from graphswap.swap.report import input_shape_of
 from graphswap.swap.layers_recurrent import STOCK as RECURRENT_STOCK
 from graphswap.swap.layers_recurrent import stock_config as recurrent_stock_config
 from graphswap.swap.rewrite import built_replacement
 from graphswap.swap.subclassed import (copy_custom_layer, held_layers, is_custom_container,
-                                     layer_paths, swap_layers)
+                                     is_custom_layer, layer_paths, swap_layers)
 
 MARKER = "graphswap_export_{index}"
 MARKER_RE = re.compile(r"graphswap_export_(\d+)(?![0-9])")
+#: Keras layers that return their input unchanged at inference (their randomness, and the seed
+#: generator holding its state, act only in training); exports hold them as Identity.  Exact
+#: classes only: a subclass may compute at inference.
+INFERENCE_IDENTITY = (
+    "RandomFlip", "RandomRotation", "RandomZoom", "RandomTranslation", "RandomContrast",
+    "RandomBrightness", "RandomShear", "RandomColorJitter", "RandomColorDegeneration",
+    "RandomGrayscale", "RandomHue", "RandomSaturation", "RandomSharpness", "RandomPosterization",
+    "RandomInvert", "RandomErasing", "RandomGaussianBlur", "RandomPerspective",
+    "RandomElasticTransform", "AugMix", "RandAugment", "CutMix", "MixUp", "GaussianNoise",
+    "GaussianDropout", "AlphaDropout", "Dropout", "SpatialDropout1D", "SpatialDropout2D",
+    "SpatialDropout3D")
 
 
 @dataclasses.dataclass
@@ -110,6 +127,17 @@ class MarkedConv2D(keras.layers.Conv2D):
                                              tf.split(kernel, self.groups, axis=3))]
         y = parts[0] if len(parts) == 1 else tf.concat(parts, axis=3)
         return tf.transpose(y, [0, 3, 1, 2]) if channels_first else y
+
+
+class MarkedTimeDistributed(FoldedTimeDistributed):
+    """TimeDistributed in a marking name scope, the timesteps folded into one call of its (marked)
+    layer: one product node whatever the number of steps, known or not."""
+
+    graphswap_marker = ""
+
+    def call(self, inputs, training=None, mask=None):
+        with tf.name_scope(self.graphswap_marker):
+            return fold_time_steps(self.layer, inputs, training, mask)
 
 
 class MarkedLayer:
@@ -284,6 +312,8 @@ def _marked_class(stock):
         return MarkedConv2D
     if stock is keras.layers.Conv1D:
         return MarkedConv1D
+    if stock is keras.layers.TimeDistributed:
+        return MarkedTimeDistributed
     if stock not in _MARKED:
         _MARKED[stock] = type(f"Marked{stock.__name__}", (MarkedLayer, stock), {})
     return _MARKED[stock]
@@ -304,7 +334,7 @@ def lower_model(model, marked: bool = False, keep=()):
         stock = stock_class(layer)
         return _marked_class(stock) if marked else stock
 
-    return _replace_swapped(model, class_of, _plain_config, keep=keep)
+    return _replace_swapped(model, class_of, _plain_config, keep=keep, inference=marked)
 
 
 def kept_kernel_model(model):
@@ -337,17 +367,22 @@ def kept_kernel_model(model):
                               f"(exact float32 arithmetic, without --keep-kernels)") from None
         return copy
 
-    return _replace_swapped(model, class_of, _config_keeping_arithmetic, custom)
+    return _replace_swapped(model, class_of, _config_keeping_arithmetic, custom, inference=True)
 
 
-def _replace_swapped(model, class_of, config_of, custom=None, keep=()):
+def inference_identity(layer) -> bool:
+    """True for a layer that is the identity at inference (INFERENCE_IDENTITY, exact class)."""
+    return any(type(layer) is getattr(keras.layers, name, None) for name in INFERENCE_IDENTITY)
+
+
+def _replace_swapped(model, class_of, config_of, custom=None, keep=(), inference=False):
     records: list[SwappedLayer] = []
 
     def swap_one(path, layer):
         record = _record(len(records), path, layer)
         records.append(record)
-        cls = class_of(layer)
-        new_layer = cls.from_config(config_of(layer))
+        new_layer = _replacement(layer, class_of, config_of)
+        cls = type(new_layer)
         if hasattr(cls, "graphswap_marker"):
             mark(new_layer, MARKER.format(index=record.index))
         if hasattr(cls, "onnx_node"):
@@ -355,6 +390,11 @@ def _replace_swapped(model, class_of, config_of, custom=None, keep=()):
         return new_layer
 
     def replace(path, layer):
+        if inference and inference_identity(layer):
+            return keras.layers.Identity(name=layer.name, dtype=layer.dtype_policy)
+        if inference and type(layer) is keras.layers.TimeDistributed and \
+                not is_custom_layer(layer.layer) and (input_shape_of(layer) or (0, 0))[1] is None:
+            return folded_copy(layer)   # tf2onnx mistranslates its loop over unknown steps
         if path in keep:
             return None
         if _holds_swaps(layer):
@@ -369,6 +409,15 @@ def _replace_swapped(model, class_of, config_of, custom=None, keep=()):
 
     new_model, _ = transform_model(model, replace)
     return new_model, records
+
+
+def _replacement(layer, class_of, config_of):
+    """class_of(layer) made from config_of(layer); a TimeDistributed around the replacement of
+    the layer it wraps (made the same way)."""
+    if isinstance(layer, SwappedTimeDistributed):
+        config = {key: value for key, value in layer.get_config().items() if key != "layer"}
+        return class_of(layer)(_replacement(layer.layer, class_of, config_of), **config)
+    return class_of(layer).from_config(config_of(layer))
 
 
 def _config_keeping_arithmetic(layer) -> dict:

@@ -20,6 +20,7 @@ from graphswap.io.onnx_fp8 import add_fp8_qdq
 from graphswap.io.paths import atomic_output, check_output_path
 from graphswap.io.signatures import feeds, input_specs, serving_function, signature_names
 from graphswap.swap import run_model, sample_inputs
+from graphswap.swap.text_inputs import string_layers
 
 PYTHON_OPS = ("PyFunc", "PyFuncStateless", "EagerPyFunc")
 #: which product of a layer a PyFunc is (graphswap.io.kept_layers.part_name)
@@ -103,13 +104,29 @@ def _unsupported_nodes(model_proto) -> list[str]:
     return bad
 
 
-def _fill_output_shapes(model_proto, keras_model) -> None:
-    """Give graph outputs without a recorded shape the Keras model's output shapes."""
-    for output, tensor in zip(model_proto.graph.output, keras_model.outputs):
+def _order_outputs(model_proto, output_names) -> None:
+    """The graph's outputs in the model's order: tf2onnx lists a serving function's dict of
+    outputs sorted by name, not in the order of model.outputs."""
+    outputs = {output.name: output for output in model_proto.graph.output}
+    if sorted(outputs) != sorted(output_names):
+        return
+    ordered = []
+    for name in output_names:
+        entry = type(outputs[name])()
+        entry.CopyFrom(outputs[name])
+        ordered.append(entry)
+    del model_proto.graph.output[:]
+    model_proto.graph.output.extend(ordered)
+
+
+def _fill_output_shapes(model_proto, keras_model, output_names) -> None:
+    """Give graph outputs without a recorded shape the Keras model's output shapes (by name)."""
+    shapes = {name: tensor.shape for name, tensor in zip(output_names, keras_model.outputs)}
+    for output in model_proto.graph.output:
         tensor_type = output.type.tensor_type
-        if tensor_type.HasField("shape"):
+        if tensor_type.HasField("shape") or output.name not in shapes:
             continue
-        for index, dim in enumerate(tensor.shape):
+        for index, dim in enumerate(shapes[output.name]):
             entry = tensor_type.shape.dim.add()
             if dim is None:
                 entry.dim_param = "N" if index == 0 else f"d{index}"
@@ -117,11 +134,31 @@ def _fill_output_shapes(model_proto, keras_model) -> None:
                 entry.dim_value = int(dim)
 
 
+def _fetch_names(session, output_names):
+    """The session's outputs to fetch, in the model's order: by name where the graph names them
+    as the export's signature does, else in the graph's order."""
+    available = [output.name for output in session.get_outputs()]
+    return list(output_names) if sorted(available) == sorted(output_names) else None
+
+
+def _string_layers_note(model) -> str:
+    """Why a model that takes strings has ops tf2onnx leaves: the layers that read text."""
+    layers = string_layers(model)
+    if not layers:
+        return ""
+    named = ", ".join(f"{path!r} ({type(layer).__name__})" for path, layer in layers[:5])
+    return (f"; layer(s) {named} take the model's string input, and ONNX's standard ops cannot "
+            f"standardize, split or look up text (string regex, split and lookup-table ops): "
+            f"export a SavedModel instead (--format savedmodel), which serves strings, or "
+            f"export the part of the model after those layers")
+
+
 def export_onnx(model, path, keep_kernels: bool = False, opset: int = DEFAULT_OPSET,
-                force: bool = False, check_batch: int = 8) -> ExportResult:
+                force: bool = False, check_batch: int = 8, sequence_length=None) -> ExportResult:
     """Export `model` to ONNX at `path` (see the module docstring for the two variants).
 
-    The export is run with onnxruntime on a deterministic sample batch of `check_batch` (>= 1) and
+    The export is run with onnxruntime on a deterministic sample batch of `check_batch` (>= 1;
+    free input dimensions at `sequence_length`, None: graphswap.swap.DEFAULT_SEQUENCE_LENGTH) and
     compared with the lowered Keras model (lowered) or the swapped Keras model (keep_kernels);
     ExportError if they disagree, and then nothing is written.
     """
@@ -157,8 +194,9 @@ def export_onnx(model, path, keep_kernels: bool = False, opset: int = DEFAULT_OP
     unsupported = _unsupported_nodes(model_proto)
     if unsupported:
         raise ExportError(f"cannot export to ONNX: tf2onnx left op(s) it could not convert: "
-                          f"{', '.join(unsupported[:10])}")
-    _fill_output_shapes(model_proto, model)
+                          f"{', '.join(unsupported[:10])}{_string_layers_note(model)}")
+    _order_outputs(model_proto, output_names)
+    _fill_output_shapes(model_proto, model, output_names)
     custom = {onnx_ops.MATMUL_OP, onnx_ops.CONV2D_OP}
     # a recurrent layer's products sit in the body of the ONNX Loop of its recurrence
     for _, node in onnx_ops.walk_nodes(model_proto):
@@ -188,7 +226,7 @@ def export_onnx(model, path, keep_kernels: bool = False, opset: int = DEFAULT_OP
     entry.key = METADATA_KEY
     entry.value = json.dumps(doc, sort_keys=True)
 
-    batch = sample_inputs(model, check_batch)
+    batch = sample_inputs(model, check_batch, sequence_length=sequence_length)
     if keep_kernels:
         reference = run_model(model, batch)
         reference_name = "swapped Keras model (same kernels)"
@@ -206,7 +244,8 @@ def export_onnx(model, path, keep_kernels: bool = False, opset: int = DEFAULT_OP
     with atomic_output(path, force) as tmp:
         onnx.save(model_proto, str(tmp))
         session = onnx_ops.session(tmp)
-        actual = session.run(None, feeds(batch, [i.name for i in session.get_inputs()]))
+        actual = session.run(_fetch_names(session, output_names),
+                             feeds(batch, [i.name for i in session.get_inputs()]))
         difference = verify_export(reference, actual, relative, "ONNX model")
     return ExportResult(path, fmt, records, input_names, output_names, difference, reference_name)
 

@@ -21,7 +21,8 @@ from graphswap.io.onnx_export import PYTHON_OPS
 from graphswap.io.paths import atomic_output, check_output_path
 from graphswap.io.savedmodel_program import check_program
 from graphswap.io.signatures import feeds, input_specs, serving_function, signature_names
-from graphswap.swap import run_model, sample_inputs
+from graphswap.swap import (free_dimension_length, has_free_dimensions, run_model,
+                            sample_inputs)
 
 
 #: ops whose work is not in the graph: Python callbacks, and graphswap's compiled forward op
@@ -42,7 +43,8 @@ def python_ops_in(concrete) -> list[str]:
     return found
 
 
-def export_saved_model(model, path, force: bool = False, check_batch: int = 8) -> ExportResult:
+def export_saved_model(model, path, force: bool = False, check_batch: int = 8,
+                       sequence_length=None) -> ExportResult:
     """Export `model` as a graphswap SavedModel directory at `path`: the lowered model for serving,
     the model itself (assets/graphswap/model.keras) and the manifest tying them together.
 
@@ -50,8 +52,9 @@ def export_saved_model(model, path, force: bool = False, check_batch: int = 8) -
     The swapped layers run as standard float32 MatMul/Conv2D (exact arithmetic), so the SavedModel
     needs only TensorFlow.  Refuses (ExportError, nothing written) a model that would still contain
     Python ops.  Verified by loading the written SavedModel and comparing with the lowered Keras
-    model on a sample batch; the serving graph must pass graphswap.io.savedmodel_program (so
-    graphswap can reopen what it wrote).
+    model on a sample batch (free input dimensions at `sequence_length`, None: the default); the
+    serving graph must pass graphswap.io.savedmodel_program (so graphswap can reopen what it
+    wrote).
     """
     path = Path(path)
     check_output_path(path, force)
@@ -74,8 +77,14 @@ def export_saved_model(model, path, force: bool = False, check_batch: int = 8) -
     module = tf.Module()
     module.model = lowered
     module.serve = fn
+    # state that is not a weight - the seed generator of a random layer that stays in the
+    # export (a user's subclass of one; lower_model made the stock ones Identity) - is
+    # reachable from the root only through this list
+    states = [v for v in lowered.variables if all(v is not w for w in lowered.weights)]
+    if states:
+        module.model_states = states
     doc = metadata_document(records, "savedmodel", model.name, input_names, output_names)
-    batch = sample_inputs(model, check_batch)
+    batch = sample_inputs(model, check_batch, sequence_length=sequence_length)
     reference = run_model(lowered, batch)
     with tempfile.TemporaryDirectory(prefix="graphswap-export-") as scratch:
         asset_file = Path(scratch) / ASSET_NAME
@@ -101,7 +110,9 @@ def export_saved_model(model, path, force: bool = False, check_batch: int = 8) -
                 raise ExportError(f"the SavedModel could not be reopened by graphswap: "
                                   f"{str(exc).replace(str(tmp), str(path))}; nothing was written") \
                     from None
-            embed_model(model, tmp, records, input_names, output_names, check_batch)
+            embed_model(model, tmp, records, input_names, output_names, check_batch,
+                        free_dimension_length(model, requested=sequence_length)
+                        if has_free_dimensions(model) else None)
     return ExportResult(path, "savedmodel", records, input_names, output_names, difference,
                         "Keras model with the swapped layers lowered (exact kernel)")
 

@@ -14,7 +14,8 @@ before either library sees it:
   reference-typed arguments, outside the families that touch files, processes, the network or the
   debugger (`IMPURE_FAMILIES`), or one of `STATEFUL_COMPUTATION` (variable reads and in-place
   updates of the model's own variables, function calls and control flow, assertions, random
-  numbers, cuDNN RNNs).  The TensorFlow 1 saver's functions (SaveV2/RestoreV2 behind the
+  numbers, cuDNN RNNs) or of `LOOKUP_TABLE_OPS` (in-memory lookup tables: a text model's
+  vocabulary).  The TensorFlow 1 saver's functions (SaveV2/RestoreV2 behind the
   `saver_def`, which TensorFlow 2's loader never calls) may also use `SAVER_OPS`, but only if no
   function reachable from the object graph or any other node calls them.
   Anything else is refused with the op(s) and the function(s) they sit in.
@@ -22,7 +23,11 @@ before either library sees it:
   metadata of the object graph of a TensorFlow <= 2.4 file), at any depth - wrappers, nested
   models, layer lists - for code-carrying layers (`Lambda`, serialised Python lambdas).
 * `private_copy` copies the directory into an owner-only temporary directory, so the bytes that
-  were checked are the bytes that are loaded (the original may change in between).
+  were checked are the bytes that are loaded (the original may change in between) - after a
+  walk (no recursion) that bounds what is copied: plain files and folders only, at most
+  MAX_SAVED_MODEL_BYTES by the files' declared sizes (a sparse file counts whole), folders
+  MAX_SAVED_MODEL_DEPTH deep, MAX_SAVED_MODEL_ENTRIES entries, and no more than the temporary
+  folder has free.
 
 `safe_mode=False` (CLI `--unsafe`) skips the two checks: only for files whose author you trust.
 """
@@ -67,15 +72,31 @@ IMPURE_FAMILIES = re.compile(
     r"File|Reader|Dataset|Iterator|Queue|Barrier|Accumulator|^Stack|TensorArray|Summary|Debug|"
     r"PyFunc|Immutable|Print|Matching|Save|Restore|Sharded|Checkpoint|Remap|Snapshot|Load|"
     r"Record|Collective|Send|Recv|Host|Rpc|Sleep|^TPU|^Tpu|^Xla|^_|BatchFunction|Proto|Table|"
-    r"Lookup|Register|^Copy|Thread")
+    r"Lookup|Register|^Copy|Thread|Infeed|Outfeed|^DTensor|^Relayout")
+#: stateless by TensorFlow's flag, yet more than computation: `Abort` ends the process (exit 0
+#: with exit_without_error, else SIGABRT); `MlirPassthroughOp` runs a program stored as text that
+#: no check here reads; `CustomAggregator` records statistics in the process; `Batch`/`Unbatch`
+#: share batches between calls; dataset ops reached through a variant
+PROCESS_OPS = frozenset({"Abort", "MlirPassthroughOp", "CustomAggregator", "Batch", "Unbatch",
+                         "UnbatchGrad", "GetElementAtIndex", "GetOptions"})
+#: in-memory lookup tables (the vocabularies of StringLookup / IntegerLookup / TextVectorization,
+#: and the token counts their adapt() keeps): created, filled from tensors the file holds, read,
+#: and saved / restored with the checkpoint's values; never a file (a table initialised from a
+#: text file, InitializeTableFromTextFileV2, stays refused)
+LOOKUP_TABLE_OPS = frozenset({"HashTableV2", "MutableHashTableV2", "LookupTableFindV2",
+                              "LookupTableImportV2", "LookupTableExportV2", "LookupTableSizeV2",
+                              "LookupTableInsertV2", "LookupTableRemoveV2", "InitializeTableV2"})
 #: the TensorFlow 1 saver (`saver_def`): allowed only in functions nothing but the saver calls
 SAVER_OPS = frozenset({"SaveV2", "RestoreV2", "MergeV2Checkpoints", "ShardedFilename",
                        "ShardedFilespec", "DisableCopyOnRead", "VarHandleOp"})
 #: graph-level nodes (the TensorFlow 1 view: variables, inputs, the calls of signatures/saver)
 GRAPH_LEVEL_OPS = frozenset({"VarHandleOp", "Placeholder", "PlaceholderWithDefault", "Const",
                              "NoOp"})
-#: what graphswap's own export writes into the object graph (its check is stricter)
-OWN_KINDS = {"user_object", "variable", "function", "bare_concrete_function", "asset", "constant"}
+#: what graphswap's own export writes into the object graph (its check is stricter); a
+#: "resource" is a lookup table of a preprocessing layer, created and filled by its functions
+#: (LOOKUP_TABLE_OPS, checked like every function), saved and restored with the checkpoint
+OWN_KINDS = {"user_object", "variable", "function", "bare_concrete_function", "asset", "constant",
+             "resource"}
 OWN_USER_OBJECTS = {"_generic_user_object", "trackable_list_wrapper", "trackable_dict_wrapper",
                     "trackable_tuple_wrapper", "signature_map"}
 MAX_NAMED = 6
@@ -86,10 +107,11 @@ def is_pure_op(op: str) -> bool:
     """Whether `op` only computes (see the module docstring); False for ops TensorFlow lacks."""
     from tensorflow.python.framework import op_def_registry  # no public is_stateful
 
-    if op in STATEFUL_COMPUTATION:
+    if op in STATEFUL_COMPUTATION or op in LOOKUP_TABLE_OPS:
         return True
     definition = op_def_registry.get(op)
-    if definition is None or definition.is_stateful or IMPURE_FAMILIES.search(op):
+    if definition is None or definition.is_stateful or IMPURE_FAMILIES.search(op) \
+            or op in PROCESS_OPS:
         return False
     return not any(arg.is_ref for arg in (*definition.input_arg, *definition.output_arg))
 
@@ -99,6 +121,10 @@ def _why(op: str) -> str:
 
     if op_def_registry.get(op) is None:
         return "not a TensorFlow op: a custom op's native library"
+    if op == "Abort":
+        return "ends the process"
+    if op == "MlirPassthroughOp":
+        return "runs a program stored as text"
     if op in ("VarHandleOp", "MutableHashTableV2", "HashTableV2", "MutableDenseHashTableV2"):
         return "creates a resource"
     if "PyFunc" in op:
@@ -108,7 +134,7 @@ def _why(op: str) -> str:
         return "reads or writes files"
     if re.search(r"Print|Summary|Debug", op):
         return "writes output"
-    if re.search(r"Send|Recv|Rpc|Collective|Host|TPU|Xla", op):
+    if re.search(r"Send|Recv|Rpc|Collective|Host|TPU|Xla|feed|DTensor|Relayout", op):
         return "talks to other devices or processes"
     return "side effects"
 
@@ -213,7 +239,7 @@ def _own_export_objects(proto, shown) -> None:
                 raise ModelLoadError(f"{shown}: its object graph holds a revived "
                                      f"{node.user_object.identifier!r} object (node {index}); "
                                      f"graphswap opens only the objects its own export writes")
-            if node.saveable_objects or node.registered_saver:
+            if node.saveable_objects and kind != "resource" or node.registered_saver:
                 raise ModelLoadError(f"{shown}: object graph node {index} has its own "
                                      f"save/restore functions, which tf.saved_model.load would "
                                      f"run; graphswap does not open it")
@@ -254,9 +280,70 @@ def check_program(path, shown=None, own_export: bool = False):
 # the private copy
 # ---------------------------------------------------------------------------------------------
 
-def _copy_file(source: Path, target: Path, shown) -> None:
+#: the most a SavedModel graphswap opens may hold, checked before anything is copied: its files
+#: together, by their declared sizes (saved_model.pb is a protocol buffer of at most 2 GiB; the
+#: weights of the models graphswap rewrites are megabytes), how deep its folders nest, and its
+#: files and folders in all
+MAX_SAVED_MODEL_BYTES = 2 * 1024 ** 3
+MAX_SAVED_MODEL_DEPTH = 32
+MAX_SAVED_MODEL_ENTRIES = 10_000
+
+
+def _survey(path: Path, shown) -> tuple[list[tuple[Path, bool, int]], int]:
+    """Every entry below `path` as (relative path, is a folder, size), walked without recursion
+    before anything is copied: plain files and folders only, at most MAX_SAVED_MODEL_DEPTH folders
+    deep, MAX_SAVED_MODEL_ENTRIES entries and MAX_SAVED_MODEL_BYTES in all - by each file's
+    st_size, so a sparse file counts at the size its copy would write.  Returns the entries
+    (each folder before what it holds) and their total size; ModelLoadError otherwise."""
+    entries: list[tuple[Path, bool, int]] = []
+    total, pending = 0, [(Path(), 0)]
+    while pending:
+        relative, depth = pending.pop()
+        try:
+            listing = sorted(os.scandir(path / relative), key=lambda e: e.name)
+        except OSError as exc:
+            raise ModelLoadError(f"{shown}: cannot list {relative} ({exc.strerror or exc})") \
+                from None
+        for entry in listing:
+            name = relative / entry.name
+            if len(entries) >= MAX_SAVED_MODEL_ENTRIES:
+                raise ModelLoadError(
+                    f"{shown}: holds more than {MAX_SAVED_MODEL_ENTRIES:,} files and folders; a "
+                    f"SavedModel holds a handful (saved_model.pb, variables/, assets/), so "
+                    f"graphswap does not copy this one. Remove what does not belong to the model")
+            if entry.is_dir(follow_symlinks=False):
+                if depth >= MAX_SAVED_MODEL_DEPTH:
+                    raise ModelLoadError(
+                        f"{shown}: its folders nest more than {MAX_SAVED_MODEL_DEPTH} deep "
+                        f"({str(name)[:120]}...); a SavedModel's folders (variables/, assets/) "
+                        f"are a level or two deep, so graphswap does not copy this one. Remove "
+                        f"the nested folders")
+                entries.append((name, True, 0))
+                pending.append((name, depth + 1))
+            elif entry.is_file(follow_symlinks=False):
+                size = entry.stat(follow_symlinks=False).st_size
+                total += size
+                if total > MAX_SAVED_MODEL_BYTES:
+                    raise ModelLoadError(
+                        f"{shown}: its files hold more than {MAX_SAVED_MODEL_BYTES:,} bytes "
+                        f"({name} alone declares {size:,}); graphswap copies a SavedModel before "
+                        f"it checks it and copies at most that much (a model it rewrites is "
+                        f"megabytes; saved_model.pb can hold at most 2 GiB): a file this large - "
+                        f"or a sparse one - would fill the disk. Remove what does not belong to "
+                        f"the model, or check where the directory came from")
+                entries.append((name, False, size))
+            else:
+                raise ModelLoadError(
+                    f"{shown}: {name} is not a plain file or folder (a link?); a SavedModel "
+                    f"graphswap opens holds only plain files. Copy the directory with its files "
+                    f"resolved")
+    return entries, total
+
+
+def _copy_file(source: Path, target: Path, shown, size: int) -> None:
+    """Copy at most the `size` bytes the survey saw (a file growing meanwhile is refused)."""
     try:
-        fd = os.open(source, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        fd = os.open(source, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | os.O_NONBLOCK)
     except OSError as exc:
         raise ModelLoadError(f"{shown}: cannot read {source.name} ({exc.strerror or exc}); the "
                              f"SavedModel must hold plain files, not links") from None
@@ -265,35 +352,52 @@ def _copy_file(source: Path, target: Path, shown) -> None:
             raise ModelLoadError(f"{shown}: {source.name} is not a plain file")
         out = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(out, "wb") as writer:
-            shutil.copyfileobj(reader, writer, 1 << 20)
+            left = size
+            while True:
+                block = reader.read(min(1 << 20, left + 1))
+                if not block:
+                    break
+                left -= len(block)
+                if left < 0:
+                    raise ModelLoadError(f"{shown}: {source.name} grew while it was copied; "
+                                         f"open the SavedModel once nothing writes to it")
+                writer.write(block)
 
 
-def _copy_tree(source: Path, target: Path, shown) -> None:
-    for entry in sorted(os.scandir(source), key=lambda e: e.name):
-        destination = target / entry.name
-        if entry.is_dir(follow_symlinks=False):
-            os.mkdir(destination, 0o700)
-            _copy_tree(Path(entry.path), destination, shown)
-        elif entry.is_file(follow_symlinks=False):
-            _copy_file(Path(entry.path), destination, shown)
-        else:
-            raise ModelLoadError(f"{shown}: {Path(entry.path).relative_to(shown)} is not a plain "
-                                 f"file or folder (a link?); a SavedModel graphswap opens holds "
-                                 f"only plain files. Copy the directory with its files resolved")
+def _copy_name(path: Path) -> str:
+    """The copy's folder name: the original's, unless empty or not UTF-8 (TensorFlow opens only
+    UTF-8 paths; messages name the original anyway)."""
+    try:
+        path.name.encode("utf-8")
+    except UnicodeEncodeError:
+        return "savedmodel"
+    return path.name or "savedmodel"
 
 
 @contextlib.contextmanager
 def private_copy(path):
     """The SavedModel directory `path` copied, file by file, into a fresh owner-only (0700)
     temporary directory, removed afterwards: check and load the copy, and the bytes checked are
-    the bytes loaded."""
+    the bytes loaded.  What it holds is surveyed first (_survey: sizes, depth, entries) and its
+    total must fit the temporary folder's free space."""
     path = Path(path)
+    entries, total = _survey(path, path)
     with tempfile.TemporaryDirectory(prefix="graphswap-savedmodel-") as scratch:
         os.chmod(scratch, 0o700)
-        copy = Path(scratch) / (path.name or "savedmodel")
+        free = shutil.disk_usage(scratch).free
+        if total > free:
+            raise ModelLoadError(
+                f"{path}: its files hold {total:,} bytes, and graphswap opens a private copy of "
+                f"them in {os.path.dirname(scratch)}, which has {free:,} bytes free; free some "
+                f"space there, or set TMPDIR to a folder with room")
+        copy = Path(scratch) / _copy_name(path)
         os.mkdir(copy, 0o700)
         try:
-            _copy_tree(path, copy, path)
+            for name, is_folder, size in entries:
+                if is_folder:
+                    os.mkdir(copy / name, 0o700)
+                else:
+                    _copy_file(path / name, copy / name, path, size)
         except OSError as exc:
             raise ModelLoadError(f"{path}: cannot copy the SavedModel to a private directory "
                                  f"({exc.strerror or exc})") from None

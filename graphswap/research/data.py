@@ -63,7 +63,19 @@ class ModelExpectation:
 
     @property
     def is_image(self) -> bool:
-        return len(self.input_shape) == 3
+        return len(self.input_shape) == 3 and not self.takes_strings
+
+    @property
+    def takes_strings(self) -> bool:
+        """A tf.string input (text: graphswap.research.text_data)."""
+        return self.input_dtype == "string"
+
+    def prepared(self, x, scale):
+        """A tensor of inputs as the model is fed: float32 times `scale`; strings unchanged."""
+        if self.takes_strings:
+            return x
+        x = tf.cast(x, tf.float32)
+        return x * scale if scale is not None else x
 
     def describe_input(self) -> str:
         return "x".join("?" if d is None else str(d) for d in self.input_shape)
@@ -109,11 +121,6 @@ def model_expectation(model) -> ModelExpectation:
 # --------------------------------------------------------------------------------------------
 # the container
 # --------------------------------------------------------------------------------------------
-
-def _cast_scale(x, scale):
-    x = tf.cast(x, tf.float32)
-    return x * scale if scale is not None else x
-
 
 @dataclasses.dataclass
 class Data:
@@ -161,14 +168,11 @@ class Data:
         else:
             dataset = self.dataset
             buffer = 10_000
-        scale = self.scale
-        structure = self.expectation.feed if feed else (lambda x: x)
+        scale, expect = self.scale, self.expectation
+        structure = expect.feed if feed else (lambda x: x)
 
         def cast(x, y):
-            x = tf.cast(x, tf.float32)
-            if scale is not None:
-                x = x * scale
-            return structure(x), y
+            return structure(expect.prepared(x, scale)), y
 
         if shuffle:
             dataset = dataset.shuffle(buffer, seed=seed, reshuffle_each_iteration=True)
@@ -201,8 +205,9 @@ class Data:
 
             def epoch_batches(epoch_seed):
                 shuffled = source.shuffle(buffer, seed=epoch_seed, reshuffle_each_iteration=False)
-                return shuffled.map(lambda x, y: (self.expectation.feed(_cast_scale(x, scale)),
-                                                  y)).batch(batch_size)
+                return shuffled.map(lambda x, y: (
+                    self.expectation.feed(self.expectation.prepared(x, scale)), y)
+                ).batch(batch_size)
 
             epochs_in_order = [epoch_batches(epoch_seed) for epoch_seed in seeds]
             dataset = epochs_in_order[0]
@@ -216,9 +221,7 @@ class Data:
         scale = self.scale
 
         def gather(indices):
-            x = tf.cast(tf.gather(x_all, indices), tf.float32)
-            if scale is not None:
-                x = x * scale
+            x = self.expectation.prepared(tf.gather(x_all, indices), scale)
             return self.expectation.feed(x), tf.nest.map_structure(lambda y: tf.gather(y, indices),
                                                                    y_all)
 

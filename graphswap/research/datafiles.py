@@ -11,14 +11,21 @@ allocates and reads, turning CRC, zlib and truncation errors into a DataError na
 
 `check_image_links` refuses, before `keras.utils.image_dataset_from_directory` sees an image folder,
 a class folder that is a symbolic link loop or a link back to the folder holding it (it used to be
-skipped, or counted as a class, silently), and an image file that is a link loop or a link to
-nothing (it used to end in "unexpected UnknownError ... Too many levels of symbolic links").
+skipped, or counted as a class, silently), an image file that is a link loop or a link to
+nothing (it used to end in "unexpected UnknownError ... Too many levels of symbolic links"), and
+folders nested more than MAX_FOLDER_DEPTH deep (it used to be "unexpected RecursionError").
+
+`NpzArchive` also bounds what the members take together: each member read is charged its bytes
+plus the copy graphswap makes of it (inputs widened to float32, labels to int64 / float32), and
+the total must fit the memory available when the archive was opened (members that each fit used
+to widen together to many times the machine's memory).
 
 Every failure is one DataError: what was found, what is allowed, what to do.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import zipfile
@@ -35,6 +42,8 @@ CHUNK_BYTES = 16 * 1024 * 1024
 _RESAVE = "save the data again with np.savez(path, x=inputs, y=labels)"
 #: the files keras.utils.image_dataset_from_directory reads
 IMAGE_SUFFIXES = (".bmp", ".gif", ".jpeg", ".jpg", ".png")
+#: folders an image folder may nest below it (class folders are depth 1)
+MAX_FOLDER_DEPTH = 64
 
 
 def memory_available() -> int | None:
@@ -73,6 +82,9 @@ class NpzArchive:
             raise DataError(f"{self.path} is not a readable NumPy .npz archive ({exc}); "
                             f"{_RESAVE}") from None
         self._members = {}
+        # what the arrays read so far take, widened as graphswap widens them, against the memory
+        # available when the archive was opened: each member may fit, all of them together not
+        self._budget, self._charged = memory_available(), []
         for info in self._zip.infolist():
             key = info.filename[:-4] if info.filename.endswith(".npy") else info.filename
             self._members.setdefault(key, info)
@@ -98,7 +110,7 @@ class NpzArchive:
                             f"{_RESAVE}")
         try:
             with self._zip.open(info) as member:
-                return _read_member(member, info, where)
+                return _read_member(member, info, where, functools.partial(self._charge, key))
         except DataError:
             raise
         except (zipfile.BadZipFile, zlib.error, EOFError, OSError, NotImplementedError,
@@ -107,6 +119,27 @@ class NpzArchive:
             raise DataError(f"{where} is corrupt: {kind}: {exc}; the archive was "
                             f"damaged or truncated - {_RESAVE}") from None
 
+    def _charge(self, key: str, shape, dtype, count: int, size: int) -> None:
+        """Refuse (DataError) reading array `key` when it and the arrays read before would take
+        more than the memory available at open: each counted with the copy graphswap makes of it
+        (inputs widened to float32; labels - arrays named y... - to int64 or float32)."""
+        if key.startswith("y"):
+            widened = count * (8 if dtype.kind in "iub" else 4)
+        else:
+            widened = 0 if dtype == np.float32 else count * 4
+        self._charged.append((key, shape, dtype, size + widened))
+        total = sum(need for *_, need in self._charged)
+        if self._budget is None or total <= self._budget:
+            return
+        parts = ", ".join(f"{name!r} {tuple(dims)} {kind} -> {describe_bytes(need)}"
+                          for name, dims, kind, need in self._charged)
+        raise DataError(
+            f"{self.path}: its arrays take {describe_bytes(total)} once read and widened for the "
+            f"model ({parts}; each counted with its float32/int64 copy); this machine had "
+            f"{describe_bytes(self._budget)} of memory available, and graphswap reads an .npz "
+            f"whole: use a smaller file (fewer examples; evaluate or fine-tune on parts), an "
+            f"image folder or a tf.data dataset")
+
 
 def open_npz(path) -> NpzArchive:
     """An .npz archive whose members are checked before they are allocated (module docstring);
@@ -114,7 +147,7 @@ def open_npz(path) -> NpzArchive:
     return NpzArchive(path)
 
 
-def _read_member(member, info, where) -> np.ndarray:
+def _read_member(member, info, where, charge) -> np.ndarray:
     try:
         version = npy_format.read_magic(member)
         if version == (1, 0):
@@ -131,7 +164,8 @@ def _read_member(member, info, where) -> np.ndarray:
     header_bytes = member.tell()
     if dtype.hasobject:
         raise DataError(f"{where} holds Python objects (dtype {dtype}), which need pickle; "
-                        f"graphswap never unpickles data files: save numeric arrays")
+                        f"graphswap never unpickles data files: save numeric arrays, and text "
+                        f"as a unicode array (np.array(texts, dtype=str))")
     if any(d < 0 for d in shape):
         raise DataError(f"{where} declares the shape {shape}, with a negative dimension; the "
                         f"header is corrupt - {_RESAVE}")
@@ -144,6 +178,7 @@ def _read_member(member, info, where) -> np.ndarray:
             f"{describe_bytes(size)}; this machine has {describe_bytes(available)} of memory "
             f"available, and graphswap reads an .npz array whole: use a smaller file (fewer "
             f"examples; evaluate or fine-tune on parts), an image folder or a tf.data dataset")
+    charge(shape, dtype, count, size)
     if header_bytes + size != info.file_size:
         raise DataError(
             f"{where} declares shape {shape} of {dtype} ({describe_bytes(size)}) but the archive "
@@ -196,8 +231,7 @@ def check_image_links(folder) -> None:
         top = os.path.join(folder, name)
         if name.startswith(".") or not os.path.isdir(top):
             continue
-        for parent, dirs, files in os.walk(top):  # as Keras walks: links to folders not followed
-            dirs.sort()
+        for parent, files in _walk(top, folder):  # as Keras walks: links to folders not followed
             for file_name in sorted(files):
                 entry = os.path.join(parent, file_name)
                 if not file_name.lower().endswith(IMAGE_SUFFIXES) or not os.path.islink(entry):
@@ -205,3 +239,24 @@ def check_image_links(folder) -> None:
                 problem = _link_problem(entry)
                 if problem is not None:
                     raise DataError(f"image file {entry} {problem}; {fix}")
+
+
+def _walk(top: str, folder):
+    """(folder, names of what is not a folder in it) for `top` and every folder below it, links
+    to folders not followed, without recursion; DataError for folders nested more than
+    MAX_FOLDER_DEPTH deep below the data folder (Keras' own walk would end in a RecursionError)."""
+    pending = [(top, 1)]
+    while pending:
+        parent, depth = pending.pop()
+        try:
+            entries = sorted(os.scandir(parent), key=lambda e: e.name)
+        except OSError:
+            continue
+        folders = [e.path for e in entries if e.is_dir(follow_symlinks=False)]
+        if folders and depth >= MAX_FOLDER_DEPTH:
+            raise DataError(
+                f"image folder {folder} nests folders more than {MAX_FOLDER_DEPTH} deep "
+                f"({folders[0][:160]}...); a data folder holds one folder per class, its images "
+                f"in it (or a few levels below): move the images up, or remove the nested folders")
+        yield parent, [e.name for e in entries if not e.is_dir(follow_symlinks=False)]
+        pending.extend((path, depth + 1) for path in reversed(folders))

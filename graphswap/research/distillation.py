@@ -77,7 +77,9 @@ def distillation_data(data, teacher, task, batch_size: int = 256, label: str = "
         batches = []
         with translate_errors(data):
             for x, _ in data.as_dataset(batch_size):
-                batches.append(np.asarray(x, dtype=np.float32))
+                batches.append(np.char.decode(np.asarray(x).astype(bytes), "utf-8")
+                               if data.expectation.takes_strings  # text: unicode, as from .npz
+                               else np.asarray(x, dtype=np.float32))
         x, scale = np.concatenate(batches, axis=0), None
     else:
         x, scale = data.x, data.scale

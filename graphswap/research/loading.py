@@ -14,10 +14,12 @@ import tensorflow as tf
 
 from graphswap.errors import DataError
 from graphswap.native import missing_reason
-from graphswap.research.data import (CHECK_MARKER, SPLITS, Data, ModelExpectation,
+from graphswap.research.data import (SPLITS, Data, ModelExpectation,
                                      model_expectation, parse_scale)
 from graphswap.research.datafiles import check_image_links, open_npz
+from graphswap.research.dataset_labels import class_labels, task_labels
 from graphswap.research.task import derive_task
+from graphswap.research.text_data import TEXT_SUFFIX, from_string_arrays, read_text_lines
 
 #: load_data's `labels`: required, optional (inputs alone are accepted), unused (never read)
 LABEL_MODES = ("required", "optional", "unused")
@@ -154,9 +156,14 @@ def load_data(source, model, split: str | None = None, resize: bool = False, pad
             raise DataError(f"data not found: {path} (expected a .npz file or an image directory)"
                             if reason == "does not exist" else f"data {path} {reason}; expected "
                             f"a .npz file or an image directory")
+        if path.suffix == TEXT_SUFFIX and expect.takes_strings:  # one text per line, no labels
+            return from_string_arrays(read_text_lines(path, label), None, str(path), expect,
+                                      scale, label, task, labels)
         if path.suffix != ".npz":
             raise DataError(f"{path}: unsupported data file; expected a NumPy .npz archive "
-                            f"(arrays x/y or x_train/y_train/x_test/y_test) or an image directory")
+                            f"(arrays x/y or x_train/y_train/x_test/y_test), an image directory"
+                            + (", or a .txt file (one text per line)" if expect.takes_strings
+                               else ""))
         # inputs alone are read here; _from_arrays says whether the task can do without labels
         x, y, origin = _npz_arrays(path, split, "optional")
         return _from_arrays(x, y, origin, expect, resize, pad, scale, label, task, labels)
@@ -259,6 +266,8 @@ def _fit_shape(x: np.ndarray, expect: ModelExpectation, resize: bool, pad: bool,
 
 def _from_arrays(x, y, origin, expect: ModelExpectation, resize, pad, scale, label, task=None,
                  labels="required") -> Data:
+    if expect.takes_strings:  # text: graphswap.research.text_data
+        return from_string_arrays(x, y, origin, expect, scale, label, task, labels)
     x = np.asarray(x)
     notes: list[str] = []
     if x.ndim == 0:
@@ -330,7 +339,8 @@ def _from_dataset(dataset, expect: ModelExpectation, resize, pad, scale, label, 
                         f"samples of shape {expect.describe_input()} (batched or not)")
     have = tuple(x_spec.shape)
     notes = [f"{label}: tf.data dataset, inputs {x_spec.shape} {x_spec.dtype.name}"]
-    if not (x_spec.dtype.is_integer or x_spec.dtype.is_floating):
+    if not (x_spec.dtype.is_integer or x_spec.dtype.is_floating
+            or x_spec.dtype == tf.string and expect.takes_strings):
         raise DataError(f"{label}: dataset inputs have dtype {x_spec.dtype.name}; expected numbers")
     mismatched = [i for i, (w, h) in enumerate(zip(want, have))
                   if w is not None and h is not None and w != h]
@@ -359,9 +369,9 @@ def _from_dataset(dataset, expect: ModelExpectation, resize, pad, scale, label, 
     elif inputs_only:
         label_format = "values"
     elif task.single.kind != "multiclass" or len(task.outputs) > 1:
-        dataset, label_format = _task_labels(dataset, y_spec, task, label)
+        dataset, label_format = task_labels(dataset, y_spec, task, label)
     else:
-        dataset, label_format = _class_labels(dataset, y_spec, task, label)
+        dataset, label_format = class_labels(dataset, y_spec, task, label)
     cardinality = int(dataset.cardinality().numpy())
     count = cardinality if cardinality >= 0 else None
     if count == 0:
@@ -369,80 +379,3 @@ def _from_dataset(dataset, expect: ModelExpectation, resize, pad, scale, label, 
     notes.append(_scaling_note(expect, x_spec.dtype.is_integer, scale, label))
     return Data("tf.data dataset", expect, dataset=dataset, count=count,
                 label_format=label_format, scale=scale, notes=notes, task=task)
-
-
-def _task_labels(dataset, y_spec, task, label):
-    """A dataset's labels for a binary / multi-label / regression / multi-output task: float32
-    in each output's shape (checked on the element spec), 0..1 for sigmoid outputs (checked
-    while it runs)."""
-    specs = tf.nest.flatten(y_spec)
-    if len(specs) != len(task.outputs):
-        raise DataError(f"{label}: the dataset yields {len(specs)} label tensor(s) for the "
-                        f"model's {len(task.outputs)} output(s)")
-    for spec, output in zip(specs, task.outputs):
-        if not (spec.dtype.is_integer or spec.dtype.is_floating):
-            raise DataError(f"{label}: dataset labels have dtype {spec.dtype.name}; expected "
-                            f"numbers")
-        have = [d for d in spec.shape if d != 1] if spec.shape.rank is not None else None
-        if have is not None and None not in have and have != [d for d in output.shape
-                                                              if d != 1]:
-            raise DataError(f"{label}: dataset labels have shape {spec.shape}; "
-                            + output.describe_labels(1).replace("(1, ", "(").replace("(1,)", "()"))
-    outputs = task.outputs
-
-    def convert(x, y):
-        parts = tf.nest.flatten(y)
-        converted = []
-        for part, output in zip(parts, outputs):
-            value = tf.reshape(tf.cast(part, tf.float32), output.shape)
-            if output.kind in ("binary", "multilabel"):
-                ok = tf.reduce_all((value >= 0) & (value <= 1))
-                assertion = tf.debugging.Assert(
-                    ok, [f"{CHECK_MARKER} {label}: found label", value,
-                         "but sigmoid outputs take labels 0 and 1"], summarize=3)
-                with tf.control_dependencies([assertion]):
-                    value = tf.identity(value)
-            converted.append(value)
-        return x, (converted[0] if len(converted) == 1 else tuple(converted))
-
-    formats = {"binary": "binary", "multilabel": "multilabel"}
-    label_format = "+".join(formats.get(o.kind, "values") if o.kind != "multiclass" else "sparse"
-                            for o in outputs)
-    return dataset.map(convert), label_format
-
-
-def _class_labels(dataset, y_spec, task, label):
-    """A dataset's class labels, checked against the output's classes while it runs and
-    converted to what the loss takes (indices <-> one-hot rows)."""
-    output = task.single
-    classes = output.classes
-    if not (y_spec.dtype.is_integer or y_spec.dtype.is_floating):
-        raise DataError(f"{label}: dataset labels have dtype {y_spec.dtype.name}; expected "
-                        f"integer class indices")
-    label_format = "binary" if classes == 1 else "sparse"
-    if y_spec.shape.rank == 1 and y_spec.shape[0] == classes and classes > 1:
-        label_format = "one_hot"
-    elif y_spec.shape.rank not in (0, None) and tuple(y_spec.shape) != (1,):
-        raise DataError(f"{label}: dataset labels have shape {y_spec.shape}; expected scalar "
-                        f"class indices or one-hot rows of width {classes}")
-    if label_format != "one_hot":
-        high = 1 if classes == 1 else classes - 1
-        what = (f"the model has {classes} output classes (labels 0..{high})" if classes > 1
-                else "a single-output model takes labels 0 and 1")
-
-        def check(x, y):
-            flat = tf.reshape(y, [-1])
-            ok = tf.reduce_all((flat >= 0) & (flat <= high))
-            assertion = tf.debugging.Assert(
-                ok, [f"{CHECK_MARKER} {label}: found label", flat, f"but {what}"], summarize=3)
-            with tf.control_dependencies([assertion]):
-                return tf.identity(x), tf.identity(flat[0])
-
-        dataset = dataset.map(check)
-        if output.target == "one_hot":
-            dataset = dataset.map(lambda x, y: (x, tf.one_hot(tf.cast(y, tf.int32), classes)))
-            label_format = "one_hot"
-    elif output.target == "indices":
-        dataset = dataset.map(lambda x, y: (x, tf.argmax(y, axis=-1)))
-        label_format = "sparse"
-    return dataset, label_format

@@ -1,5 +1,7 @@
 """Which stock Keras layer becomes which swapped layer: the one table rewrite_model, the report,
-the exports and `convert --layer-types` read.
+the exports and `convert --layer-types` read.  TimeDistributed is swapped when the layer it wraps
+is (graphswap.swap.layers_wrapped: the wrapped layer swapped by this table, timesteps folded into
+one call).
 
 A layer is swapped only when its class is exactly the stock class (a user's subclass of Dense
 has its own call() and is reported, not swapped).  The swapped class is made from the stock
@@ -19,6 +21,7 @@ from graphswap.swap.layers_conv import (SwappedConv1D, SwappedConv2DTranspose,
 from graphswap.swap.layers_recurrent import (SwappedBidirectional, SwappedGRU, SwappedLSTM,
                                              SwappedRNN, SwappedSimpleRNN, recurrent_refusal,
                                              swapped_recurrent)
+from graphswap.swap.layers_wrapped import SwappedTimeDistributed
 
 #: type name -> (stock class, swapped class), in the order reports list them
 CATALOG = {
@@ -35,6 +38,7 @@ CATALOG = {
     "SimpleRNN": (keras.layers.SimpleRNN, SwappedSimpleRNN),
     "RNN": (keras.layers.RNN, SwappedRNN),
     "Bidirectional": (keras.layers.Bidirectional, SwappedBidirectional),
+    "TimeDistributed": (keras.layers.TimeDistributed, SwappedTimeDistributed),
 }
 #: the recurrent types (their products sit in a cell, or two: graphswap.swap.layers_recurrent)
 RECURRENT_TYPES = ("LSTM", "GRU", "SimpleRNN", "RNN", "Bidirectional")
@@ -58,16 +62,35 @@ def is_swapped(layer) -> bool:
 
 
 def is_swappable_family(layer) -> bool:
-    """An instance of a swappable stock class (possibly a user's subclass of it)."""
+    """An instance of a swappable stock class (possibly a user's subclass of it); a
+    TimeDistributed when the layer it wraps is."""
+    if isinstance(layer, keras.layers.TimeDistributed):
+        return is_swappable_family(layer.layer)
     return isinstance(layer, tuple(SWAPPABLE_TYPES.values()))
 
 
 def refusal(layer) -> str | None:
     """Why a layer of a swappable type cannot be swapped as it is (None: it can) - a generic RNN
-    or Bidirectional around something that is not a stock LSTM/GRU/SimpleRNN cell or layer."""
+    or Bidirectional around something that is not a stock LSTM/GRU/SimpleRNN cell or layer, a
+    TimeDistributed around a user's subclass or a layer that cannot be swapped."""
     if type_name(layer) in RECURRENT_TYPES and not is_swapped(layer):
         return recurrent_refusal(layer)
+    if type_name(layer) == "TimeDistributed" and not is_swapped(layer):
+        inner = layer.layer
+        if type_name(inner) is None:
+            return (f"wraps {type(inner).__name__} {inner.name!r}, a subclass of a swappable "
+                    f"layer (its own call()): not swapped")
+        reason = refusal(inner)
+        return f"its {type(inner).__name__} {inner.name!r} {reason}" if reason else None
     return None
+
+
+def float_wrapper_reason(layer) -> str:
+    """Why a TimeDistributed stays float ("" when what it wraps is swappable)."""
+    if is_swappable_family(layer):
+        return ""
+    return (f"TimeDistributed around a {type(layer.layer).__name__}, which graphswap does not "
+            f"swap: it runs in float")
 
 
 def stock_class(swapped_layer):
@@ -86,6 +109,10 @@ def swapped_from(layer, arithmetic, backward: str, quantization=None):
     check_lut_grad_kernel(arithmetic, layer.name, backward)
     if name in RECURRENT_TYPES:
         return swapped_recurrent(layer, arithmetic, backward, quantization)
+    if name == "TimeDistributed":   # the wrapped layer swapped by this table
+        config = {key: value for key, value in layer.get_config().items() if key != "layer"}
+        return SwappedTimeDistributed(swapped_from(layer.layer, arithmetic, backward,
+                                                   quantization), **config)
     config = layer.get_config()
     return CATALOG[name][1].from_config({**config, "arithmetic": arithmetic,
                                          "backward": backward, "quantization": quantization})

@@ -3,7 +3,10 @@
 `transform_model` clones Sequential and Functional models - nested models at any depth, shared
 layers (cloned once, still shared), multi-input/multi-output graphs - through
 keras.models.clone_model(recursive=True), lets a callback replace any layer, then copies every
-original layer's weights into its clone.  The input model is never modified.  Used by
+original layer's weights into its clone.  The input model is never modified.  A layer the callback
+leaves as it is also gets the state its class keeps beyond its weights (a TextVectorization's
+vocabulary, a Normalization's statistics: graphswap/swap/layer_state.py), and its clone is checked
+against it (config and that state): a copy that lost either is refused, naming the layer.  Used by
 rewrite_model (swap Dense/Conv2D), graphswap.surgery.override (gradient rules) and the exports
 (lowering swapped layers back to stock ones).
 """
@@ -19,6 +22,7 @@ from keras.src.models.functional import Functional  # not exported publicly by K
 
 from graphswap.errors import GraphswapError, UnsupportedLayerError
 from graphswap.kernels import Kernel
+from graphswap.swap.layer_state import check_layer_state, copy_layer_state
 from graphswap.swap.xla import (compile_config_without_xla, keras_jit_fallback_quiet,
                                 recompile_without_xla)
 
@@ -82,12 +86,14 @@ def transform_model(model, replace: Callable, name_suffix: str = "", prefix: str
     check_cloneable(model)
     paths = {id(layer): path for path, layer in iter_layers(model, prefix)}
     pairs: list[tuple] = []
+    kept = set()  # the layers cloned as they are (their non-weight state is copied and checked)
 
     def clone_function(layer):
         path = paths.get(id(layer), layer.name)
         new_layer = replace(path, layer)
         if new_layer is None:
             new_layer = clone_layer(layer)
+            kept.add(id(layer))
         pairs.append((layer, new_layer))
         return new_layer
 
@@ -107,6 +113,10 @@ def transform_model(model, replace: Callable, name_suffix: str = "", prefix: str
                 raise GraphswapError(
                     f"layer {original.name!r} was not built in the clone; is the model built?")
             clone.set_weights(values)
+        if id(original) in kept:
+            path = paths.get(id(original), original.name)
+            copy_layer_state(original, clone, path)
+            check_layer_state(original, clone, path)
     copy_compile_config(model, new_model)
     return new_model, {id(original): clone for original, clone in pairs}
 

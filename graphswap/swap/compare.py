@@ -12,6 +12,7 @@ import numpy as np
 import tensorflow as tf
 
 from graphswap.errors import GraphswapError, ShapeError
+from graphswap.swap.text_inputs import is_string_tensor, sample_strings
 
 
 def _input_range(model) -> tuple[float, float]:
@@ -53,20 +54,97 @@ def input_shapes(model) -> list[tuple]:
         return [(f"input_{i}", tuple(s)) for i, s in enumerate(shapes)]
 
 
-def sample_inputs(model, batch_size: int = 8, seed: int = 0):
+#: the length a free dimension of a model's input (None beyond the batch: a sequence of any
+#: length, an image of any size) takes in a sample batch and in the MAC count, when neither the
+#: data nor `--sequence-length` says
+DEFAULT_SEQUENCE_LENGTH = 16
+#: the longest `--sequence-length`
+MAX_SEQUENCE_LENGTH = 1 << 16
+
+
+def validate_sequence_length(value) -> int:
+    """`value` as the length of free dimensions (1..MAX_SEQUENCE_LENGTH), or a GraphswapError."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or \
+            not 1 <= value <= MAX_SEQUENCE_LENGTH:
+        raise GraphswapError(
+            f"the sequence length must be a whole number from 1 to {MAX_SEQUENCE_LENGTH}, got "
+            f"{value!r}: the length the model's free (None) input dimensions take in a sample "
+            f"batch and in the MAC count")
+    return int(value)
+
+
+def has_free_dimensions(model) -> bool:
+    """Whether an input of `model` has a dimension beyond the batch of unknown size."""
+    try:
+        return any(None in dims[1:] for _, dims in input_shapes(model))
+    except ShapeError:
+        return False
+
+
+def free_dimension_length(model, data=None, requested=None) -> int:
+    """The length free input dimensions take: `requested`; else the data's size at the first free
+    dimension (data: an array or a list of arrays in the order of the model's inputs); else
+    DEFAULT_SEQUENCE_LENGTH."""
+    if requested is not None:
+        return validate_sequence_length(requested)
+    if data is not None:
+        if isinstance(data, tuple) and len(data) == 2 and len(input_shapes(model)) == 1:
+            data = data[0]   # (x, y): the inputs
+        arrays = list(data) if isinstance(data, (list, tuple)) else [data]
+        for (_, dims), array in zip(input_shapes(model), arrays):
+            shape = getattr(array, "shape", ())
+            for axis, dim in enumerate(dims[1:], start=1):
+                if dim is None and len(shape) > axis and int(shape[axis]) >= 1:
+                    return int(shape[axis])
+    return DEFAULT_SEQUENCE_LENGTH
+
+
+def _token_limit(model, tensor):
+    """The vocabulary size of an Embedding that reads the model input `tensor` directly (None when
+    none does): its sample values are then token ids."""
+    for layer in getattr(model, "layers", ()):
+        if not isinstance(layer, keras.layers.Embedding):
+            continue
+        for node in getattr(layer, "_inbound_nodes", None) or ():
+            if any(t is tensor for t in keras.tree.flatten(node.input_tensors)):
+                return int(layer.input_dim)
+    return None
+
+
+def sample_inputs(model, batch_size: int = 8, seed: int = 0, sequence_length=None):
     """A deterministic random batch matching the model's input shapes (list for multi-input);
-    at most MAX_CHECK_BATCH samples."""
+    at most MAX_CHECK_BATCH samples.  Free (None) dimensions beyond the batch take
+    `sequence_length` (None: DEFAULT_SEQUENCE_LENGTH).  An input an Embedding reads gets token
+    ids below its vocabulary size, an integer input integers (in the input's dtype), a string
+    input short texts of its vocabulary (swap/text_inputs.py)."""
     batch_size = validate_check_batch(batch_size)
+    length = DEFAULT_SEQUENCE_LENGTH if sequence_length is None else \
+        validate_sequence_length(sequence_length)
     rng = np.random.default_rng(seed)
     low, high = _input_range(model)
+    tensors = _input_tensors(model)
     batches = []
-    for name, dims in input_shapes(model):
-        shape = [batch_size] + [None if d is None else int(d) for d in dims[1:]]
-        if None in shape[1:]:
-            raise ShapeError(f"input {name} has unknown dimensions {dims}; a sample "
-                             f"batch needs every dimension but the batch size")
-        batches.append(rng.uniform(low, high, size=shape).astype(np.float32))
+    for index, (name, dims) in enumerate(input_shapes(model)):
+        shape = [batch_size] + [length if d is None else int(d) for d in dims[1:]]
+        tensor = tensors[index] if index < len(tensors) else None
+        if is_string_tensor(tensor):  # texts of the model's own vocabulary
+            batches.append(sample_strings(model, tensor, shape, rng))
+            continue
+        dtype = np.dtype(getattr(tensor, "dtype", None) or "float32")
+        tokens = _token_limit(model, tensor) if tensor is not None else None
+        if tokens is not None or dtype.kind in "iu":
+            values = rng.integers(0, max(tokens or 2, 1), size=shape)
+            batches.append(values.astype(dtype if dtype.kind in "iuf" else np.float32))
+        else:
+            batches.append(rng.uniform(low, high, size=shape).astype(np.float32))
     return batches[0] if len(batches) == 1 else batches
+
+
+def _input_tensors(model) -> list:
+    try:
+        return list(model.inputs)
+    except (AttributeError, ValueError, TypeError):
+        return []
 
 
 class OriginalCannotRunError(GraphswapError):

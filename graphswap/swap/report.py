@@ -4,17 +4,23 @@ the multiply-accumulates of a layer.
 MACs are counted per sample for every layer with weights graphswap can count - swapped or not, so
 a report shows what stays exact float arithmetic: Dense, EinsumDense, every Keras convolution
 (1-D/2-D/3-D, depthwise, separable, transposed), recurrent layers (LSTM, GRU, SimpleRNN, RNN of
-such cells, Bidirectional: timesteps x (input_dim + units) x gates x units per direction; a
-sequence of unknown length counts 0), TimeDistributed (timesteps x its layer's; never swapped) and
-MultiHeadAttention (its projections; the
-attention-score products Q K^T and scores x V are counted apart as `float_macs`, because they
-multiply activations by activations and no swapped layer runs them).  A transposed convolution
-counts input positions x taps x input channels x filters (the products with inserted zeros that
-the kernel also computes are not counted).
+such cells, Bidirectional: timesteps x (input_dim + units) x gates x units per direction),
+TimeDistributed (timesteps x its layer's; swapped with it) and MultiHeadAttention (its
+projections; the attention-score products Q K^T and scores x V are counted apart as
+`float_macs`, because they multiply activations by activations and no swapped layer runs them).
+A transposed convolution counts input positions x taps x input channels x filters (the products
+with inserted zeros that the kernel also computes are not counted).
+
+A free dimension of a layer's input (None beyond the batch: a sequence of any length, an image of
+any size) is counted at the length `counting_length(n)` sets around the count (convert: the
+data's length, `--sequence-length`, else graphswap.swap.compare.DEFAULT_SEQUENCE_LENGTH); the
+layer's line records it (`length`) and the summary says "at length n".
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import json
 
@@ -27,7 +33,33 @@ from keras.src.layers.convolutional.base_separable_conv import BaseSeparableConv
 
 from graphswap.errors import UnsupportedLayerError
 from graphswap.native import einsum_plan
+from graphswap.swap.compare import DEFAULT_SEQUENCE_LENGTH, validate_sequence_length
 from graphswap.tables import format_table
+
+_COUNTING_LENGTH = contextvars.ContextVar("graphswap_counting_length", default=None)
+
+
+@contextlib.contextmanager
+def counting_length(length):
+    """Within: free input dimensions are counted at `length` (None: DEFAULT_SEQUENCE_LENGTH)."""
+    token = _COUNTING_LENGTH.set(None if length is None else validate_sequence_length(length))
+    try:
+        yield
+    finally:
+        _COUNTING_LENGTH.reset(token)
+
+
+def current_counting_length() -> int:
+    length = _COUNTING_LENGTH.get()
+    return DEFAULT_SEQUENCE_LENGTH if length is None else length
+
+
+def _fixed(shape):
+    """`shape` with its free dimensions beyond the batch at the counting length."""
+    if shape is None:
+        return None
+    length = current_counting_length()
+    return (shape[0], *(length if d is None else d for d in shape[1:]))
 
 
 @dataclasses.dataclass
@@ -41,6 +73,7 @@ class LayerReport:
     kernel: str = ""     # kernel spec, for swapped layers
     macs: int = 0        # weight multiply-accumulates per sample, 0 if none/unknown
     float_macs: int = 0  # products inside the layer no kernel runs (attention scores)
+    length: int | None = None   # the length its free input dimensions were counted at
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -70,6 +103,11 @@ class RewriteReport:
     def attention_macs(self) -> int:
         return sum(e.float_macs for e in self.layers)
 
+    @property
+    def counted_length(self) -> int | None:
+        """The length free input dimensions were counted at (None: the model has none)."""
+        return max((e.length for e in self.layers if e.length), default=None)
+
     def by_type(self) -> dict:
         """{layer type: {"layers", "swapped", "kernel_macs", "float_macs"}} over counted layers."""
         summary: dict = {}
@@ -90,6 +128,8 @@ class RewriteReport:
         total = self.total_macs
         share = 100.0 * self.kernel_macs / total if total else 0.0
         line = f"{share:.1f}% of {total:,} MACs per sample on the kernel"
+        if self.counted_length:
+            line = line.replace("per sample", f"per sample at length {self.counted_length}")
         if self.attention_macs:
             line += (f" (plus {self.attention_macs:,} attention-score MACs, activations x "
                      f"activations, in float)")
@@ -99,7 +139,8 @@ class RewriteReport:
         return {"model": self.model_name,
                 "swapped": len(self.swapped),
                 "macs": {"kernel": self.kernel_macs, "total": self.total_macs,
-                         "attention_float": self.attention_macs, "by_type": self.by_type()},
+                         "attention_float": self.attention_macs, "by_type": self.by_type(),
+                         "length": self.counted_length},
                 "summary": self.summary_line(),
                 "layers": [entry.to_dict() for entry in self.layers],
                 "notes": list(self.notes)}
@@ -122,6 +163,9 @@ class RewriteReport:
         counted = sum(1 for e in self.layers if e.macs or e.action == "swapped")
         out.append(f"{len(self.swapped)} of {counted} layers with weights swapped; "
                    f"{self.summary_line()}")
+        if self.counted_length:
+            out.append(f"free (None) input dimensions - sequence lengths, image sizes - are "
+                       f"counted at length {self.counted_length} (--sequence-length N)")
         out.extend(self.notes)
         return "\n".join(out)
 
@@ -178,8 +222,8 @@ def attention_macs(layer) -> tuple[int, int]:
     inputs = [getattr(layer, a, None) for a in ("_query_dense", "_key_dense", "_gate_dense",
                                                 "_value_dense")]
     projection_macs = sum(layer_macs(p) for p in inputs if p is not None)
-    q_shape = input_shape_of(query) if query is not None else None
-    v_shape = input_shape_of(value) if value is not None else None
+    q_shape = _fixed(input_shape_of(query)) if query is not None else None
+    v_shape = _fixed(input_shape_of(value)) if value is not None else None
     scores = 0
     if q_shape and None not in q_shape[1:]:
         targets = _prod(q_shape[1:-1])
@@ -195,13 +239,26 @@ def layer_macs(layer) -> int:
     """Weight multiply-accumulates per sample of a layer (0 if not built, unknown or none)."""
     if isinstance(layer, keras.layers.MultiHeadAttention):
         return attention_macs(layer)[0] if layer.built else 0
-    shape = input_shape_of(layer)
+    shape = _fixed(input_shape_of(layer))
     if not shape or not getattr(layer, "built", False):
         return 0
     try:
         return _weight_macs(layer, shape)
     except (TypeError, ValueError, AttributeError, UnsupportedLayerError):
         return 0
+
+
+def assumed_length(layer) -> int | None:
+    """The length `layer_macs` counted the layer's free input dimensions at (None: it has none,
+    or no MACs)."""
+    shapes = [input_shape_of(layer)]
+    if isinstance(layer, keras.layers.MultiHeadAttention):
+        shapes = [input_shape_of(part) for part in (getattr(layer, "_query_dense", None),
+                                                    getattr(layer, "_value_dense", None))
+                  if part is not None]
+    if any(shape and None in shape[1:] for shape in shapes) and layer_macs(layer):
+        return current_counting_length()
+    return None
 
 
 def cell_step_macs(cell) -> int:
@@ -221,11 +278,12 @@ def cell_step_macs(cell) -> int:
 def recurrent_macs(layer, shape) -> int:
     """Weight MACs per sample of a built RNN layer (LSTM, GRU, SimpleRNN, RNN) or a
     Bidirectional around one: timesteps x (input_dim + units) x gates x units per direction
-    (0 when the sequence length is unknown)."""
+    (an unknown sequence length at the counting length)."""
+    shape = _fixed(shape)
     if isinstance(layer, keras.layers.Bidirectional):
         return recurrent_macs(layer.forward_layer, shape) + \
             recurrent_macs(layer.backward_layer, shape)
-    if len(shape) < 3 or shape[1] is None or not getattr(layer.cell, "built", False):
+    if len(shape) < 3 or not getattr(layer.cell, "built", False):
         return 0
     return int(shape[1]) * cell_step_macs(layer.cell)
 
@@ -234,8 +292,8 @@ def _weight_macs(layer, shape) -> int:
     layers = keras.layers
     if isinstance(layer, (layers.RNN, layers.Bidirectional)):
         return recurrent_macs(layer, shape)
-    if isinstance(layer, layers.TimeDistributed):   # not swapped: counted as float
-        if len(shape) < 3 or shape[1] is None or not layer.layer.built:
+    if isinstance(layer, layers.TimeDistributed):   # timesteps x the wrapped layer's
+        if len(shape) < 3 or not layer.layer.built:
             return 0
         return int(shape[1]) * _weight_macs(layer.layer, (shape[0], *shape[2:]))
     if isinstance(layer, layers.EinsumDense):

@@ -33,6 +33,7 @@ from keras.src import tree
 
 from graphswap.errors import GraphswapError, ModelLoadError, UnsupportedLayerError
 from graphswap.swap.clone import clone_layer
+from graphswap.swap.layer_state import copy_layer_state
 from graphswap.swap.tracking import replace_attribute, replace_item
 
 REGISTERED_NAME = "graphswap>SwappedSubclassedModel"
@@ -263,6 +264,7 @@ def copy_custom_layer(layer):
             f"the copy of custom layer {layer.name!r} has {len(copy.weights)} weights, the layer "
             f"{len(layer.weights)}: it creates weights in a way a copy does not repeat")
     copy.set_weights(layer.get_weights())
+    copy_layer_state(layer, copy)  # vocabularies, lookup tables of the layers it holds
     return copy
 
 
@@ -289,4 +291,5 @@ def copy_subclassed(model):
             f"model {len(model.weights)}: build it by calling it on data before rewriting, or use "
             f"inplace=True")
     copy.set_weights(model.get_weights())
+    copy_layer_state(model, copy)  # vocabularies, lookup tables of the layers it holds
     return copy
