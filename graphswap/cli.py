@@ -30,7 +30,7 @@ import click
 
 from graphswap._quiet_import import import_tensorflow_quietly
 from graphswap._version import __version__
-from graphswap.errors import GraphswapError, KernelTrustError, OutputPathError
+from graphswap.errors import GraphswapError, KernelTrustError, OutputPathError, TrustStoreError
 from graphswap.tables import format_table
 
 
@@ -61,8 +61,10 @@ trust_store = LazyModule("graphswap.kernels.trust", tensorflow=False)
 # the API); tests/test_cli_startup.py::test_option_values_are_the_apis fails when one drifts.
 LAYER_TYPES = ("Dense", "Conv2D", "DepthwiseConv2D", "SeparableConv2D", "Conv1D",
                "Conv2DTranspose", "EinsumDense", "MultiHeadAttention", "LSTM", "GRU",
-               "SimpleRNN", "RNN", "Bidirectional")                     # swap.LAYER_TYPES
+               "SimpleRNN", "RNN", "Bidirectional", "TimeDistributed")  # swap.LAYER_TYPES
 MAX_CHECK_BATCH = 1024                                                  # swap.MAX_CHECK_BATCH
+DEFAULT_SEQUENCE_LENGTH = 16                                    # swap.DEFAULT_SEQUENCE_LENGTH
+MAX_SEQUENCE_LENGTH = 65536                                     # swap.MAX_SEQUENCE_LENGTH
 BACKWARD_MODES = ("native", "kernel", "lut_grad")                       # swap.BACKWARD_MODES
 COMPENSATION_METHODS = ("mean", "moments")                              # swap.COMPENSATION_METHODS
 DEFAULT_COMPENSATION = "moments"                                        # with --calibrate
@@ -70,15 +72,18 @@ DEFAULT_WEIGHT_TUNING = False                                           # with -
 DEFAULT_BN_REESTIMATION = True                                  # with --calibrate, BN models
 DEFAULT_RECIPE = "default"                                      # swap.DEFAULT_RECIPE
 CALIBRATION_SOURCES = ("float", "approximate")                          # swap.CALIBRATION_SOURCES
-DEFAULT_CALIBRATION_SOURCE = "float"
-CALIBRATION_METHODS = ("minmax", "percentile", "mse")                   # swap.CALIBRATION_METHODS
+DEFAULT_CALIBRATION_SOURCE = "approximate"   # measured: docs/RECOVERY.md, ResNet-8 on CIFAR-10
+CALIBRATION_METHODS = ("minmax", "percentile", "mse", "entropy")        # swap.CALIBRATION_METHODS
 DEFAULT_CALIBRATION_METHOD = "percentile"
 DEFAULT_CALIBRATION_SAMPLES = 512
 MIN_CALIBRATION_SAMPLES = 16
 QUANTIZATION_PRESETS = ("default", "tfapprox")                          # swap.QUANTIZATION_PRESETS
+OPERAND_CHOICES = ("auto", "activation_first", "weight_first")          # swap.OPERAND_CHOICES
+CHECK_SAMPLES = 512                                                     # swap.CHECK_SAMPLES
 DEFAULT_LEARNING_RATE = "auto"                                          # research.DEFAULT_...
 SCHEDULES = ("constant", "cosine")                                      # research.SCHEDULES
 DEFAULT_SCHEDULE = "cosine"
+DEFAULT_BATCH_SIZE = 32                                                 # research.DEFAULT_...
 #: (cli constant, API subpackage, API name): what the startup test compares
 OPTION_VALUES = tuple((name, package, name) for package, names in (
     ("graphswap.swap", ("LAYER_TYPES", "MAX_CHECK_BATCH", "BACKWARD_MODES", "COMPENSATION_METHODS",
@@ -86,8 +91,10 @@ OPTION_VALUES = tuple((name, package, name) for package, names in (
                         "DEFAULT_BN_REESTIMATION", "DEFAULT_RECIPE",
                         "CALIBRATION_SOURCES", "DEFAULT_CALIBRATION_SOURCE", "CALIBRATION_METHODS",
                         "DEFAULT_CALIBRATION_METHOD", "DEFAULT_CALIBRATION_SAMPLES",
-                        "MIN_CALIBRATION_SAMPLES", "QUANTIZATION_PRESETS")),
-    ("graphswap.research", ("DEFAULT_LEARNING_RATE", "SCHEDULES", "DEFAULT_SCHEDULE")))
+                        "MIN_CALIBRATION_SAMPLES", "QUANTIZATION_PRESETS", "OPERAND_CHOICES",
+                        "CHECK_SAMPLES", "DEFAULT_SEQUENCE_LENGTH", "MAX_SEQUENCE_LENGTH")),
+    ("graphswap.research", ("DEFAULT_LEARNING_RATE", "SCHEDULES", "DEFAULT_SCHEDULE",
+                            "DEFAULT_BATCH_SIZE")))
     for name in names)
 
 EXIT_ERROR = 1
@@ -126,7 +133,21 @@ class ReportingGroup(click.Group):
             trust_store.config_dir()  # $GRAPHSWAP_CONFIG_DIR naming a file: refused before work
             return super(ReportingGroup, self).invoke(ctx)
 
+        _print_names_as_given()
         return report_errors(run)
+
+
+def _print_names_as_given() -> None:
+    """Print a file name holding bytes that are no UTF-8 as the bytes it has (as ls does), instead
+    of failing on them with a UnicodeEncodeError (a strict UTF-8 locale's stdout)."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None and (getattr(stream, "encoding", "") or "").lower().replace(
+                "-", "") == "utf8":
+            try:
+                reconfigure(errors="surrogateescape")
+            except (ValueError, OSError):   # a stream that cannot change (already written to)
+                pass
 
 
 class OutputFile(click.Path):
@@ -168,15 +189,52 @@ def _trust_kernels(ctx, param, paths):
     return paths
 
 
-def _remember_named_kernels(specs, err: bool = False) -> None:
+def _record_named_kernels(specs, written=None) -> list:
     """A kernel file named on the command line is the user's approval: record it in the trust
-    store (one line each, with how to undo it), so later commands need no --trust-kernel."""
+    store, so later commands need no --trust-kernel.  Called before the command's work, so a
+    store that cannot be written (a full disk under the config folder) stops the command before
+    it writes anything; a spec graphswap refuses to record is tried again after the work
+    (_say_recorded), where its error is said as before.  `written`: what the command already
+    wrote (it records only after its work).  Returns the contents newly recorded and the specs
+    to try again."""
+    recorded = []
     for spec in specs:
         if spec is None:
             continue
-        remembered = kernels.remember_named_file(spec)
+        try:
+            remembered, reason = kernels.remember_named_file(spec), None
+        except TrustStoreError as exc:   # a store that cannot be written: stop before the work
+            if exc.reason is None:
+                raise   # a lock or store file that is not a plain file: said as it is
+            reason = exc.reason
+        except GraphswapError:
+            if written is not None:
+                raise
+            recorded.append(spec)
+            continue
+        except OSError as exc:
+            reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        if reason is not None:
+            done = (f"{written} was written, but later commands will need --trust-kernel {spec} "
+                    f"(or 'graphswap trust add {spec}' once the store can be written)"
+                    if written is not None else "nothing was written")
+            raise OutputPathError(
+                f"recording the kernel file {spec} in the trust store {trust_store.store_path()} "
+                f"failed: {reason}; graphswap records the kernel files you name there so that "
+                f"later commands need no --trust-kernel. Free some space there (or set "
+                f"GRAPHSWAP_CONFIG_DIR to a writable folder) and run the command again; "
+                f"{done}") from None
         if remembered is not None and remembered[1]:
-            content = remembered[0]
+            recorded.append(remembered[0])
+    return recorded
+
+
+def _say_recorded(recorded, err: bool = False, written="the output") -> None:
+    """One line for each kernel file newly recorded in the trust store, with how to undo it (a
+    spec _record_named_kernels left for after the work is recorded now)."""
+    for item in filter(None, recorded):
+        for content in (_record_named_kernels([item], written) if isinstance(item, str)
+                        else [item]):
             click.echo(f"trusted {content.path} (sha256 {content.sha256[:16]}...) for later "
                        f"graphswap commands; undo with: graphswap trust remove {content.path}",
                        err=err)
@@ -231,6 +289,14 @@ def layer_types_option(what):
              f"{', '.join(LAYER_TYPES)} [default: all of them].")
 
 
+def sequence_length_option(what, default=f"{DEFAULT_SEQUENCE_LENGTH}"):
+    return click.option(
+        "--sequence-length", type=click.IntRange(min=1, max=MAX_SEQUENCE_LENGTH), default=None,
+        metavar="N",
+        help=f"The length the model's free (None) input dimensions - a sequence of any length, "
+             f"an image of any size - take {what} [default: {default}].")
+
+
 class SweepProgress:
     """A click progress bar on stderr for sweep's progress(done, total, label) callback."""
 
@@ -253,7 +319,8 @@ class SweepProgress:
 QUANTIZATION_PARAMS = ("quantization", "weights", "weight_granularity", "observer",
                        "observer_momentum", "calibrate", "calibration_samples",
                        "calibration_method", "calibration_source", "bias_correction",
-                       "calibration_bn", "fold_batchnorm", "weight_tuning")
+                       "calibration_bn", "fold_batchnorm", "weight_tuning", "operands",
+                       "dynamic_fallback")
 
 
 def quantization_options(command):
@@ -277,8 +344,8 @@ def quantization_options(command):
                      help="With --calibrate: replace each multiplier layer's weight codes by the "
                           "codes whose approximate products best match the exact ones over the "
                           "layer's calibrated inputs (ALWANN's weight tuning; docs/RECOVERY.md)"
-                          f" [default with --calibrate: "
-                          f"{'on' if DEFAULT_WEIGHT_TUNING else 'off'}]."),
+                          " [default with --calibrate: measured - the model with and without "
+                          "it, the one closer to the original kept]."),
         click.option("--bias-correction", type=click.Choice(["none", *COMPENSATION_METHODS]),
                      default=None,
                      help="With --calibrate: compensate each multiplier layer's product error "
@@ -291,8 +358,9 @@ def quantization_options(command):
                           "before it already approximate ('approximate', layer by layer)."),
         click.option("--calibration-method", type=click.Choice(list(CALIBRATION_METHODS)),
                      default=DEFAULT_CALIBRATION_METHOD, show_default=True,
-                     help="Range of each layer's input: min/max, the 99.99th percentile, or the "
-                          "clipping range of least quantization error."),
+                     help="Range of each layer's input: min/max, the 99.99th percentile, the "
+                          "clipping range of least quantization error, or of least KL divergence "
+                          "(TensorRT's entropy calibrator)."),
         click.option("--calibration-samples", type=click.IntRange(min=1),
                      default=DEFAULT_CALIBRATION_SAMPLES, show_default=True,
                      help=f"Calibration examples to use (first N; at least "
@@ -318,6 +386,17 @@ def quantization_options(command):
                      help="Weight encoding [default: sign-magnitude for unsigned multipliers "
                           "(a sign-magnitude MAC), symmetric int8 for signed ones]; asymmetric "
                           "uint8 with a zero point is TFApprox's."),
+        click.option("--dynamic-fallback/--no-dynamic-fallback", default=None,
+                     help="With --calibrate: also build the uncalibrated (dynamic) conversion and "
+                          "keep it when it is closer to the original on the calibration data "
+                          "(the report says which was kept) [default: on]."),
+        click.option("--operands", type=click.Choice([c.replace("_", "-")
+                                                      for c in OPERAND_CHOICES]),
+                     default=None,
+                     help="Which multiplier input the weights feed: 'activation-first' (the "
+                          "activation is operand A), 'weight-first', or 'auto': measured per "
+                          "layer on the calibration data [default with --calibrate: auto; "
+                          "without: activation-first]."),
         click.option("--quantization", type=click.Choice(list(QUANTIZATION_PRESETS)),
                      default="default", show_default=True,
                      help="'tfapprox': asymmetric per-tensor weights, as TFApprox (signed "
@@ -340,6 +419,8 @@ def _rewrite_options(rewrite: dict, model=None, ctx=None) -> dict:
         needing = [f"--{name.replace('_', '-')}" for name in ("bias_correction", "calibration_bn",
                                                                "weight_tuning")
                    if rewrite[name] and rewrite[name] != "none"]
+        needing += ["--operands auto"] if rewrite["operands"] == "auto" else []
+        needing += ["--dynamic-fallback"] if rewrite["dynamic_fallback"] else []
         if ctx is not None:
             needing += [f"--{name.replace('_', '-')}"
                         for name in ("calibration_samples", "calibration_method",
@@ -356,10 +437,14 @@ def _rewrite_options(rewrite: dict, model=None, ctx=None) -> dict:
                         "observer": rewrite["observer"].replace("-", "_"),
                         "momentum": rewrite["observer_momentum"]}
     options = {"quantization": quantization, "fold_batchnorm": rewrite["fold_batchnorm"]}
+    if rewrite["operands"] is not None:
+        options["operands"] = rewrite["operands"].replace("-", "_")
     if rewrite["calibrate"] is not None:
         data = rewrite["calibrate"]
         if model is not None:
-            data = research.calibration_arrays(data, model, rewrite["calibration_samples"])
+            # the examples beyond those calibrated on are the zero-step check's (swap.fallback)
+            data = research.calibration_arrays(data, model, rewrite["calibration_samples"]
+                                               + CHECK_SAMPLES)
         options.update(calibration_data=data,
                        calibration_samples=rewrite["calibration_samples"],
                        calibration_method=rewrite["calibration_method"],
@@ -367,8 +452,10 @@ def _rewrite_options(rewrite: dict, model=None, ctx=None) -> dict:
                        bias_correction=_default_recipe(rewrite)[0],
                        recalibrate_bn=(DEFAULT_RECIPE if rewrite["calibration_bn"] is None
                                        else rewrite["calibration_bn"]))
-        if _default_recipe(rewrite)[1]:
-            options["weight_tuning"] = True
+        if rewrite["weight_tuning"] is not None:   # else measured, with and without
+            options["weight_tuning"] = bool(rewrite["weight_tuning"])
+        if rewrite["dynamic_fallback"] is not None:
+            options["dynamic_fallback"] = rewrite["dynamic_fallback"]
     return options
 
 
@@ -429,13 +516,15 @@ def main():
               help="How many inputs the outputs are compared with the original's on: the first "
                    "calibration examples with --calibrate, else a random batch (0: skip; "
                    f"at most {MAX_CHECK_BATCH}).")
+@sequence_length_option("in the random check batch and the MAC count",
+                        f"the calibration data's with --calibrate, else {DEFAULT_SEQUENCE_LENGTH}")
 @click.option("-f", "--force", is_flag=True, help="Overwrite the output if it exists.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @quantization_options
 @model_loading_options
 @click.pass_context
 def convert(ctx, model_path, output, kernel, kernel_map, include, exclude, layer_types, backward,
-            check_batch, force, as_json, custom_objects, unsafe, rewrite):
+            check_batch, sequence_length, force, as_json, custom_objects, unsafe, rewrite):
     """Rewrite MODEL so its layers with weights run KERNEL; save it and report.
 
     MODEL: .keras, full-model .h5, a graphswap SavedModel directory or a Keras 2 SavedModel.
@@ -456,13 +545,14 @@ def convert(ctx, model_path, output, kernel, kernel_map, include, exclude, layer
         io.check_model_output_path(output, force, inputs=[model_path])
         source = _load(model_path, custom_objects, unsafe)
     options = _rewrite_options(rewrite, source if source is not model_path else None, ctx)
+    recorded = _record_named_kernels([kernel])   # before the work: nothing written if it fails
     result = io.convert(source, kernel, kernel_map=kernel_map, include=list(include) or None,
                         exclude=list(exclude) or None,
                         layer_types=layer_types, backward=backward,
                         check_batch=check_batch, output=output, force=force,
                         custom_objects=custom_objects, safe_mode=not unsafe,
-                        rewrite_options=options)
-    _remember_named_kernels([kernel], err=as_json)
+                        rewrite_options=options, sequence_length=sequence_length)
+    _say_recorded(recorded, err=as_json)
     click.echo(json.dumps(result.to_dict(), indent=2) if as_json else result.format_text())
 
 
@@ -473,13 +563,16 @@ def convert(ctx, model_path, output, kernel, kernel_map, include, exclude, layer
 @click.option("--include", multiple=True, metavar="REGEX", help="As for convert.")
 @click.option("--exclude", multiple=True, metavar="REGEX", help="As for convert.")
 @layer_types_option("plan for")
+@sequence_length_option("in the MAC count")
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 @model_loading_options
-def inspect(model_path, kernel, include, exclude, layer_types, as_json, custom_objects, unsafe):
+def inspect(model_path, kernel, include, exclude, layer_types, sequence_length, as_json,
+            custom_objects, unsafe):
     """List MODEL's layers and what `convert` would swap (nothing is written)."""
     model = _load(model_path, custom_objects, unsafe)
-    report = swap.plan(model, kernel=kernel, include=list(include) or None,
-                       exclude=list(exclude) or None, layer_types=layer_types)
+    with swap.counting_length(sequence_length):
+        report = swap.plan(model, kernel=kernel, include=list(include) or None,
+                           exclude=list(exclude) or None, layer_types=layer_types)
     if as_json:
         click.echo(report.to_json())
     else:
@@ -523,11 +616,12 @@ def kernels_group(ctx, as_json):
               type=click.IntRange(min=1, max=MAX_CHECK_BATCH),
               help="Size of the random batch the export is verified on (1 to "
                    f"{MAX_CHECK_BATCH}).")
+@sequence_length_option("in the random batch the export is verified on")
 @click.option("-f", "--force", is_flag=True, help="Overwrite the output if it exists.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @model_loading_options
-def export_command(model_path, export_format, keep_kernels, output, opset, check_batch, force,
-                   as_json, custom_objects, unsafe):
+def export_command(model_path, export_format, keep_kernels, output, opset, check_batch,
+                   sequence_length, force, as_json, custom_objects, unsafe):
     """Export MODEL (.keras, .h5, SavedModel directory) to ONNX or a graphswap SavedModel.
 
     \b
@@ -559,7 +653,8 @@ def export_command(model_path, export_format, keep_kernels, output, opset, check
     io.check_output_path(output, force, inputs=[model_path])
     model = _load(model_path, custom_objects, unsafe)
     result = io.export_model(model, output, format=export_format, keep_kernels=keep_kernels,
-                             opset=opset, force=force, check_batch=check_batch)
+                             opset=opset, force=force, check_batch=check_batch,
+                             sequence_length=sequence_length)
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2))
         return
@@ -569,8 +664,10 @@ def export_command(model_path, export_format, keep_kernels, output, opset, check
                    f"{nodes}")
     click.echo(f"{len(result.layers)} swapped layer(s); inputs {result.inputs}, outputs "
                f"{result.outputs}")
+    free = f" (free dimensions at length {sequence_length or DEFAULT_SEQUENCE_LENGTH})" \
+        if swap.has_free_dimensions(model) else ""
     click.echo(f"verified against the {result.reference}: max |difference| "
-               f"{result.max_abs_difference:.3g} on a batch of {check_batch}")
+               f"{result.max_abs_difference:.3g} on a batch of {check_batch}{free}")
     what = result.format
     if result.format == "savedmodel":
         what += ": serves without graphswap; graphswap commands reopen it"
@@ -666,11 +763,12 @@ def _echo_notes(notes, err=False):
               help="Hold out this fraction of --data (seeded) for validation instead.")
 @click.option("--epochs", default=3, show_default=True, type=click.IntRange(min=0),
               help="Total number of epochs (0: only --recalibrate-bn).")
-@click.option("--batch-size", default=128, show_default=True)
+@click.option("--batch-size", default=DEFAULT_BATCH_SIZE, show_default=True)
 @click.option("--lr", "learning_rate", default=DEFAULT_LEARNING_RATE, show_default=True,
               type=LEARNING_RATE,
               help="Adam learning rate (the start of the schedule), or 'auto': 1e-4 when the "
-                   "model's training loss at the start shows it still fits its data, else 1e-3.")
+                   "model's training loss at the start shows it still fits its data, 3e-4 when "
+                   "it is within 4x the original float model's, else 1e-3.")
 @click.option("--schedule", type=click.Choice(list(SCHEDULES)),
               default=DEFAULT_SCHEDULE, show_default=True,
               help="Learning rate over the run: decayed to 0 by a cosine, or constant (the "
@@ -739,7 +837,10 @@ def finetune(model_path, data_path, val_data, val_split, epochs, batch_size, lea
     click.echo(research.format_history(result))
     if result.best_epoch is not None:
         click.echo(f"best epoch {result.best_epoch} by {result.monitor} "
-                   f"({result.best_value:.4f}; marked *)")
+                   f"({result.best_value:.4f}; marked *; the history is of the training run)")
+    final = research.format_final(result)
+    if final:
+        click.echo(final)
     click.echo(f"wrote {output}")
 
 
@@ -792,6 +893,7 @@ def evaluate_command(ctx, model_path, data_path, kernel_specs, finetune_data, ep
     for path in (output, plot):
         if path is not None:
             io.check_output_path(path, force, inputs=[model_path, data_path])
+    recorded = _record_named_kernels(kernel_specs)   # before the work (see convert)
     result = research.evaluate(model_path, data_path, list(kernel_specs) or None,
                                finetune_data=finetune_data, epochs=epochs, batch_size=batch_size,
                                learning_rate=learning_rate, seed=seed,
@@ -804,7 +906,7 @@ def evaluate_command(ctx, model_path, data_path, kernel_specs, finetune_data, ep
         result.write(output, force=force)
     if plot is not None:
         result.plot(plot, force=force)
-    _remember_named_kernels(kernel_specs, err=as_json)
+    _say_recorded(recorded, err=as_json)
     if as_json:
         click.echo(result.to_json())
         return
@@ -863,6 +965,7 @@ def sweep_command(ctx, model_path, data_path, kernel_spec, power_options, refere
             io.check_output_path(path, force, inputs=[model_path, data_path])
     # a bar only where someone watches it: not in logs, pipes or --json output
     progress = SweepProgress(enabled=not as_json and sys.stderr.isatty())
+    recorded = _record_named_kernels([kernel_spec])   # before the work (see convert)
     try:
         result = research.sweep(model_path, data_path, kernel_spec,
                                 power=research.parse_power_options(power_options) or None,
@@ -880,7 +983,7 @@ def sweep_command(ctx, model_path, data_path, kernel_spec, power_options, refere
     result.write_kernel_map(output, force=force)
     if plot is not None:
         result.plot(plot, force=force)
-    _remember_named_kernels([kernel_spec], err=as_json)
+    _say_recorded(recorded, err=as_json)
     if as_json:
         click.echo(json.dumps({**result.to_dict(), "output": str(output), "plot": plot},
                               indent=2))
@@ -981,7 +1084,8 @@ def explore_command(ctx, model_path, data_path, library_sources, metrics_table, 
     result.write(output, force=force)
     if plot is not None:
         result.plot(plot, force=force)
-    _remember_named_kernels([c.spec for c in result.library.circuits], err=as_json)
+    # the circuits are known only now: a store that cannot be written is said with the front
+    _say_recorded([c.spec for c in result.library.circuits], err=as_json, written=output)
     if as_json:
         click.echo(json.dumps({**result.to_dict(), "output": str(output), "plot": plot},
                               indent=2))
@@ -1016,7 +1120,7 @@ def trust_add(paths):
     """Trust the current content of each kernel FILE (.c, .so), for later sessions too."""
     for path in paths:
         digest = trust_store.trust(path, persist=True)
-        click.echo(f"trusted {os.path.realpath(path)} (sha256 {digest})")
+        click.echo(f"trusted {trust_store.shown(os.path.realpath(path))} (sha256 {digest})")
     click.echo(f"trust store: {trust_store.store_path()}")
 
 
@@ -1035,14 +1139,18 @@ def trust_list(as_json):
     if not entries:
         click.echo(f"no trusted kernel files (store: {trust_store.store_path()})")
         return
-    rows = [(e["path"], e["sha256"][:16] + "...", e["added"], e["current"]) for e in entries]
+    rows = [(trust_store.shown(e["path"]), e["sha256"][:16] + "...", trust_store.shown(e["added"]),
+             e["current"]) for e in entries]
     click.echo("\n".join(format_table(("path", "sha256", "added", "file now"), rows)))
     click.echo(f"store: {trust_store.store_path()}")
 
 
 def _file_state(entry) -> str:
     state = trust_store.file_state(entry)
-    return {"same": "same content", "changed": "changed (not trusted)", "missing": "missing"}[state]
+    return {"same": "same content", "changed": "changed (not trusted)", "missing": "missing",
+            "reads other files": "same content, but refused: it includes headers or needs "
+                                 "libraries from outside the system's ('graphswap trust add "
+                                 "FILE' says which)"}[state]
 
 
 @trust_group.command("remove")
@@ -1055,7 +1163,8 @@ def trust_remove(keys):
             raise KernelTrustError(f"{key} is not in the trust store "
                                    f"({trust_store.store_path()}); see 'graphswap trust list'")
         for entry in removed:
-            click.echo(f"no longer trusted: {entry['path']} (sha256 {entry['sha256']})")
+            click.echo(f"no longer trusted: {trust_store.shown(entry['path'])} "
+                       f"(sha256 {entry['sha256']})")
 
 
 @kernels_group.command("check")

@@ -27,7 +27,7 @@ def test_convert_calibrates_compensates_and_saves_static_ranges(tmp_path, digits
                     "--calibration-samples", 100, "--bias-correction", "moments", "-o", out)
     assert result.exit_code == 0, result.output
     assert "calibrated static activation ranges of 5 layer(s) on 100 samples (percentile, " \
-           "float forward)" in result.output
+           "approximate forward)" in result.output
     assert "bias compensation on 100 samples" in result.output
     model = keras.models.load_model(out)
     conv1 = model.get_layer("conv1")

@@ -103,7 +103,8 @@ def test_calibration_once_gives_the_numbers_of_calibrating_every_assignment(bn_m
     # ranges only (no step that observes the approximate forward - BatchNorm re-estimation,
     # the default for this BatchNorm model, left out too): calibrated once
     options = {"calibration_data": str(bn_model["calibration"]), "calibration_samples": 128,
-               "calibration_method": "mse", "bias_correction": None, "recalibrate_bn": False}
+               "calibration_method": "mse", "bias_correction": None, "recalibrate_bn": False,
+               "calibration_source": "float", "dynamic_fallback": False}
     common = dict(metrics=bn_model["table"], budget=0.5, estimate_samples=None,
                   progress=False, exhaustive_limit=0, trials=5, seed=3)
     reused = explore(bn_model["path"], bn_model["data"], CIRCUITS, rewrite_options=options,

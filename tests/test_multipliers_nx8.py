@@ -477,7 +477,8 @@ def test_mse_calibration_searches_the_range_for_4_bit_activations(tmp_path):
     model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(2, name="out")])
     x = np.random.default_rng(9).standard_t(3, size=(256, 6)).astype(np.float32)
     converted = graphswap.rewrite_model(model, kernel=str(source), calibration_data=x,
-                                        calibration_method="mse", bias_correction=None)
+                                        calibration_method="mse", bias_correction=None,
+                                        calibration_source="float", dynamic_fallback=False)
     got = converted.get_layer("out").current_quantization().activation_range
 
     def search(levels):

@@ -32,7 +32,8 @@ def float_layer_inputs(model, names, x):
 def test_minmax_ranges_are_the_float_inputs_extremes(lenet, digits):
     x = digits["x_train"][:CALIBRATION]
     swapped, report = graphswap.rewrite_model(lenet, kernel="mul8u_drum4", bias_correction=None, calibration_data=x,
-                                              calibration_method="minmax", return_report=True)
+                                              calibration_method="minmax", return_report=True,
+                                              calibration_source="float")
     names = [layer.name for layer in swapped.layers if hasattr(layer, "arithmetic")]
     inputs = float_layer_inputs(lenet, names, x)
     for name, values in zip(names, inputs):
@@ -62,7 +63,8 @@ def test_percentile_and_mse_clip_inside_the_minmax_range(lenet, digits, method):
 
 def test_approximate_source_sees_the_approximate_activations(lenet, digits):
     x = digits["x_train"][:CALIBRATION]
-    plain = graphswap.rewrite_model(lenet, kernel="mul8u_drum3", bias_correction=None, calibration_data=x)
+    plain = graphswap.rewrite_model(lenet, kernel="mul8u_drum3", bias_correction=None, calibration_data=x,
+                                    calibration_source="float")
     aware = graphswap.rewrite_model(lenet, kernel="mul8u_drum3", bias_correction=None, calibration_data=x,
                                     calibration_source="approximate")
     ranges = [(a.current_quantization().activation_range, b.current_quantization().activation_range)

@@ -93,7 +93,9 @@ def test_batchnorm_reestimation_sets_the_approximate_forward_statistics(digits):
     model = keras.models.load_model(CNN_BN)
     x = digits["x_train"][:256]
     swapped = graphswap.rewrite_model(model, kernel="mul8s_drum3", bias_correction=None,
-                                      recalibrate_bn=False, calibration_data=x)
+                                      recalibrate_bn=False, calibration_data=x,
+                                      calibration_source="float", weight_tuning=False,
+                                      dynamic_fallback=False)
     test, labels = digits["x_test"], digits["y_test"]
     before = float(np.mean(np.asarray(swapped(test, training=False)).argmax(1) == labels))
     step = swap.recalibrate_batchnorm(swapped, x)

@@ -59,7 +59,8 @@ def in_batches(model, x, size):
 def test_minmax_ranges_of_the_static_layers_are_the_float_inputs_extremes(images):
     model = small_model()
     swapped = graphswap.rewrite_model(model, kernel="mul8u_drum4", bias_correction=None, calibration_data=images[:64],
-                                      calibration_method="minmax")
+                                      calibration_method="minmax", calibration_source="float",
+                                      dynamic_fallback=False)
     names = ("depthwise", "sep", "transpose", "conv1d", "ein")
     probe = keras.Model(model.inputs, [model.get_layer(n).input for n in names])
     inputs = dict(zip(names, (np.asarray(t) for t in probe(images[:64]))))
@@ -484,7 +485,8 @@ def test_attention_projections_calibrate_to_their_own_float_inputs(sequences):
     model = attention_model()
     swapped, report = graphswap.rewrite_model(model, kernel="mul8u_drum4",
                                               bias_correction=None, calibration_data=sequences[:64],
-                                              calibration_method="minmax", return_report=True)
+                                              calibration_method="minmax", return_report=True,
+                                              calibration_source="float", dynamic_fallback=False)
     parts = swapped.get_layer("mha").quantized_parts()
     assert sorted(parts) == ["key_dense", "output_dense", "query_dense", "value_dense"]
     probe = keras.Model(model.inputs, [model.get_layer("mha").input[0],
@@ -504,7 +506,8 @@ def test_attention_projections_calibrate_to_their_own_float_inputs(sequences):
 def test_calibrated_attention_does_not_depend_on_the_batch_and_round_trips(sequences, tmp_path):
     model = attention_model()
     swapped = graphswap.rewrite_model(model, kernel="mul8s_drum4",
-                                      calibration_data=sequences[:64], bias_correction="moments")
+                                      calibration_data=sequences[:64], bias_correction="moments",
+                                      dynamic_fallback=False)
     parts = swapped.get_layer("mha").quantized_parts()
     assert all(part.output_correction["gain"] is not None for part in parts.values())
     whole = np.asarray(swapped(sequences, training=False))

@@ -146,6 +146,7 @@ def test_calibrated_folded_mobilenet_is_static_everywhere_and_batch_independent(
                                            classes=10, classifier_activation=None)
     x = RNG.uniform(0, 1, (24, 32, 32, 3)).astype(np.float32)
     swapped = graphswap.rewrite_model(model, kernel="mul8u_drum4", bias_correction=None, calibration_data=x[:16],
+                                      dynamic_fallback=False,
                                       fold_batchnorm=True)
     assert not any(isinstance(layer, keras.layers.BatchNormalization)
                    for _, layer in iter_layers(swapped))

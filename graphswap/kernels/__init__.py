@@ -13,7 +13,7 @@ kernel passes), registry (resolving), check (`graphswap kernels check` in a chil
 """
 
 from graphswap.kernels import trust
-from graphswap.kernels.base import Kernel, SchemeBoundKernel, bind_scheme
+from graphswap.kernels.base import Kernel, SchemeBoundKernel, bind_scheme, oriented
 from graphswap.kernels.check import check_kernel, format_result as format_check_result
 from graphswap.kernels.derivatives import (DEFAULT_HALF_WIDTH, derivative_tables,
                                            lut_conv2d_gradients, lut_matmul_gradients)
@@ -30,7 +30,7 @@ from graphswap.kernels.registry import (available_kernels, check, clear_cache, e
 from graphswap.kernels.specs import FileSpec, builtin_names, parse_file_spec
 from graphswap.kernels.trust import trust as trust_file, untrust
 
-__all__ = ["SchemeBoundKernel", "bind_scheme", "DEFAULT_HALF_WIDTH", "derivative_tables", "lut_conv2d_gradients",
+__all__ = ["SchemeBoundKernel", "bind_scheme", "oriented", "DEFAULT_HALF_WIDTH", "derivative_tables", "lut_conv2d_gradients",
            "lut_matmul_gradients", "ACTIVATION_MODES", "FLOAT_KERNELS", "FileSpec", "GRANULARITIES", "Kernel",
            "LibraryKernel", "LutKernel", "OBSERVERS", "QuantScheme", "WEIGHT_ENCODINGS",
            "activation_quantization", "quantize_weights", "tfapprox_scheme",

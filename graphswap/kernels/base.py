@@ -92,3 +92,13 @@ class SchemeBoundKernel(Kernel):
 def bind_scheme(kernel: Kernel, quant) -> Kernel:
     """`kernel` called with `quant` on every product (the kernel itself when quant is None)."""
     return kernel if quant is None else SchemeBoundKernel(kernel, quant)
+
+
+def oriented(kernel: Kernel, quant) -> Kernel:
+    """`kernel` with its table wired as `quant.operands` says (LutKernel.oriented: the weight on
+    the multiplier's first operand or its second); every other kernel, or no scheme, as it is."""
+    operands = getattr(quant, "operands", None)
+    if operands is None or operands == getattr(kernel, "operands", "activation_first") \
+            or not hasattr(kernel, "oriented"):
+        return kernel
+    return kernel.oriented(operands)

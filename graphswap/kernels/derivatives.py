@@ -27,6 +27,7 @@ import numpy as np
 
 from graphswap import native
 from graphswap.errors import QuantizationError
+from graphswap.kernels.base import oriented
 from graphswap.kernels.quantized import LutKernel, activation_quantization, quantize_weights
 from graphswap.native import ConvGeometry, col2im, im2col
 
@@ -78,7 +79,7 @@ def _code_gradients(kernel, qa, za, sa, qb, negative, sb, zb, scheme, g, half_wi
 
 def lut_matmul_gradients(kernel, a, b, dy, quant=None, half_width: int = DEFAULT_HALF_WIDTH):
     """(dL/da, dL/db) of y = kernel.matmul(a, b, quant) for dL/dy = dy (module docstring)."""
-    kernel = _check_kernel(kernel)
+    kernel = oriented(_check_kernel(kernel), quant)   # the table as the scheme wires it
     scheme = kernel.resolve_scheme(quant)
     a = np.asarray(a, np.float32)
     b = np.asarray(b, np.float32)
@@ -91,7 +92,7 @@ def lut_matmul_gradients(kernel, a, b, dy, quant=None, half_width: int = DEFAULT
 def lut_conv2d_gradients(kernel, x, w, dy, geometry: ConvGeometry, quant=None,
                          half_width: int = DEFAULT_HALF_WIDTH):
     """(dL/dx, dL/dw) of y = kernel.conv2d(x, w, geometry, quant) for dL/dy = dy."""
-    kernel = _check_kernel(kernel)
+    kernel = oriented(_check_kernel(kernel), quant)   # the table as the scheme wires it
     scheme = kernel.resolve_scheme(quant)
     g = geometry
     qx, sx, zx, _ = activation_quantization(np.asarray(x, np.float32), scheme, kernel.signed,

@@ -253,8 +253,12 @@ class LutKernel(Kernel):
 
     quantizes = True
 
+    #: which code feeds the multiplier's first operand in this kernel's table (QuantScheme)
+    operands = "activation_first"
+
     def __init__(self, multiplier: Multiplier):
         self.multiplier = multiplier
+        self._orientations = {self.operands: self}
         self.spec = multiplier.spec
         self.signed = bool(multiplier.signed)
         self.weight_bits = int(getattr(multiplier, "weight_bits", 8))
@@ -301,6 +305,26 @@ class LutKernel(Kernel):
                                              f"{self.weight_bits}")
         return LutKernel(exact)
 
+    def oriented(self, operands: str) -> "LutKernel":
+        """This multiplier with the weight code on its first operand ("weight_first": the table
+        transposed, T'[qa, qw] = T[qw, qa]) or its second ("activation_first"); the same record,
+        so a layer saves the file it names and its scheme the wiring.  Cached per kernel."""
+        kernel = self._orientations.get(operands)
+        if kernel is None:
+            if self.weight_bits != 8 or self.activation_bits != 8:
+                raise QuantizationError(
+                    f"{self.spec}: a {self.multiplier.width} multiplier has one narrow port, "
+                    f"wired to its {'weight' if self.weight_bits != 8 else 'activation'}; only "
+                    f"8x8 multipliers take operands='weight_first'")
+            table = np.asarray(self.multiplier.table).reshape(256, 256).T.reshape(-1)
+            kernel = LutKernel(dataclasses.replace(
+                self.multiplier, table=np.ascontiguousarray(table, dtype=np.int32),
+                description=f"{self.multiplier.description} (weights on its first operand)"))
+            kernel.operands = operands
+            kernel._orientations = self._orientations
+            self._orientations[operands] = kernel
+        return kernel
+
     def resolve_scheme(self, quant: QuantScheme | None) -> QuantScheme:
         """The scheme this kernel runs for `quant` (None: the default, dynamic activations)."""
         scheme = (quant if quant is not None else QuantScheme()).resolve(self.signed)
@@ -312,6 +336,8 @@ class LutKernel(Kernel):
 
     # -- matmul ------------------------------------------------------------------------------
     def matmul(self, a: np.ndarray, b: np.ndarray, quant: QuantScheme | None = None) -> np.ndarray:
+        if quant is not None and quant.operands != self.operands:
+            return self.oriented(quant.operands).matmul(a, b, quant)
         a, b = matmul_operands(a, b)
         scheme = self.resolve_scheme(quant)
         if self._fused and a.size and b.size:
@@ -346,6 +372,8 @@ class LutKernel(Kernel):
     # -- conv --------------------------------------------------------------------------------
     def conv2d(self, x: np.ndarray, w: np.ndarray, geometry: ConvGeometry,
                quant: QuantScheme | None = None) -> np.ndarray:
+        if quant is not None and quant.operands != self.operands:
+            return self.oriented(quant.operands).conv2d(x, w, geometry, quant)
         x = np.asarray(x, dtype=np.float32)
         w = np.asarray(w, dtype=np.float32)
         g = geometry

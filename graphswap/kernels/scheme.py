@@ -21,6 +21,12 @@ Fields (all validated; `to_config`/`from_config` round-trip through JSON exactly
                   the range follows lo <- m lo + (1 - m) min(batch), hi likewise, m = momentum,
                   as QAT observers do; inference calls never change it)
     momentum      the moving average's m, 0 <= m < 1
+    operands      "activation_first" (the activation code is the multiplier's first operand A,
+                  the weight code its second, B: T[qa, qw]) | "weight_first" (the weight feeds A
+                  and the activation B: T[qw, qa]).  An approximate circuit is rarely symmetric
+                  (EvoApproxLib's keep different partial products of A and B), so which port the
+                  weights are wired to is a hardware choice that changes the error; the codes,
+                  scales and sums are the same either way (LutKernel.oriented)
 
 Which hardware each mode matches:
     sign_magnitude, per_channel  a sign-magnitude MAC array: the unsigned multiplier sees |w|'s
@@ -50,6 +56,7 @@ WEIGHT_ENCODINGS = ("sign_magnitude", "asymmetric", "symmetric")
 GRANULARITIES = ("per_channel", "per_tensor")
 ACTIVATION_MODES = ("dynamic", "static")
 OBSERVERS = ("fixed", "moving_average")
+OPERAND_ORDERS = ("activation_first", "weight_first")
 DEFAULT_MOMENTUM = 0.99
 
 UNSIGNED_ENCODINGS = ("sign_magnitude", "asymmetric")
@@ -72,6 +79,7 @@ class QuantScheme:
     activation_range: tuple | None = None
     observer: str = "fixed"
     momentum: float = DEFAULT_MOMENTUM
+    operands: str = "activation_first"
 
     def __post_init__(self):
         if self.weights is not None:
@@ -79,6 +87,7 @@ class QuantScheme:
         _choice(self.granularity, GRANULARITIES, "weight granularity")
         _choice(self.activations, ACTIVATION_MODES, "activation mode")
         _choice(self.observer, OBSERVERS, "observer")
+        _choice(self.operands, OPERAND_ORDERS, "operand order")
         momentum = self.momentum
         if isinstance(momentum, bool) or not isinstance(momentum, (int, float)) \
                 or not 0 <= momentum < 1:
@@ -110,11 +119,14 @@ class QuantScheme:
 
     # -- config --------------------------------------------------------------------------------
     def to_config(self) -> dict:
-        return {"weights": self.weights, "granularity": self.granularity,
-                "activations": self.activations,
-                "activation_range": None if self.activation_range is None
-                else [float(v) for v in self.activation_range],
-                "observer": self.observer, "momentum": self.momentum}
+        config = {"weights": self.weights, "granularity": self.granularity,
+                  "activations": self.activations,
+                  "activation_range": None if self.activation_range is None
+                  else [float(v) for v in self.activation_range],
+                  "observer": self.observer, "momentum": self.momentum}
+        if self.operands != "activation_first":   # files of the default read by older versions
+            config["operands"] = self.operands
+        return config
 
     @classmethod
     def from_config(cls, config) -> "QuantScheme":
@@ -164,7 +176,9 @@ class QuantScheme:
             activations = "dynamic activations (range per call, as TFApprox)"
         if activation_bits != 8:
             activations = f"{activation_bits}-bit {activations}"
-        return f"{weights} weights {granularity}, {activations}"
+        wiring = ", weights on the multiplier's first operand" \
+            if self.operands == "weight_first" else ""
+        return f"{weights} weights {granularity}, {activations}{wiring}"
 
 
 def as_range(value) -> tuple:

@@ -17,10 +17,11 @@ from graphswap.research.evaluation import EvaluationResult, evaluate
 from graphswap.research.exploration import explore
 from graphswap.research.explore_result import ExploreResult
 from graphswap.research.finetuning import (CompileSettings, FinetuneResult, check_learning_rate,
-                                         compile_settings, finetune, format_history,
+                                         compile_settings, finetune, format_final, format_history,
                                          swapped_layers)
 from graphswap.research.loading import load_data
-from graphswap.research.recovery import (AUTO_LEARNING_RATE, DEFAULT_BIAS_CORRECTION,
+from graphswap.research.recovery import (AUTO_LEARNING_RATE, DEFAULT_BATCH_SIZE,
+                                         DEFAULT_BIAS_CORRECTION,
                                          DEFAULT_LEARNING_RATE, DEFAULT_SCHEDULE, SCHEDULES,
                                          auto_learning_rate, calibration_arrays, compensate_bias,
                                          make_optimizer, recalibrate_batchnorm)
@@ -36,7 +37,7 @@ __all__ = ["Circuit", "CircuitLibrary", "ExploreResult", "explore", "load_librar
            "compensate_bias", "make_optimizer", "recalibrate_batchnorm", "CompileSettings",
            "Data", "EvaluationResult", "FinetuneResult", "ModelExpectation", "STRATEGIES",
            "SaliencyResult", "SweepResult", "check_learning_rate", "compile_settings", "evaluate",
-           "finetune", "format_history", "input_gradients", "is_chief", "load_data",
+           "DEFAULT_BATCH_SIZE", "finetune", "format_final", "format_history", "input_gradients", "is_chief", "load_data",
            "load_sample", "model_expectation", "parse_power_options", "resolve_strategy",
            "saliency_map", "swapped_layers", "sweep", "write_saliency_png", "Task",
            "derive_task"]

@@ -39,7 +39,9 @@ from graphswap.research.study_database import (  # noqa: F401 - the study, as be
     study_storage)
 from graphswap.swap import DEFAULT_CALIBRATION_SOURCE, rewrite_model
 from graphswap.swap.calibration import quantizing_layers
-from graphswap.swap.recipe import DEFAULT_RECIPE, has_batchnorm, recipe_defaults
+from graphswap.kernels import resolve_multiplier
+from graphswap.swap.recipe import (DEFAULT_RECIPE, fallback_wanted, has_batchnorm, operands_default,
+                                   recipe_defaults)
 
 
 def assignment_key(assignment: dict, layers: list) -> tuple:
@@ -57,7 +59,7 @@ def relative_cost(assignment: dict, macs: dict, library: CircuitLibrary, objecti
 #: rewrite_model's options that calibrate the model on data (rewrite_model's zero-training steps)
 CALIBRATION_OPTIONS = ("calibration_data", "calibration_samples", "calibration_method",
                        "calibration_source", "bias_correction", "recalibrate_bn",
-                       "weight_tuning")
+                       "weight_tuning", "operands", "dynamic_fallback")
 
 
 class Evaluator:
@@ -90,7 +92,8 @@ class Evaluator:
         self.baseline["accuracy"] = self.baseline["score"]
         self.evaluations = 0
         self.calibration_seconds = 0.0     # time spent calibrating/compensating, all rewrites
-        self.reuses_calibration = reuse_calibration and _reusable(self.rewrite_options, model)
+        self.reuses_calibration = reuse_calibration and _reusable(self.rewrite_options, model,
+                                                                  library)
         self._ranges = None                # {layer path: (scheme, intermediate ranges)}
 
     def kernel_map(self, assignment: dict) -> dict:
@@ -143,10 +146,10 @@ KNOWN_REWRITE_PARAMETERS = frozenset({
     "model", "kernel", "include", "exclude", "kernel_map", "layer_types", "backward",
     "return_report", "inplace", "quantization", "calibration_data", "calibration_samples",
     "calibration_method", "calibration_source", "bias_correction", "recalibrate_bn",
-    "fold_batchnorm", "weight_tuning"})
+    "fold_batchnorm", "weight_tuning", "operands", "dynamic_fallback"})
 
 
-def _reusable(options: dict, model) -> bool:
+def _reusable(options: dict, model, library=None) -> bool:
     """Whether the calibrated model of every assignment is the all-exact one's ranges set on
     it: static ranges from the float forward (the float calibration source), activations
     created dynamic before calibration (every preset; a dict unless it asks for static ones),
@@ -165,9 +168,25 @@ def _reusable(options: dict, model) -> bool:
         options.get("recalibrate_bn", DEFAULT_RECIPE), has_batchnorm(model))
     if bias_correction is not None or weight_tuning or recalibrate_bn:
         return False
+    # the check against the dynamic conversion depends on each assignment's multipliers
+    if fallback_wanted(options.get("dynamic_fallback", DEFAULT_RECIPE),
+                       options.get("quantization"), False):
+        return False
+    # the measured operand wiring depends on each multiplier, unless every table is symmetric
+    if operands_default(options.get("operands", DEFAULT_RECIPE), True) == "auto" and (
+            library is None or not all(_symmetric(c.spec) for c in library.circuits)):
+        return False
     quantization = options.get("quantization")
     return quantization is None or isinstance(quantization, str) or (
         isinstance(quantization, dict) and quantization.get("activations") in (None, "dynamic"))
+
+
+def _symmetric(spec) -> bool:
+    multiplier = resolve_multiplier(spec)
+    if multiplier is None:    # an FP8 or float circuit: no table to wire either way
+        return True
+    table = np.asarray(multiplier.table).reshape(256, 256)
+    return bool(np.array_equal(table, table.T))
 
 
 def all_exact(layers) -> dict:

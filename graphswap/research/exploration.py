@@ -161,9 +161,12 @@ def explore(model, data, library, *, budget: float = 0.01, objective: str = "pow
         options = {**{name: defaults[name].default for name in CALIBRATION_OPTIONS}, **options}
         # resolved as rewrite_model resolves them, so that the front file names each step
         folded = fold_batchnorm(model)[0] if options.get("fold_batchnorm") else model
-        options["bias_correction"], options["weight_tuning"], options["recalibrate_bn"] = \
-            recipe_defaults(options["bias_correction"], options["weight_tuning"], True,
+        tuning = options["weight_tuning"]   # left at its default, rewrite_model measures it
+        options["bias_correction"], resolved, options["recalibrate_bn"] = \
+            recipe_defaults(options["bias_correction"], tuning, True,
                             options["recalibrate_bn"], has_batchnorm(folded))
+        if not (isinstance(tuning, str) and tuning == "default"):
+            options["weight_tuning"] = resolved
     rewrite = describe_rewrite(rewrite_options, options)
     later = []   # notes printed once every input (the study too) is checked
     report = plan(model, kernel=library.exact.spec, include=include, exclude=exclude,

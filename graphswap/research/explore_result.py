@@ -235,9 +235,18 @@ def describe_rewrite(requested, prepared) -> dict:
             convert.append("--recalibrate-bn")
         elif requested.get("recalibrate_bn") is False:   # convert's default re-estimates BN
             convert.append("--no-recalibrate-bn")
-        if prepared.get("weight_tuning") is True:
-            options["weight_tuning"] = True
-            convert.append("--weight-tuning")
+        tuning = prepared.get("weight_tuning")
+        if tuning is True or tuning is False:
+            options["weight_tuning"] = tuning
+            convert.append("--weight-tuning" if tuning else "--no-weight-tuning")
+        else:     # convert's default: measured with and without (graphswap.swap.fallback)
+            options["weight_tuning"] = "measured"
+        if prepared.get("operands") not in (None, "default"):
+            options["operands"] = prepared["operands"]
+            convert += ["--operands", prepared["operands"].replace("_", "-")]
+        if prepared.get("dynamic_fallback") is False:
+            options["dynamic_fallback"] = False
+            convert.append("--no-dynamic-fallback")
         data = prepared["calibration_data"]
         digest = hashlib.sha256()
         for array in (data if isinstance(data, (list, tuple)) else [data]):

@@ -30,8 +30,10 @@ from graphswap.io import check_model_output_path, load_model, save_model
 from graphswap.research.data import translate_errors
 from graphswap.research.distillation import distillation_data, resolve_teacher, target_entropy
 from graphswap.research.loading import load_data
+from graphswap.research.scoring import predict
 from graphswap.research.task import derive_task, output_activation
-from graphswap.research.recovery import (AUTO_LEARNING_RATE, DEFAULT_LEARNING_RATE,
+from graphswap.research.recovery import (AUTO_LEARNING_RATE, DEFAULT_BATCH_SIZE,
+                                         DEFAULT_LEARNING_RATE, original_float_model,
                                          DEFAULT_SCHEDULE, auto_learning_rate, loss_name,
                                          make_optimizer, recalibrate_batchnorm)
 from graphswap.research.checkpoints import (CheckpointTracker, clear_checkpoint,
@@ -104,6 +106,10 @@ class FinetuneResult:
     checkpoint_dir: str | None = None
     chief: bool = True              # False on non-chief workers of a multi-worker run
     output: str | None = None       # where the fine-tuned model was saved, if anywhere
+    # the returned model's own metrics (best weights restored, BatchNorm re-estimated: what is
+    # saved), scored as `evaluate` scores, on `final_data` ("validation data" / "training data")
+    final: dict | None = None
+    final_data: str | None = None
 
     def to_dict(self) -> dict:
         return {"initial_epoch": self.initial_epoch, "epochs": self.epochs,
@@ -111,13 +117,17 @@ class FinetuneResult:
                 "best_epoch": self.best_epoch, "best_value": self.best_value,
                 "restored_best": self.restored_best, "stopped_early": self.stopped_early,
                 "history": self.history, "notes": self.notes,
-                "checkpoint_dir": self.checkpoint_dir, "output": self.output}
+                "checkpoint_dir": self.checkpoint_dir, "output": self.output,
+                "final": self.final, "final_data": self.final_data}
 
 
 def swapped_layers(model) -> dict:
     """{layer path: kernel spec} of the swapped layers in `model`, those held inside custom
     layers and wrappers (a transformer block, Bidirectional) included."""
     return {path: layer.arithmetic.spec for path, layer in iter_swapped_layers(model)}
+
+
+SCORING_BATCH_SIZE = 128   # `graphswap evaluate`'s default --batch-size
 
 
 class _Notes(list):
@@ -155,7 +165,8 @@ def check_learning_rate(value):
 
 @releases_checkpoint_locks   # the lock on checkpoint_dir is held while finetune runs
 def finetune(model, data, *, val_data=None, val_split: float | None = None, epochs: int = 1,
-             batch_size: int = 128, learning_rate: float | str | None = DEFAULT_LEARNING_RATE,
+             batch_size: int = DEFAULT_BATCH_SIZE,
+             learning_rate: float | str | None = DEFAULT_LEARNING_RATE,
              optimizer="adam", schedule: str = DEFAULT_SCHEDULE, recalibrate_bn=None,
              strategy=None, checkpoint_dir=None, resume: bool = False,
              patience: int | None = None, monitor: str | None = None,
@@ -303,8 +314,10 @@ def finetune(model, data, *, val_data=None, val_split: float | None = None, epoc
             rate = learning_rate   # the run's fingerprint keeps what was asked ("auto")
             if rate == AUTO_LEARNING_RATE:
                 offset = target_entropy(task, train) if teacher is not None else 0.0
+                # labels: the start's loss is judged against the original float model's
+                reference = original_float_model(trained, train) if teacher is None else None
                 rate, note = auto_learning_rate(trained, train, settings.loss, batch_size,
-                                                offset=offset)
+                                                offset=offset, reference=reference)
                 notes.append(note)
             steps = -(-len(train) // batch_size) * epochs if len(train) else None
             trained.compile(optimizer=make_optimizer(optimizer, rate, schedule, steps),
@@ -384,6 +397,16 @@ def finetune(model, data, *, val_data=None, val_split: float | None = None, epoc
         # the saved model carries its task's loss, not the distillation loss it trained with
         trained.compile(optimizer=trained.optimizer, loss=task.keras_loss(),
                         metrics=task.keras_metrics())
+    final, final_data = None, None
+    if epochs > 0 and tracker.epochs_run:
+        scored = validation if validation is not None else train
+        final_data = "validation data" if validation is not None else "training data"
+        # in evaluate's batches: a multiplier with dynamic ranges depends on the batch
+        outputs, targets = predict(trained, scored, SCORING_BATCH_SIZE), scored.labels()
+        # distillation's targets are the teacher's outputs: scored as agreement with it
+        final = task.evaluate(outputs, targets, None) if teacher is None else \
+            task.evaluate(outputs, None, targets)
+        final_data += "" if teacher is None else ", against the teacher's outputs"
     if output is not None and chief:
         save_model(trained, output, force=force)
     return FinetuneResult(
@@ -391,7 +414,8 @@ def finetune(model, data, *, val_data=None, val_split: float | None = None, epoc
         epochs_run=tracker.epochs_run, monitor=tracker.monitor, best_epoch=tracker.best_epoch,
         best_value=tracker.best, restored_best=restored, stopped_early=tracker.stopped_early,
         notes=list(notes), checkpoint_dir=str(directory) if directory is not None else None,
-        chief=chief, output=str(output) if output is not None and chief else None)
+        chief=chief, output=str(output) if output is not None and chief else None,
+        final=final, final_data=final_data)
 
 
 def format_history(result: FinetuneResult) -> str:
@@ -407,3 +431,13 @@ def format_history(result: FinetuneResult) -> str:
     markers = ["  *" if result.best_epoch is not None and row[0] == str(result.best_epoch) else ""
                for row in rows]
     return "\n".join(format_table(headers, rows, markers))
+
+
+def format_final(result: FinetuneResult) -> str | None:
+    """The line naming the returned (saved) model's own metrics, or None without them."""
+    if not result.final:
+        return None
+    shown = ", ".join(f"{key} {value:.2%}" if key.endswith("accuracy") else f"{key} {value:.4f}"
+                      for key, value in result.final.items() if value is not None)
+    return (f"the saved model (best weights, BatchNorm statistics as saved), scored as "
+            f"evaluate scores it on the {result.final_data}: {shown}")

@@ -22,6 +22,29 @@ CLASSIFICATION_METRICS = ("accuracy", "top5_accuracy", "loss", "agreement")
 REGRESSION_METRICS = ("mse", "mae", "psnr", "r2", "loss", "max_abs_diff")
 
 
+def _thresholded_agreement(y_true, y_pred, threshold=0.5):
+    """Per example, the share of units whose label (> 0.5) and output (> threshold) agree."""
+    truth = keras.ops.greater(keras.ops.cast(y_true, "float32"), 0.5)
+    predicted = keras.ops.greater(keras.ops.cast(y_pred, "float32"), threshold)
+    return keras.ops.mean(keras.ops.cast(keras.ops.equal(truth, predicted), "float32"), axis=-1)
+
+
+@keras.saving.register_keras_serializable(package="graphswap")
+class ThresholdedBinaryAccuracy(keras.metrics.MeanMetricWrapper):
+    """Binary / multi-label accuracy with the labels thresholded at 0.5 as well as the outputs:
+    the definition `evaluate` uses (OutputTask.evaluate), so soft targets (a mask in [0, 1],
+    label smoothing, a teacher's probabilities) score the same during fine-tuning as in
+    `evaluate`.  Keras's BinaryAccuracy compares the raw label with the thresholded output, which
+    gives 0 for every soft label."""
+
+    def __init__(self, name="accuracy", dtype=None, threshold=0.5):
+        super().__init__(_thresholded_agreement, name, dtype=dtype, threshold=threshold)
+        self.threshold = threshold
+
+    def get_config(self):
+        return {"name": self.name, "dtype": self.dtype, "threshold": self.threshold}
+
+
 def normalised_loss_name(loss) -> str:
     """A loss's name in lower case without underscores: 'sparsecategoricalcrossentropy'."""
     if isinstance(loss, str):
@@ -320,12 +343,12 @@ class OutputTask:
         if self.kind == "multiclass":
             return ["accuracy"]
         if self.kind in ("binary", "multilabel"):
-            return [keras.metrics.BinaryAccuracy(name="accuracy", threshold=self.threshold())]
+            return [ThresholdedBinaryAccuracy(name="accuracy", threshold=self.threshold())]
         return [keras.metrics.MeanAbsoluteError(name="mae")]
 
     def _keras_metric(self, name):
         if name == "accuracy" and self.kind in ("binary", "multilabel"):
-            return keras.metrics.BinaryAccuracy(name="accuracy", threshold=self.threshold())
+            return ThresholdedBinaryAccuracy(name="accuracy", threshold=self.threshold())
         if name == "top5_accuracy":
             cls = (keras.metrics.SparseTopKCategoricalAccuracy if self.target == "indices"
                    else keras.metrics.TopKCategoricalAccuracy)

@@ -6,7 +6,8 @@ a rewrite.
 Modules: ops (matmul, conv2d) and ops_layers (depthwise, transposed, einsum), forward_op (the
 compiled op their forwards use), layers (Dense, Conv2D), layers_conv (DepthwiseConv2D,
 SeparableConv2D, Conv1D, Conv2DTranspose), layers_attention (EinsumDense, MultiHeadAttention),
-layers_recurrent and recurrent_cells (LSTM, GRU, SimpleRNN, RNN, Bidirectional),
+layers_recurrent and recurrent_cells (LSTM, GRU, SimpleRNN, RNN, Bidirectional), layers_wrapped
+(TimeDistributed around any of them),
 quantstate (a swapped layer's quantization state), catalog (stock -> swapped), tracking (replacing
 held sublayers in place), clone (transform_model, iter_layers), subclassed (subclassed models),
 rewrite (rewrite_model, plan, kernel maps), report, compare, calibration (static activation
@@ -20,15 +21,20 @@ from graphswap.swap.calibration import (CALIBRATION_METHODS, CALIBRATION_SOURCES
 from graphswap.swap.catalog import LAYER_TYPES, SWAPPED_CLASSES, is_swapped, stock_class, type_name
 from graphswap.swap.clone import (check_cloneable, clone_layer, copy_model, is_functional,
                                   iter_layers, transform_model)
-from graphswap.swap.compare import (MAX_CHECK_BATCH, OriginalCannotRunError, OutputComparison,
-                                    compare_outputs, max_output_difference, model_inputs,
-                                    run_model, sample_inputs, tensorflow_reason,
-                                    validate_check_batch)
+from graphswap.swap.compare import (DEFAULT_SEQUENCE_LENGTH, MAX_CHECK_BATCH,
+                                    MAX_SEQUENCE_LENGTH, OriginalCannotRunError, OutputComparison,
+                                    compare_outputs, free_dimension_length, has_free_dimensions,
+                                    max_output_difference, model_inputs, run_model,
+                                    sample_inputs, tensorflow_reason, validate_check_batch,
+                                    validate_sequence_length)
 from graphswap.swap.compensation import (COMPENSATION_METHODS, DEFAULT_COMPENSATION,
                                          RecoveryStep, calibrate_and_compensate, compensate_bias,
                                          recalibrate_batchnorm)
 from graphswap.swap.folding import FoldReport, fold_batchnorm
-from graphswap.swap.recipe import DEFAULT_BN_REESTIMATION, DEFAULT_RECIPE
+from graphswap.swap.recipe import (DEFAULT_BN_REESTIMATION, DEFAULT_RECIPE, QUANTIZATION_PRESETS,
+                                   quantization_request)
+from graphswap.swap.wiring import OPERAND_CHOICES, WiringReport, choose_operands
+from graphswap.swap.fallback import CHECK_SAMPLES
 from graphswap.swap.weight_tuning import DEFAULT_WEIGHT_TUNING, WeightTuningReport, tune_weights
 from graphswap.swap.layers import SwappedConv2D, SwappedDense, check_conv_options
 from graphswap.swap.layers_attention import SwappedEinsumDense, SwappedMultiHeadAttention
@@ -36,22 +42,24 @@ from graphswap.swap.layers_conv import (SwappedConv1D, SwappedConv2DTranspose,
                                         SwappedDepthwiseConv2D, SwappedSeparableConv2D)
 from graphswap.swap.layers_recurrent import (SwappedBidirectional, SwappedGRU, SwappedLSTM,
                                              SwappedRNN, SwappedSimpleRNN)
+from graphswap.swap.layers_wrapped import SwappedTimeDistributed
 from graphswap.swap.ops import BACKWARD_MODES, check_backward_mode, swapped_conv2d, swapped_matmul
-from graphswap.swap.report import LayerReport, RewriteReport, layer_macs
+from graphswap.swap.report import LayerReport, RewriteReport, counting_length, layer_macs
 from graphswap.swap.quantstate import legacy_scheme
-from graphswap.swap.rewrite import (QUANTIZATION_PRESETS, SWAPPABLE_TYPES, check_layer_types,
-                                    load_kernel_map, plan, quantization_request,
+from graphswap.swap.rewrite import (SWAPPABLE_TYPES, check_layer_types, load_kernel_map, plan,
                                     resolve_kernel_map, rewrite_model)
 
 __all__ = ["LAYER_TYPES", "SWAPPED_CLASSES", "SwappedConv1D", "SwappedConv2DTranspose",
            "SwappedDepthwiseConv2D", "SwappedEinsumDense", "SwappedMultiHeadAttention",
            "SwappedSeparableConv2D", "SwappedLSTM", "SwappedGRU", "SwappedSimpleRNN",
-           "SwappedRNN", "SwappedBidirectional", "check_layer_types", "is_swapped", "stock_class",
+           "SwappedRNN", "SwappedBidirectional", "SwappedTimeDistributed", "check_layer_types",
+           "is_swapped", "stock_class",
            "type_name",
            "CALIBRATION_METHODS", "CALIBRATION_SOURCES", "COMPENSATION_METHODS",
            "DEFAULT_CALIBRATION_METHOD", "DEFAULT_CALIBRATION_SAMPLES",
            "DEFAULT_CALIBRATION_SOURCE", "DEFAULT_COMPENSATION", "calibrate_and_compensate",
-           "MIN_CALIBRATION_SAMPLES", "QUANTIZATION_PRESETS",
+           "MIN_CALIBRATION_SAMPLES", "QUANTIZATION_PRESETS", "OPERAND_CHOICES", "WiringReport", "CHECK_SAMPLES",
+           "choose_operands",
            "CalibrationReport", "FoldReport", "RecoveryStep", "calibrate", "calibration_inputs",
            "compensate_bias", "fold_batchnorm", "legacy_scheme", "quantization_request",
            "recalibrate_batchnorm", "DEFAULT_WEIGHT_TUNING", "DEFAULT_BN_REESTIMATION",
@@ -63,4 +71,6 @@ __all__ = ["LAYER_TYPES", "SWAPPED_CLASSES", "SwappedConv1D", "SwappedConv2DTran
            "load_kernel_map", "max_output_difference", "model_inputs", "plan",
            "resolve_kernel_map",
            "rewrite_model", "run_model", "sample_inputs", "swapped_conv2d", "swapped_matmul",
-           "tensorflow_reason", "transform_model", "validate_check_batch"]
+           "tensorflow_reason", "transform_model", "validate_check_batch",
+           "DEFAULT_SEQUENCE_LENGTH", "MAX_SEQUENCE_LENGTH", "counting_length",
+           "free_dimension_length", "has_free_dimensions", "validate_sequence_length"]

@@ -22,6 +22,8 @@ Methods (per layer, over the observed values v; a range always contains 0):
     minmax      lo, hi = min(v), max(v)
     percentile  unsigned (asymmetric) layers: lo, hi = the (100 - p)th and p-th percentiles;
                 signed (symmetric): +-(the p-th percentile of |v|); p = percentile (99.99)
+    entropy     the clipping threshold of least KL divergence between the histogram of |v| and its
+                quantized version (TensorRT's entropy calibrator; graphswap.swap.entropy_calibration)
     mse         the clipping range minimizing the mean squared quantization error of v under the
                 layer's own activation quantizer (N-bit for an Nx8 multiplier): the minmax range
                 scaled by f, f over 100 steps from 0.01 to 1 (the best f is kept)
@@ -46,11 +48,13 @@ from graphswap.kernels.quantized import asymmetric_params, weight_limit
 from graphswap.swap.clone import iter_layers
 from graphswap.swap.subclassed import held_layers, is_custom_container
 from graphswap.swap.compare import model_inputs
+from graphswap.swap.entropy_calibration import entropy_range
+from graphswap.swap.text_inputs import input_array
 
-CALIBRATION_METHODS = ("minmax", "percentile", "mse")
+CALIBRATION_METHODS = ("minmax", "percentile", "mse", "entropy")
 CALIBRATION_SOURCES = ("float", "approximate")
 DEFAULT_CALIBRATION_METHOD = "percentile"
-DEFAULT_CALIBRATION_SOURCE = "float"
+DEFAULT_CALIBRATION_SOURCE = "approximate"   # measured: docs/RECOVERY.md, ResNet-8 on CIFAR-10
 DEFAULT_CALIBRATION_SAMPLES = 512
 MIN_CALIBRATION_SAMPLES = 16
 DEFAULT_PERCENTILE = 99.99
@@ -65,9 +69,9 @@ BATCH_SIZE = 128
 
 def calibration_inputs(model, data, samples: int = DEFAULT_CALIBRATION_SAMPLES,
                        what: str = "calibration data") -> list[np.ndarray]:
-    """The first `samples` examples of `data` as float32 arrays, one per model input, checked
-    against the model's input shapes.  Raises QuantizationError on a mismatch or too few
-    examples."""
+    """The first `samples` examples of `data` as float32 arrays (string arrays for a string
+    input), one per model input, checked against the model's input shapes.  Raises
+    QuantizationError on a mismatch or too few examples."""
     if isinstance(samples, bool) or not isinstance(samples, (int, np.integer)) \
             or samples < MIN_CALIBRATION_SAMPLES:
         raise QuantizationError(f"the number of {what} samples must be a whole number >= "
@@ -81,10 +85,10 @@ def calibration_inputs(model, data, samples: int = DEFAULT_CALIBRATION_SAMPLES,
     checked = []
     for array, tensor in zip(arrays, model.inputs):
         try:
-            array = np.asarray(array, dtype=np.float32)
+            array = input_array(array, tensor)  # float32; strings for a string input
         except (TypeError, ValueError):
-            raise QuantizationError(f"{what} must be numeric arrays; got "
-                                    f"{type(array).__name__}") from None
+            raise QuantizationError(f"{what} must be numeric arrays (strings for a string "
+                                    f"input); got {type(array).__name__}") from None
         expected = tuple(tensor.shape[1:])
         if array.ndim != len(expected) + 1 or any(
                 e is not None and e != a for e, a in zip(expected, array.shape[1:])):
@@ -221,6 +225,8 @@ class RangeObserver:
                 return max(self.lo, -a), min(self.hi, a)
             return (min(float(np.percentile(values, 100 - percentile)), 0.0),
                     float(np.percentile(values, percentile)))
+        if method == "entropy":
+            return entropy_range(values, self.lo, self.hi, signed, weight_limit(signed, bits))
         return _mse_range(values, self.lo, self.hi, signed, bits)
 
 

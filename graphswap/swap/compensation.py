@@ -53,6 +53,7 @@ from graphswap.swap.calibration import (BATCH_SIZE, DEFAULT_CALIBRATION_METHOD,
 from graphswap.swap.clone import iter_layers
 from graphswap.swap.recurrent_cells import SWAPPED_CELLS, SwappedGRUCell
 from graphswap.swap.weight_tuning import WeightTuningReport, tune_weights
+from graphswap.swap.wiring import WiringReport, choose_operands
 
 COMPENSATION_METHODS = ("mean", "moments")
 DEFAULT_COMPENSATION = "moments"   # measured better (docs/RECOVERY.md, ablation)
@@ -287,9 +288,11 @@ def recalibrate_batchnorm(model, data, *, samples: int = DEFAULT_CALIBRATION_SAM
 def calibrate_and_compensate(model, data, *, samples: int = DEFAULT_CALIBRATION_SAMPLES,
                              method: str = DEFAULT_CALIBRATION_METHOD,
                              source: str = DEFAULT_CALIBRATION_SOURCE, bias_correction: str | None = None, recalibrate_bn: bool = False,
-                             batch_size: int = BATCH_SIZE, weight_tuning: bool = False) -> list[str]:
-    """The zero-gradient-step recovery of rewrite_model: static calibration, then (optionally)
-    weight tuning (graphswap.swap.weight_tuning: after calibration, before compensation), then
+                             batch_size: int = BATCH_SIZE, weight_tuning: bool = False,
+                             operands: str | None = None) -> list[str]:
+    """The zero-gradient-step recovery of rewrite_model: static calibration, then (with
+    operands="auto") each layer's operand wiring measured (graphswap.swap.wiring), then
+    (optionally) weight tuning (graphswap.swap.weight_tuning: after calibration, before compensation), then
     (optionally) bias compensation, then (optionally) BatchNorm re-estimation.  With the approximate source
     the steps alternate in model order - each quantizing layer is calibrated and compensated, each
     BatchNormalization re-estimated, with everything before it already done - so every range and
@@ -301,6 +304,8 @@ def calibrate_and_compensate(model, data, *, samples: int = DEFAULT_CALIBRATION_
     options = dict(samples=samples, batch_size=batch_size)
     if source == "float":
         lines = calibrate(model, data, method=method, source=source, **options).lines()
+        if operands == "auto":
+            lines += choose_operands(model, data, batch_size=batch_size).lines()
         if weight_tuning:
             lines += tune_weights(model, data, **options).lines()
         if bias_correction is not None:
@@ -310,6 +315,7 @@ def calibrate_and_compensate(model, data, *, samples: int = DEFAULT_CALIBRATION_
         return lines
     ranges, offsets, norms, count = {}, {}, {}, 0
     tuned = WeightTuningReport(0, {})
+    wiring = WiringReport(0, {})
     quantizing = {path for path, _ in quantizing_layers(model)}
     for path, layer in product_layers(model):
         if path in quantizing:
@@ -317,6 +323,10 @@ def calibrate_and_compensate(model, data, *, samples: int = DEFAULT_CALIBRATION_
                                **options)
             ranges.update(report.ranges)
             count = report.samples
+            if operands == "auto":
+                step = choose_operands(model, data, batch_size=batch_size, layers=[path])
+                wiring.samples = step.samples
+                wiring.layers.update(step.layers)
             if weight_tuning:
                 step = tune_weights(model, data, layers=[path], **options)
                 tuned.layers.update(step.layers)
@@ -327,6 +337,8 @@ def calibrate_and_compensate(model, data, *, samples: int = DEFAULT_CALIBRATION_
         elif recalibrate_bn and isinstance(layer, keras.layers.BatchNormalization):
             norms.update(recalibrate_batchnorm(model, data, layers=[path], **options).layers)
     lines = CalibrationReport(method, source, count, ranges).lines()
+    if operands == "auto":
+        lines += wiring.lines()
     if weight_tuning:
         tuned.samples = count
         lines += tuned.lines()

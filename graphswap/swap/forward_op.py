@@ -35,7 +35,7 @@ import tensorflow as tf
 
 from graphswap import native
 from graphswap.errors import CacheSecurityError, KernelLoadError
-from graphswap.kernels.base import SchemeBoundKernel
+from graphswap.kernels.base import SchemeBoundKernel, oriented
 from graphswap.kernels.float_kernels import LibraryKernel
 from graphswap.kernels.quantized import LutKernel, fused_quant
 from graphswap.native import compiler
@@ -181,10 +181,11 @@ def op_library() -> _OpLibrary | None:
 
 
 def _unbound(arithmetic, quant):
-    """(kernel, scheme) of a kernel a layer bound to its scheme (kernels.base.bind_scheme)."""
+    """(kernel, scheme) of a kernel a layer bound to its scheme (kernels.base.bind_scheme), the
+    kernel's table wired as the scheme says (kernels.base.oriented)."""
     if isinstance(arithmetic, SchemeBoundKernel):
-        return arithmetic.kernel, quant if quant is not None else arithmetic.quant
-    return arithmetic, quant
+        arithmetic, quant = arithmetic.kernel, quant if quant is not None else arithmetic.quant
+    return oriented(arithmetic, quant), quant
 
 
 def supports(arithmetic, kind: str) -> bool:

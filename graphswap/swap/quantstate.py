@@ -45,7 +45,7 @@ import numpy as np
 import tensorflow as tf
 
 from graphswap.errors import QuantizationError
-from graphswap.kernels import QuantScheme, tfapprox_scheme
+from graphswap.kernels import QuantScheme, oriented, tfapprox_scheme
 from graphswap.kernels.scheme import as_range
 from graphswap.swap.xla import RunsOutsideXla
 
@@ -130,6 +130,7 @@ class QuantizedLayerMixin(RunsOutsideXla):
         scheme = legacy_scheme(signed) if quantization == LEGACY else \
             QuantScheme.from_config(quantization)
         self.quantization = scheme.resolve(signed)
+        self.arithmetic = oriented(arithmetic, self.quantization)  # the wiring the scheme names
         self._pending_correction = output_correction
 
     def _build_quantization(self, channels: int):
@@ -207,6 +208,7 @@ class QuantizedLayerMixin(RunsOutsideXla):
                                     f"kernel: it does not quantize")
         scheme = QuantScheme.from_config(scheme).resolve(bool(self.arithmetic.signed))
         self.quantization = scheme
+        self.arithmetic = oriented(self.arithmetic, scheme)
         if self._gs_state is not None:
             value = scheme.activation_range or (np.nan, np.nan)
             self._gs_state["range"].assign(np.asarray(value, np.float32))

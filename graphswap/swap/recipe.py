@@ -5,13 +5,18 @@ layers when DEFAULT_BN_REESTIMATION) and the report line that names what was app
 
 from __future__ import annotations
 
+import dataclasses
+
 import keras
 import numpy as np
 
 from graphswap.errors import QuantizationError
+from graphswap.kernels import QuantScheme
 from graphswap.swap.clone import iter_layers
 from graphswap.swap.compensation import COMPENSATION_METHODS, DEFAULT_COMPENSATION
+from graphswap.swap.quantstate import legacy_scheme
 from graphswap.swap.weight_tuning import DEFAULT_WEIGHT_TUNING
+from graphswap.swap.wiring import DEFAULT_OPERANDS, OPERAND_CHOICES
 
 #: rewrite_model's bias_correction / weight_tuning default: the best measured zero-training
 #: recipe whenever calibration data is given (docs/RECOVERY.md), nothing without
@@ -72,8 +77,79 @@ def recipe_note(bias_correction, weight_tuning, recalibrate_bn, fold_batchnorm) 
         ([f"{bias_correction} bias compensation"] if bias_correction else []) + \
         (["BatchNorm re-estimation"] if recalibrate_bn else [])
     return (f"zero-training recipe: {' + '.join(steps)} (the default with calibration data: "
-            f"static calibration{' + weight tuning' if DEFAULT_WEIGHT_TUNING else ''} + "
+            f"static calibration with the layers before each already approximate + measured "
+            f"operand wiring{' + weight tuning' if DEFAULT_WEIGHT_TUNING else ''} + "
             f"{DEFAULT_COMPENSATION} bias compensation"
             f"{' + BatchNorm re-estimation where the model has BatchNorm' if DEFAULT_BN_REESTIMATION else ''}"
-            f"; bias_correction=None / --bias-correction none, recalibrate_bn=False / "
+            f", then the same with weight tuning and the dynamic conversion measured against it; "
+            f"bias_correction=None / --bias-correction none, recalibrate_bn=False / "
             f"--no-recalibrate-bn to leave a step out)")
+
+
+def fallback_wanted(dynamic_fallback, quantization, inplace: bool) -> bool:
+    """rewrite_model's `dynamic_fallback` resolved (called with calibration data): the default
+    checks against the dynamic conversion except where that cannot be built - a `quantization`
+    that asks for static activations itself, a subclassed model swapped in place."""
+    explicit_static = isinstance(quantization, (dict, QuantScheme)) and \
+        QuantScheme.from_config(quantization).activations == "static"
+    if isinstance(dynamic_fallback, str) and dynamic_fallback == DEFAULT_RECIPE:
+        return not (explicit_static or inplace)
+    wanted = _switch("dynamic_fallback", dynamic_fallback, False)
+    if wanted and (explicit_static or inplace):
+        raise QuantizationError("dynamic_fallback=True needs a dynamic conversion to compare "
+                                "with: not with static activations asked for in quantization= "
+                                "nor with inplace=True")
+    return wanted
+
+
+def operands_default(operands, calibrated: bool) -> str | None:
+    """rewrite_model's `operands` resolved: DEFAULT_RECIPE -> DEFAULT_OPERANDS with calibration
+    data (None without: the scheme's wiring); "auto" needs calibration data."""
+    if isinstance(operands, str) and operands == DEFAULT_RECIPE:
+        return DEFAULT_OPERANDS if calibrated else None
+    if operands is None:     # the scheme's own wiring
+        return None
+    if operands not in OPERAND_CHOICES:
+        raise QuantizationError(f"operands must be one of {', '.join(OPERAND_CHOICES)} or "
+                                f"{DEFAULT_RECIPE!r}; got {operands!r}")
+    if operands == "auto" and not calibrated:
+        raise QuantizationError("operands='auto' measures each layer's wiring on calibration "
+                                "data: pass calibration_data= (--calibrate DATA) as well, or a "
+                                "fixed wiring (activation_first, weight_first)")
+    return operands
+
+
+QUANTIZATION_PRESETS = ("default", "tfapprox")
+
+
+def quantization_request(quantization, calibrated: bool, operands: str | None = None):
+    """scheme_for(kernel) -> the QuantScheme rewrite_model gives a multiplier layer running that
+    kernel.  `quantization`: None or "default" (sign-magnitude weights for unsigned multipliers,
+    symmetric for signed, per-channel), "tfapprox" (TFApprox: asymmetric per-tensor for unsigned
+    multipliers; signed ones keep symmetric per-channel), a dict or a QuantScheme.  Activations
+    are static exactly when calibration data is given (dynamic, per call, otherwise).
+    `operands`: a fixed wiring for every layer ("activation_first" / "weight_first"), or None
+    to keep the scheme's."""
+    if quantization is None or quantization == "default":
+        base = QuantScheme()
+    elif isinstance(quantization, str):
+        if quantization not in QUANTIZATION_PRESETS:
+            raise QuantizationError(f"unknown quantization preset {quantization!r}; allowed: "
+                                    f"{', '.join(QUANTIZATION_PRESETS)}, a dict or a QuantScheme")
+        base = None
+    else:
+        base = QuantScheme.from_config(quantization)
+    if base is not None and base.activations == "static" and not calibrated \
+            and base.activation_range is None:
+        raise QuantizationError("static activations need calibration data: pass "
+                                "calibration_data= (--calibrate DATA), or use dynamic activations")
+
+    def scheme_for(kernel) -> QuantScheme:
+        scheme = base if base is not None else legacy_scheme(bool(getattr(kernel, "signed", 0)))
+        if calibrated:
+            scheme = dataclasses.replace(scheme, activations="static", activation_range=None)
+        if operands is not None:
+            scheme = dataclasses.replace(scheme, operands=operands)
+        return scheme
+
+    return scheme_for

@@ -25,15 +25,18 @@ from graphswap.swap import ops
 from graphswap.swap.calibration import (DEFAULT_CALIBRATION_METHOD, DEFAULT_CALIBRATION_SAMPLES,
                                         DEFAULT_CALIBRATION_SOURCE, calibration_inputs,
                                         check_method, product_layers)
-from graphswap.swap.catalog import (LAYER_TYPES, SWAPPABLE_TYPES, is_swappable_family,
-                                    is_swapped, refusal, swapped_from, type_name)
+from graphswap.swap.catalog import (LAYER_TYPES, SWAPPABLE_TYPES, float_wrapper_reason,
+                                    is_swappable_family, is_swapped, refusal, swapped_from,
+                                    type_name)
 from graphswap.swap.clone import copy_compile_config, transform_model
 from graphswap.swap.compensation import calibrate_and_compensate
-from graphswap.swap.recipe import DEFAULT_RECIPE, has_batchnorm, recipe_defaults, recipe_note
+from graphswap.swap.recipe import (DEFAULT_RECIPE, QUANTIZATION_PRESETS, fallback_wanted,
+                                   has_batchnorm, operands_default, quantization_request,
+                                   recipe_defaults, recipe_note)
+from graphswap.swap.fallback import choose_conversion
 from graphswap.swap.folding import fold_batchnorm as fold_pairs
-from graphswap.swap.quantstate import legacy_scheme
-from graphswap.swap.report import (LayerReport, RewriteReport, attention_macs, layer_macs,
-                                   quantization_line)
+from graphswap.swap.report import (LayerReport, RewriteReport, assumed_length, attention_macs,
+                                   layer_macs, quantization_line)
 from graphswap.swap.subclassed import (copy_custom_layer, copy_subclassed, held_layers,
                                        is_custom_container, is_custom_layer, is_subclassed,
                                        layer_paths, mark_swapped, own_weights, swap_layers)
@@ -142,38 +145,6 @@ def resolve_kernel_map(source) -> dict:
             for key, spec in mapping.items()}
 
 
-QUANTIZATION_PRESETS = ("default", "tfapprox")
-
-
-def quantization_request(quantization, calibrated: bool):
-    """scheme_for(kernel) -> the QuantScheme rewrite_model gives a multiplier layer running that
-    kernel.  `quantization`: None or "default" (sign-magnitude weights for unsigned multipliers,
-    symmetric for signed, per-channel), "tfapprox" (TFApprox: asymmetric per-tensor for unsigned
-    multipliers; signed ones keep symmetric per-channel), a dict or a QuantScheme.  Activations
-    are static exactly when calibration data is given (dynamic, per call, otherwise)."""
-    if quantization is None or quantization == "default":
-        base = QuantScheme()
-    elif isinstance(quantization, str):
-        if quantization not in QUANTIZATION_PRESETS:
-            raise QuantizationError(f"unknown quantization preset {quantization!r}; allowed: "
-                                    f"{', '.join(QUANTIZATION_PRESETS)}, a dict or a QuantScheme")
-        base = None
-    else:
-        base = QuantScheme.from_config(quantization)
-    if base is not None and base.activations == "static" and not calibrated \
-            and base.activation_range is None:
-        raise QuantizationError("static activations need calibration data: pass "
-                                "calibration_data= (--calibrate DATA), or use dynamic activations")
-
-    def scheme_for(kernel) -> QuantScheme:
-        scheme = base if base is not None else legacy_scheme(bool(getattr(kernel, "signed", 0)))
-        if calibrated:
-            scheme = dataclasses.replace(scheme, activations="static", activation_range=None)
-        return scheme
-
-    return scheme_for
-
-
 def rewrite_model(model, kernel="exact", include=None, exclude=None, kernel_map=None,
                   layer_types=None, backward="native", return_report=False, inplace=False,
                   quantization=None, calibration_data=None,
@@ -181,7 +152,8 @@ def rewrite_model(model, kernel="exact", include=None, exclude=None, kernel_map=
                   calibration_method=DEFAULT_CALIBRATION_METHOD,
                   calibration_source=DEFAULT_CALIBRATION_SOURCE, bias_correction=DEFAULT_RECIPE,
                   recalibrate_bn=DEFAULT_RECIPE, fold_batchnorm=False,
-                  weight_tuning=DEFAULT_RECIPE):
+                  weight_tuning=DEFAULT_RECIPE, operands=DEFAULT_RECIPE,
+                  dynamic_fallback=DEFAULT_RECIPE):
     """Return a copy of `model` whose selected layers' forward products run `kernel`.
 
     Args:
@@ -224,16 +196,30 @@ def rewrite_model(model, kernel="exact", include=None, exclude=None, kernel_map=
         (graphswap.swap.folding); a model with no foldable pair gets a report note.
       weight_tuning: with calibration data, also tune each multiplier layer's stored weight
         codes to its multiplier (graphswap.swap.weight_tuning), before bias compensation.
+      operands: which multiplier input the weights feed: "activation_first" (activations on
+        operand A), "weight_first", or "auto" - measured per layer on the calibration data
+        (graphswap.swap.wiring); "default": auto with calibration data, else the scheme's.
+      dynamic_fallback: with calibration data, also build the dynamic conversion and keep it
+        when it is closer to the original on that data (graphswap.swap.fallback, which also
+        measures weight tuning left at "default"); "default": True, but for static
+        `quantization` and inplace=True.
 
     Raises UnsupportedLayerError (naming the layer and option) for a selected layer whose options
     cannot be reproduced, and KernelSpecError for unknown kernels.
     """
+    arguments = dict(locals())   # the call, for the alternatives the zero-step check builds
     ops.check_backward_mode(backward)
     calibrated = calibration_data is not None
     bn_by_default = isinstance(recalibrate_bn, str) and recalibrate_bn == DEFAULT_RECIPE
+    # left at its default, weight tuning is measured: with and without, the closer one kept
+    tuning_measured = calibrated and not inplace and isinstance(weight_tuning, str) and \
+        weight_tuning == DEFAULT_RECIPE
     bias_correction, weight_tuning, recalibrate_bn = recipe_defaults(
         bias_correction, weight_tuning, calibrated, recalibrate_bn, has_batchnorm(model))
-    scheme_for = quantization_request(quantization, calibrated)
+    operands = operands_default(operands, calibrated)
+    fallback = calibrated and fallback_wanted(dynamic_fallback, quantization, inplace)
+    scheme_for = quantization_request(quantization, calibrated,
+                                      None if operands == "auto" else operands)
     if calibrated:   # checked before any work is done
         check_method(calibration_method, calibration_source)
         calibration_inputs(model, calibration_data, calibration_samples)
@@ -343,7 +329,8 @@ def rewrite_model(model, kernel="exact", include=None, exclude=None, kernel_map=
         calibration_notes = calibrate_and_compensate(
             new_model, calibration_data, samples=calibration_samples, method=calibration_method,
             source=calibration_source, bias_correction=bias_correction,
-            recalibrate_bn=recalibrate_bn, weight_tuning=weight_tuning) if calibrated else []
+            recalibrate_bn=recalibrate_bn, weight_tuning=weight_tuning,
+            operands=operands) if calibrated else []
         # each layer's own scheme, once calibrated (already swapped layers keep theirs); the
         # ranges are listed by the calibration note
         described = sorted({quantization_line(layer) for layer in quantizing})
@@ -352,6 +339,22 @@ def rewrite_model(model, kernel="exact", include=None, exclude=None, kernel_map=
             notes.append(recipe_note(bias_correction, weight_tuning, recalibrate_bn,
                                      fold_batchnorm))
         notes.extend(calibration_notes)
+        alternatives = []
+        if tuning_measured and not weight_tuning and any(
+                hasattr(layer.arithmetic, "multiplier") for layer in quantizing):
+            alternatives.append(("calibrated + weight tuning", lambda: rewrite_model(**{
+                **arguments, "weight_tuning": True, "dynamic_fallback": False,
+                "return_report": True})))
+        if fallback:
+            alternatives.append(("dynamic", lambda: rewrite_model(**{
+                **arguments, "calibration_data": None, "bias_correction": DEFAULT_RECIPE,
+                "recalibrate_bn": DEFAULT_RECIPE, "weight_tuning": DEFAULT_RECIPE,
+                "return_report": True, "operands": DEFAULT_RECIPE if operands == "auto"
+                else arguments["operands"]})))
+        if alternatives:
+            new_model, entries, notes = choose_conversion(
+                model, (new_model, entries, notes), alternatives,
+                calibration_inputs(model, calibration_data, 1 << 62), calibration_samples)
     elif calibrated:
         notes.append("calibration data given, but no swapped layer quantizes (no 8-bit "
                      "multiplier kernel): nothing calibrated")
@@ -430,14 +433,13 @@ def describe(path, layer, action, reason="") -> LayerReport:
     if isinstance(layer, keras.layers.MultiHeadAttention) and layer.built:
         float_macs = attention_macs(layer)[1]
     if not reason and isinstance(layer, keras.layers.TimeDistributed) and layer.weights:
-        reason = (f"TimeDistributed is not swapped: its {type(layer.layer).__name__} runs in "
-                  f"float (apply the layer to the sequence directly to swap it)")
+        reason = float_wrapper_reason(layer)
     if not reason and is_custom_layer(layer) and own_weights(layer):
         count = sum(int(np.prod(w.shape)) for w in own_weights(layer))
         reason = (f"custom layer computing with {count:,} weight value(s) of its own: graphswap "
                   f"cannot see its products (float, not counted)")
     return LayerReport(path, type(layer).__name__, action, reason, "", layer_macs(layer),
-                       float_macs)
+                       float_macs, assumed_length(layer))
 
 
 def plan(model, **kwargs) -> RewriteReport:

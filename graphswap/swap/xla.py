@@ -40,7 +40,7 @@ import warnings
 import tensorflow as tf
 
 from graphswap.errors import GraphswapError
-from graphswap.kernels.base import SchemeBoundKernel
+from graphswap.kernels.base import SchemeBoundKernel, oriented
 from graphswap.kernels.fp8 import Fp8Kernel
 from graphswap.kernels.float_kernels import LibraryKernel, OperandRoundingKernel
 from graphswap.kernels.quantized import LutKernel
@@ -98,10 +98,11 @@ def check_gradient_not_in_xla(backward: str) -> None:
 # ----------------------------------------------------------------------------------------------
 
 def unbound(arithmetic, quant=None):
-    """(kernel, scheme) of a kernel a layer bound to its scheme (kernels.base.bind_scheme)."""
+    """(kernel, scheme) of a kernel a layer bound to its scheme (kernels.base.bind_scheme), the
+    kernel's table wired as the scheme says (kernels.base.oriented)."""
     if isinstance(arithmetic, SchemeBoundKernel):
-        return arithmetic.kernel, quant if quant is not None else arithmetic.quant
-    return arithmetic, quant
+        arithmetic, quant = arithmetic.kernel, quant if quant is not None else arithmetic.quant
+    return oriented(arithmetic, quant), quant
 
 
 def covers(arithmetic) -> bool:
