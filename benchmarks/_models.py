@@ -1,8 +1,9 @@
 """Models the benchmarks build (not part of the package): ResNet-8 for CIFAR-shaped inputs, a
 ViT-Ti/16-style model, the keras.applications models (weights=None: nothing downloaded), the
 models of issue 26 (MobileNetV1-0.25 at 96x96, the MLPerf Tiny DS-CNN, a stride-2
-Conv2DTranspose decoder, an Embedding + LSTM text classifier); and the training step the
-benchmarks time."""
+Conv2DTranspose decoder, an Embedding + LSTM text classifier), those of issue 37 (an image-codec
+decoder of 3x3/5x5/7x7 stride-2 Conv2DTranspose layers, a stack of 1024-wide Dense layers); and
+the training step the benchmarks time."""
 
 from __future__ import annotations
 
@@ -92,6 +93,35 @@ def conv_decoder(seed: int = 0, code: int = 32):
     return keras.Model(inputs, outputs, name="conv_decoder")
 
 
+def codec_decoder(seed: int = 0):
+    """An image-codec decoder (issue 37): 16x16x16 latents -> three stride-2 'same'
+    Conv2DTranspose layers with ReLU (3x3/16, 5x5/32, 7x7/128 filters: 32x32, 64x64, 128x128)
+    -> Conv2D 3x3/3 sigmoid, a 128x128x3 image."""
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((16, 16, 16), name="latents")
+    x = inputs
+    for i, (kernel, filters) in enumerate(((3, 16), (5, 32), (7, 128))):
+        x = keras.layers.Conv2DTranspose(filters, kernel, strides=2, padding="same",
+                                         activation="relu", name=f"up{i}")(x)
+    outputs = keras.layers.Conv2D(3, 3, padding="same", activation="sigmoid", name="image")(x)
+    return keras.Model(inputs, outputs, name="codec_decoder")
+
+
+def dense1024(seed: int = 0, width: int = 1024, depth: int = 3):
+    """`depth` Dense(1024) layers with ReLU over 1024 features, and a Dense(10) head."""
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((width,), name="features")
+    x = inputs
+    for i in range(depth):
+        x = keras.layers.Dense(width, activation="relu", name=f"fc{i}")(x)
+    outputs = keras.layers.Dense(10, activation="softmax", name="head")(x)
+    return keras.Model(inputs, outputs, name="dense1024")
+
+
 def lstm_text(seed: int = 0, vocabulary: int = 2000, length: int = 100, units: int = 64,
               classes: int = 2):
     """A text classifier: Embedding(vocabulary, 64) over `length` token ids, LSTM(64), a Dense
@@ -108,7 +138,10 @@ def lstm_text(seed: int = 0, vocabulary: int = 2000, length: int = 100, units: i
 
 # the models of issue 26 (bench_models.py runs them at --batch, the decoder at --decoder-batch)
 ISSUE26 = ("MobileNetV1", "DSCNN", "Decoder", "LSTM")
-NAMES = ("ResNet8", "MobileNetV2", "ResNet50", "EfficientNetB0", "Xception", "ViT") + ISSUE26
+# issue 37: a real image-codec decoder, and a stack of 1024-wide Dense layers
+ISSUE37 = ("CodecDecoder", "Dense1024")
+NAMES = ("ResNet8", "MobileNetV2", "ResNet50", "EfficientNetB0", "Xception", "ViT") + ISSUE26 \
+    + ISSUE37
 
 
 def build(name: str, size: int = 224):
@@ -138,6 +171,10 @@ def build(name: str, size: int = 224):
         return conv_decoder()
     if name == "LSTM":
         return lstm_text()
+    if name == "CodecDecoder":
+        return codec_decoder()
+    if name == "Dense1024":
+        return dense1024()
     raise SystemExit(f"unknown model {name!r}; choose from {', '.join(NAMES)}")
 
 

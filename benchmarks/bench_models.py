@@ -7,7 +7,10 @@ them (inside a tf.function, as fit/predict do):
     (SeparableConv2D) and a ViT-Ti/16 (MultiHeadAttention) on request; and the models of issue 26:
     MobileNetV1 (alpha 0.25, 96x96x3, 2 classes: MLPerf Tiny visual wake words), DSCNN (MLPerf
     Tiny keyword spotting, 49x10x1), Decoder (Dense -> 6x6x64 -> four stride-2 Conv2DTranspose to
-    96x96x3, MSE) and LSTM (Embedding(2000, 64) over 100 tokens -> LSTM(64) -> Dense)
+    96x96x3, MSE) and LSTM (Embedding(2000, 64) over 100 tokens -> LSTM(64) -> Dense); and those
+    of issue 37: CodecDecoder (16x16x16 latents -> stride-2 Conv2DTranspose 3x3/16, 5x5/32,
+    7x7/128 with ReLU to 128x128 -> Conv2D 3x3/3 sigmoid, MSE) and Dense1024 (three Dense(1024)
+    with ReLU over 1024 features -> Dense(10))
 
 For each model: inference per batch (tf.function forward) and one training step (tf.function:
 forward, GradientTape, SGD apply) of the float model, the exact-kernel rewrite, the
@@ -17,11 +20,11 @@ to float (`--variants` picks fewer; float always runs).  Times are medians of re
 the variants alternating in blocks, best of `--rounds` (benchmarks/_timing.py).
 
     python benchmarks/bench_models.py [--models ResNet8,MobileNetV2,ResNet50,Xception,ViT,
-        MobileNetV1,DSCNN,Decoder,LSTM] [--multiplier mul8u_drum4] [--batch 32] [--big-batch 8]
+        MobileNetV1,DSCNN,Decoder,LSTM,CodecDecoder,Dense1024] [--multiplier mul8u_drum4] [--batch 32] [--big-batch 8]
         [--decoder-batch 16] [--variants exact,lut,static,asym] [--rounds 2] [--no-train]
 
---batch is the batch of ResNet8 and of the issue-26 models but the decoder; --big-batch that of
-the 224x224 models.
+--batch is the batch of ResNet8 and of the issue-26 and issue-37 models but the decoders
+(--decoder-batch); --big-batch that of the 224x224 models.
 """
 from __future__ import annotations
 
@@ -37,7 +40,7 @@ use_repository_package()
 
 import numpy as np  # noqa: E402
 
-from _models import ISSUE26, build, train_step_fn  # noqa: E402  (benchmarks/ is on sys.path)
+from _models import ISSUE26, ISSUE37, build, train_step_fn  # noqa: E402  (benchmarks/ is on sys.path)
 
 
 def inference_fn(model):
@@ -75,7 +78,7 @@ def main() -> None:
     parser.add_argument("--multiplier", default="mul8u_drum4")
     parser.add_argument("--batch", type=int, default=32, help="batch for ResNet-8 and the issue-26 models")
     parser.add_argument("--big-batch", type=int, default=8, help="batch for the 224x224 models")
-    parser.add_argument("--decoder-batch", type=int, default=16, help="batch for Decoder")
+    parser.add_argument("--decoder-batch", type=int, default=16, help="batch for Decoder, CodecDecoder")
     parser.add_argument("--variants", default=",".join(VARIANTS),
                         help="rewrites timed against float: any of exact, lut (the multiplier, "
                              "per-call ranges), static (calibrated), asym (asymmetric weights)")
@@ -98,8 +101,9 @@ def main() -> None:
     for name in args.models.split(","):
         name = name.strip()
         model = build(name, args.size)
-        batch = (args.decoder_batch if name == "Decoder"
-                 else args.batch if name == "ResNet8" or name in ISSUE26 else args.big_batch)
+        batch = (args.decoder_batch if name in ("Decoder", "CodecDecoder")
+                 else args.batch if name == "ResNet8" or name in ISSUE26 + ISSUE37
+                 else args.big_batch)
         rng = np.random.default_rng(0)
         x, y, calibration, loss = inputs_for(model, batch, rng)
         builders = {

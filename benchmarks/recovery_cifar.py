@@ -20,11 +20,15 @@ mul8s_gsloa11 medium; mul8u_gsot45, mul8s_gsot36 severe).
 Recipes (each a command line; every row is `graphswap evaluate` of the model it writes):
   dynamic        convert (no calibration: activations quantized per call, as TFApprox)
   previous       convert --calibrate train.npz --operands activation-first --no-dynamic-fallback
-                 --calibration-source float --no-weight-tuning (the default before issue 35)
+                 --calibration-source float --no-weight-tuning --calibration-method
+                 percentile (the default before issue 35)
   default        convert --calibrate train.npz                     (today's default)
   +wt            convert --calibrate train.npz --weight-tuning     (always, not measured)
   +float         convert --calibrate train.npz --calibration-source float
   lutgrad        convert --calibrate train.npz --backward lut_grad (the start for ft:lutgrad)
+  output         convert --calibrate train.npz --calibration-method output (the default now)
+  pct            convert --calibrate train.npz --calibration-method percentile (the default
+                 until the output method was measured)
   ft:NAME        finetune NAME.keras --data train.npz --epochs E  (the CLI's default recipe)
   ft-prev:NAME   finetune ... --batch-size 128 --lr 1e-3 (what the defaults before issue 35 did
                  on this model), and the other flags of FINETUNE_RECIPES
@@ -61,11 +65,14 @@ OWN = {"mul8u_gsloa11": "medium", "mul8s_gsloa11": "medium", "mul8u_gsot45": "se
 ZERO_STEP = {
     "dynamic": None,
     "previous": ["--operands", "activation-first", "--no-dynamic-fallback",
-                 "--calibration-source", "float", "--no-weight-tuning"],
+                 "--calibration-source", "float", "--no-weight-tuning",
+                 "--calibration-method", "percentile"],
     "default": [],
     "+wt": ["--weight-tuning"],
     "+float": ["--calibration-source", "float"],
     "lutgrad": ["--backward", "lut_grad"],
+    "output": ["--calibration-method", "output"],
+    "pct": ["--calibration-method", "percentile"],   # the default before the output method
 }
 FINETUNE_RECIPES = {
     "ft": [],                                        # the CLI's defaults
@@ -75,6 +82,7 @@ FINETUNE_RECIPES = {
     "ft-lr1e-3": ["--lr", "1e-3"],
     "ft-lr1e-4": ["--lr", "1e-4"],
     "ft-kd": ["--teacher", "original"],              # distillation instead of the labels
+    "ft-kdmix": ["--teacher", "original", "--teacher-weight", "0.5"],  # distillation + labels
     "ft-lutgrad": [],                                # from a start converted with lut_grad
 }
 DEFAULT_RECIPES = ("dynamic", "previous", "default", "ft-prev:previous", "ft:default")
@@ -138,6 +146,8 @@ def run(args) -> dict:
         severity = OWN
     if args.quick:
         kernels = dict(list(kernels.items())[:1])
+    if args.only:
+        kernels = {name: path for name, path in kernels.items() if name in args.only.split(",")}
     recipes = args.recipes.split(",")
     key = "float"
     if key not in results:
@@ -203,6 +213,7 @@ def main():
     parser.add_argument("--work", help="folder for the split data and the models written")
     parser.add_argument("--fresh", action="store_true")
     parser.add_argument("--quick", action="store_true", help="the first multiplier only")
+    parser.add_argument("--only", help="these multipliers (comma-separated names) only")
     args = parser.parse_args()
     print(run_context())
     results = run(args)

@@ -73,8 +73,8 @@ DEFAULT_BN_REESTIMATION = True                                  # with --calibra
 DEFAULT_RECIPE = "default"                                      # swap.DEFAULT_RECIPE
 CALIBRATION_SOURCES = ("float", "approximate")                          # swap.CALIBRATION_SOURCES
 DEFAULT_CALIBRATION_SOURCE = "approximate"   # measured: docs/RECOVERY.md, ResNet-8 on CIFAR-10
-CALIBRATION_METHODS = ("minmax", "percentile", "mse", "entropy")        # swap.CALIBRATION_METHODS
-DEFAULT_CALIBRATION_METHOD = "percentile"
+CALIBRATION_METHODS = ("minmax", "percentile", "mse", "entropy", "output")  # swap.CALIBRATION_...
+DEFAULT_CALIBRATION_METHOD = "output"
 DEFAULT_CALIBRATION_SAMPLES = 512
 MIN_CALIBRATION_SAMPLES = 16
 QUANTIZATION_PRESETS = ("default", "tfapprox")                          # swap.QUANTIZATION_PRESETS
@@ -359,8 +359,9 @@ def quantization_options(command):
         click.option("--calibration-method", type=click.Choice(list(CALIBRATION_METHODS)),
                      default=DEFAULT_CALIBRATION_METHOD, show_default=True,
                      help="Range of each layer's input: min/max, the 99.99th percentile, the "
-                          "clipping range of least quantization error, or of least KL divergence "
-                          "(TensorRT's entropy calibrator)."),
+                          "clipping range of least quantization error, of least KL divergence "
+                          "(TensorRT's entropy calibrator), or the percentile range narrowed "
+                          "where the layer's output through the multiplier errs less ('output')."),
         click.option("--calibration-samples", type=click.IntRange(min=1),
                      default=DEFAULT_CALIBRATION_SAMPLES, show_default=True,
                      help=f"Calibration examples to use (first N; at least "
@@ -794,6 +795,10 @@ def _echo_notes(notes, err=False):
               help="Fine-tune by distillation, without labels: reproduce the outputs of "
                    "'original' (the float model MODEL was made from: its swapped layers "
                    "lowered to exact arithmetic) or of another model file, on --data's inputs.")
+@click.option("--teacher-weight", type=click.FloatRange(0, 1, min_open=True), default=1.0,
+              show_default=True,
+              help="With --teacher: the weight of the teacher's outputs in the targets; below 1 "
+                   "they are mixed with the labels (W x teacher + (1 - W) x labels).")
 @_task_options()
 @_data_options
 @click.option("-o", "--output", type=ModelOutput(),
@@ -807,7 +812,7 @@ def _echo_notes(notes, err=False):
 def finetune(model_path, data_path, val_data, val_split, epochs, batch_size, learning_rate,
              schedule, recalibrate_bn, strategy, checkpoint_dir, resume, patience, monitor, seed,
              scale, pad, resize, output, force, as_json, custom_objects, unsafe, loss=None,
-             task_metrics=None, teacher=None):
+             task_metrics=None, teacher=None, teacher_weight=1.0):
     """Fine-tune MODEL (e.g. written by convert) with its kernels in the loop; save the result.
 
     Uses the loss/metrics saved with the model (else a stated classifier default), keeps the
@@ -827,7 +832,7 @@ def finetune(model_path, data_path, val_data, val_split, epochs, batch_size, lea
         resize=resize, pad=pad, scale=scale, custom_objects=custom_objects,
         safe_mode=not unsafe, force=force, output=output,
         log=None if as_json else (lambda note: click.echo(f"  {note}")), loss=loss,
-        metrics=task_metrics, teacher=teacher)
+        metrics=task_metrics, teacher=teacher, teacher_weight=teacher_weight)
     if not result.chief:  # a non-chief worker of a multi-worker run: the chief saves
         click.echo(f"worker done (epochs {result.epochs_run}); the chief writes {output}")
         return

@@ -26,8 +26,10 @@ def test_convert_calibrates_compensates_and_saves_static_ranges(tmp_path, digits
     result = invoke("convert", SAMPLE_MODEL, "-k", "mul8u_drum4", "--calibrate", SAMPLE_DATA,
                     "--calibration-samples", 100, "--bias-correction", "moments", "-o", out)
     assert result.exit_code == 0, result.output
-    assert "calibrated static activation ranges of 5 layer(s) on 100 samples (percentile, " \
-           "approximate forward)" in result.output
+    assert "calibrated static activation ranges of 5 layer(s) on 100 samples (output, " \
+           "approximate forward)" in result.output   # the default method
+    assert "output calibration: " in result.output and " layer(s) narrowed from the " \
+           "percentile range by their output error through the multiplier" in result.output
     assert "bias compensation on 100 samples" in result.output
     model = keras.models.load_model(out)
     conv1 = model.get_layer("conv1")

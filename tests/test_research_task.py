@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from graphswap.cli import main
 from graphswap.errors import DataError, GraphswapError
 from graphswap.research import evaluate, finetune, load_data, sweep
-from graphswap.research.finetuning import distillation_data, resolve_teacher
+from graphswap.research.distillation import distillation_data, resolve_teacher
 from graphswap.research.scoring import predict
 from graphswap.research.task import derive_task
 from graphswap.swap import rewrite_model

@@ -221,8 +221,9 @@ def test_every_swapped_layer_type_under_jit_equals_the_c_path():
     compiled = tf.function(lambda batch: swapped(batch, training=False), jit_compile=True)
     np.testing.assert_array_equal(graph(x).numpy(), c_path)
     xla_out = compiled(x).numpy()
-    # each product is the C kernel's bit for bit; the float parts between them (softmax,
-    # recurrent gates, bias adds) are XLA's, so equal within round-off
+    # each layer's product and epilogue (correction, bias, ReLU) is the C path's bit for bit
+    # (test_xla_bit_identity.py); the Keras float parts between them (attention's softmax,
+    # recurrent gates) are XLA's code, so equal within round-off
     np.testing.assert_allclose(xla_out, c_path, rtol=2e-4, atol=2e-5)
     assert np.max(np.abs(xla_out - model(x).numpy())) > 1e-4   # the multiplier really ran
     ops_in_graph = {op.type for op in graph.get_concrete_function(x).graph.get_operations()}

@@ -28,7 +28,8 @@ import tensorflow as tf
 from graphswap.errors import DataError, GraphswapError, OutputPathError
 from graphswap.io import check_model_output_path, load_model, save_model
 from graphswap.research.data import translate_errors
-from graphswap.research.distillation import distillation_data, resolve_teacher, target_entropy
+from graphswap.research.distillation import (check_teacher_weight, distillation_sets,
+                                              target_entropy)
 from graphswap.research.loading import load_data
 from graphswap.research.scoring import predict
 from graphswap.research.task import derive_task, output_activation
@@ -174,7 +175,8 @@ def finetune(model, data, *, val_data=None, val_split: float | None = None, epoc
              split: str | None = "train", val_split_name: str | None = "test",
              resize: bool = False, pad: bool = False, scale=None, custom_objects=None,
              safe_mode: bool = True, force: bool = False, output=None,
-             log=None, loss=None, metrics=None, teacher=None, task=None) -> FinetuneResult:
+             log=None, loss=None, metrics=None, teacher=None, teacher_weight: float = 1.0,
+             task=None) -> FinetuneResult:
     """Fine-tune `model` (a keras.Model or a .keras path) on `data`, swapped kernels in the loop.
 
     Args:
@@ -212,6 +214,9 @@ def finetune(model, data, *, val_data=None, val_split: float | None = None, epoc
         model file or a keras.Model.  The model learns to reproduce the teacher's outputs on
         the data's inputs (labels are not read; an .npz with only `x` will do): cross-entropy
         against the teacher's probabilities for classifiers, MSE for regression outputs.
+      teacher_weight: with a teacher, the weight of its outputs in the targets: 1 (default) the
+        teacher alone; below 1 mixed with the labels (read then), w * teacher + (1 - w) *
+        labels - the same gradients as w * distillation loss + (1 - w) * label loss.
       task: a graphswap.research.task.Task (derive_task) to use instead of deriving one from
         the model and loss/metrics (evaluate passes the one it evaluates with).
 
@@ -223,6 +228,7 @@ def finetune(model, data, *, val_data=None, val_split: float | None = None, epoc
     if batch_size < 1:
         raise GraphswapError(f"batch size must be at least 1, got {batch_size}")
     learning_rate = check_learning_rate(learning_rate)
+    teacher_weight = check_teacher_weight(teacher_weight, teacher)
     if val_data is not None and val_split is not None:
         raise GraphswapError("pass either validation data or a validation split, not both")
     if patience is not None and patience < 1:
@@ -274,7 +280,7 @@ def finetune(model, data, *, val_data=None, val_split: float | None = None, epoc
         expectation_model = source_model
         if task is None:
             task = derive_task(user_model, loss, metrics)
-        labels = "unused" if teacher is not None else "required"
+        labels = "unused" if teacher is not None and teacher_weight == 1 else "required"
         train = load_data(data, expectation_model, split=split, resize=resize,
                                       pad=pad, scale=scale, name="training data", task=task,
                                       labels=labels)
@@ -285,15 +291,13 @@ def finetune(model, data, *, val_data=None, val_split: float | None = None, epoc
                                                name="validation data", task=task, labels=labels)
         elif val_split is not None:
             train, validation = train.split(val_split, seed=seed or 0)
+        labelled = (validation if validation is not None else train) \
+            if teacher is None or teacher_weight < 1 else None   # what the result is scored on
         if teacher is not None:
-            teacher_model, teacher_what = resolve_teacher(teacher, user_model, custom_objects,
-                                                          safe_mode)
-            notes.append(f"distillation: the model learns to reproduce {teacher_what}; loss "
-                         f"{task.distillation_name()}")
-            train = distillation_data(train, teacher_model, task, batch_size, "training data")
-            if validation is not None:
-                validation = distillation_data(validation, teacher_model, task, batch_size,
-                                               "validation data")
+            train, validation, note = distillation_sets(
+                teacher, teacher_weight, user_model, train, validation, task, batch_size,
+                custom_objects, safe_mode)
+            notes.append(note)
         notes.append(task.note)
         notes.extend(train.notes)
         if validation is not None:
@@ -402,11 +406,11 @@ def finetune(model, data, *, val_data=None, val_split: float | None = None, epoc
         scored = validation if validation is not None else train
         final_data = "validation data" if validation is not None else "training data"
         # in evaluate's batches: a multiplier with dynamic ranges depends on the batch
-        outputs, targets = predict(trained, scored, SCORING_BATCH_SIZE), scored.labels()
-        # distillation's targets are the teacher's outputs: scored as agreement with it
-        final = task.evaluate(outputs, targets, None) if teacher is None else \
-            task.evaluate(outputs, None, targets)
-        final_data += "" if teacher is None else ", against the teacher's outputs"
+        outputs = predict(trained, scored, SCORING_BATCH_SIZE)
+        # pure distillation's targets are the teacher's outputs: scored as agreement with it
+        final = task.evaluate(outputs, labelled.labels(), None) if labelled is not None else \
+            task.evaluate(outputs, None, scored.labels())
+        final_data += "" if labelled is not None else ", against the teacher's outputs"
     if output is not None and chief:
         save_model(trained, output, force=force)
     return FinetuneResult(

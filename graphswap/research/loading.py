@@ -288,7 +288,7 @@ def _from_arrays(x, y, origin, expect: ModelExpectation, resize, pad, scale, lab
         raise DataError(f"{label} ({origin}) holds inputs but no labels; the model's task "
                         f"({task.kind}) needs them: save them as 'y' (np.savez(path, x=..., "
                         f"y=...)), or fine-tune without labels by distillation (--teacher "
-                        f"original)")
+                        f"original, --teacher-weight 1: the teacher alone)")
     if y is not None:
         y, label_format = task.prepare_labels(y, len(x), label, notes)
     integer = x.dtype.kind in "iu"

@@ -311,6 +311,16 @@ class OutputTask:
             return (exp / exp.sum(axis=-1, keepdims=True)).astype(np.float32)
         return (1.0 / (1.0 + np.exp(-teacher_outputs))).astype(np.float32)
 
+    def mixed_targets(self, teacher_targets, labels, weight: float):
+        """weight * the teacher's targets + (1 - weight) * the labels in their form
+        (class indices as one-hot rows): distillation mixed with the labels."""
+        teacher_targets = np.asarray(teacher_targets, dtype=np.float32)
+        labels = np.asarray(labels)
+        if self.kind == "multiclass" and labels.ndim == teacher_targets.ndim - 1:
+            labels = np.eye(self.classes, dtype=np.float32)[labels.astype(np.int64)]
+        labels = labels.astype(np.float32).reshape(teacher_targets.shape)
+        return (weight * teacher_targets + (1 - weight) * labels).astype(np.float32)
+
     def distillation_loss(self):
         """Cross-entropy against the teacher's probabilities for classifiers (categorical for
         multiclass, binary for sigmoid outputs: KL divergence to the teacher plus the teacher's

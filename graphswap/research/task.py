@@ -232,6 +232,13 @@ class Task:
         return tuple(output.soft_targets(part) for output, part in
                      zip(self.outputs, _as_list(teacher_outputs, len(self.outputs))))
 
+    def mixed_targets(self, teacher_targets, labels, weight: float):
+        if len(self.outputs) == 1:
+            return self.single.mixed_targets(teacher_targets, labels, weight)
+        count = len(self.outputs)
+        return tuple(output.mixed_targets(targets, part, weight) for output, targets, part in
+                     zip(self.outputs, _as_list(teacher_targets, count), _as_list(labels, count)))
+
     def distillation_loss(self):
         losses = [output.distillation_loss() for output in self.outputs]
         return losses[0] if len(losses) == 1 else losses

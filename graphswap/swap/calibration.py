@@ -27,6 +27,8 @@ Methods (per layer, over the observed values v; a range always contains 0):
     mse         the clipping range minimizing the mean squared quantization error of v under the
                 layer's own activation quantizer (N-bit for an Nx8 multiplier): the minmax range
                 scaled by f, f over 100 steps from 0.01 to 1 (the best f is kept)
+    output      the percentile range, narrowed where the layer's own output through its multiplier
+                errs less (graphswap.swap.output_calibration: one more pass per group of layers)
 Percentile and mse read a deterministic subsample of at most SUBSAMPLE_VALUES values per layer (and
 always the exact minimum and maximum); minmax reads every value.
 
@@ -49,11 +51,12 @@ from graphswap.swap.clone import iter_layers
 from graphswap.swap.subclassed import held_layers, is_custom_container
 from graphswap.swap.compare import model_inputs
 from graphswap.swap.entropy_calibration import entropy_range
+from graphswap.swap.output_calibration import SEARCH_SAMPLES, OutputSearch, describe
 from graphswap.swap.text_inputs import input_array
 
-CALIBRATION_METHODS = ("minmax", "percentile", "mse", "entropy")
+CALIBRATION_METHODS = ("minmax", "percentile", "mse", "entropy", "output")
 CALIBRATION_SOURCES = ("float", "approximate")
-DEFAULT_CALIBRATION_METHOD = "percentile"
+DEFAULT_CALIBRATION_METHOD = "output"   # measured: docs/RECOVERY.md, ResNet-8 on CIFAR-10
 DEFAULT_CALIBRATION_SOURCE = "approximate"   # measured: docs/RECOVERY.md, ResNet-8 on CIFAR-10
 DEFAULT_CALIBRATION_SAMPLES = 512
 MIN_CALIBRATION_SAMPLES = 16
@@ -270,6 +273,7 @@ class CalibrationReport:
     source: str
     samples: int
     ranges: dict      # path -> (lo, hi)
+    narrowed: dict = dataclasses.field(default_factory=dict)   # "output": path -> (f, ratio)
 
     def lines(self) -> list[str]:
         shown = ", ".join(f"{path} [{lo:.4g}, {hi:.4g}]" for path, (lo, hi) in self.ranges.items())
@@ -277,7 +281,8 @@ class CalibrationReport:
         extra = len(self.ranges) - layers
         operands = f" (+{extra} intermediate operand(s))" if extra else ""
         return [f"calibrated static activation ranges of {layers} layer(s){operands} on "
-                f"{self.samples} samples ({self.method}, {self.source} forward): {shown}"]
+                f"{self.samples} samples ({self.method}, {self.source} forward): {shown}",
+                *describe(self.narrowed)]
 
 
 def check_method(method: str, source: str = "float") -> None:
@@ -308,7 +313,7 @@ def calibrate(model, data, *, samples: int = DEFAULT_CALIBRATION_SAMPLES,
                                 f"(8-bit multiplier kernels); there is nothing to calibrate")
     swapped = [layer for _, layer in product_layers(model) if hasattr(layer, "arithmetic")]
     batches = -(-count // batch_size)
-    ranges = {}
+    ranges, narrowed = {}, {}
     # float: one pass, every swapped layer in float; approximate: one pass per layer, the
     # layers before it running their approximate arithmetic on the ranges just calibrated
     rounds = [targets] if source == "float" else [[target] for target in targets]
@@ -328,11 +333,20 @@ def calibrate(model, data, *, samples: int = DEFAULT_CALIBRATION_SAMPLES,
             signed = layer.quantization.weights == "symmetric"
             bits = getattr(getattr(layer, "arithmetic", None), "activation_bits", 8)
             for point in (None, *layer.intermediate_points):
-                lo, hi = observers[(id(layer), point)].range(method, signed, percentile, bits)
+                lo, hi = observers[(id(layer), point)].range(
+                    "percentile" if method == "output" else method, signed, percentile, bits)
                 ranges[path if point is None else f"{path}:{point}"] = (
                     float(np.float32(lo)), float(np.float32(hi)))
                 if point is None:
                     layer.set_quantization(layer.quantization.with_range(lo, hi))
                 else:
                     layer.set_intermediate_range(point, lo, hi)
-    return CalibrationReport(method, source, count, ranges)
+        if method == "output":   # one more pass: each range chosen by the layer's output error
+            search = OutputSearch(group)
+            with float_forward(in_float), observing([layer for _, layer in group], search.record):
+                run_batches(model, [a[:SEARCH_SAMPLES] for a in inputs], batch_size)
+            narrowed.update(search.choose())
+            for path, layer in search.layers:
+                lo, hi = layer.current_quantization().activation_range
+                ranges[path] = (float(np.float32(lo)), float(np.float32(hi)))
+    return CalibrationReport(method, source, count, ranges, narrowed)

@@ -313,7 +313,7 @@ def calibrate_and_compensate(model, data, *, samples: int = DEFAULT_CALIBRATION_
         if recalibrate_bn:
             lines += recalibrate_batchnorm(model, data, **options).lines()
         return lines
-    ranges, offsets, norms, count = {}, {}, {}, 0
+    ranges, narrowed, offsets, norms, count = {}, {}, {}, {}, 0
     tuned = WeightTuningReport(0, {})
     wiring = WiringReport(0, {})
     quantizing = {path for path, _ in quantizing_layers(model)}
@@ -322,6 +322,7 @@ def calibrate_and_compensate(model, data, *, samples: int = DEFAULT_CALIBRATION_
             report = calibrate(model, data, method=method, source=source, layers=[path],
                                **options)
             ranges.update(report.ranges)
+            narrowed.update(report.narrowed)
             count = report.samples
             if operands == "auto":
                 step = choose_operands(model, data, batch_size=batch_size, layers=[path])
@@ -336,7 +337,7 @@ def calibrate_and_compensate(model, data, *, samples: int = DEFAULT_CALIBRATION_
                                                layers=[path], **options).layers)
         elif recalibrate_bn and isinstance(layer, keras.layers.BatchNormalization):
             norms.update(recalibrate_batchnorm(model, data, layers=[path], **options).layers)
-    lines = CalibrationReport(method, source, count, ranges).lines()
+    lines = CalibrationReport(method, source, count, ranges, narrowed).lines()
     if operands == "auto":
         lines += wiring.lines()
     if weight_tuning:

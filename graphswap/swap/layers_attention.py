@@ -30,6 +30,7 @@ from graphswap.native.einsum import ELLIPSIS
 from graphswap.swap import ops_layers
 from graphswap.swap.layers import SwappedMixin
 from graphswap.swap.tracking import replace_attribute
+from graphswap.swap.xla import affine
 
 #: MultiHeadAttention's projection sublayers, in the order Keras builds them
 PROJECTIONS = ("_query_dense", "_key_dense", "_gate_dense", "_value_dense", "_output_dense")
@@ -79,8 +80,8 @@ class SwappedEinsumDense(SwappedMixin, keras.layers.EinsumDense):
         gain, offset = self._correction(x.dtype)
         if gain is not None:
             shape = tuple(int(d) for d in self.kernel.shape)
-            x = x * ops_layers.einsum_channels(self._plan, shape, gain) + \
-                ops_layers.einsum_channels(self._plan, shape, offset)
+            x = affine(x, ops_layers.einsum_channels(self._plan, shape, gain),  # no FMA in XLA
+                       ops_layers.einsum_channels(self._plan, shape, offset))
         if self.bias is not None:
             x = tf.add(x, tf.cast(self.bias, x.dtype))
         if self.activation is not None:

@@ -47,7 +47,7 @@ import tensorflow as tf
 from graphswap.errors import QuantizationError
 from graphswap.kernels import QuantScheme, oriented, tfapprox_scheme
 from graphswap.kernels.scheme import as_range
-from graphswap.swap.xla import RunsOutsideXla
+from graphswap.swap.xla import RunsOutsideXla, affine
 
 LEGACY = "legacy"
 
@@ -299,6 +299,6 @@ class QuantizedLayerMixin(RunsOutsideXla):
         return gain, shift
 
     def _correct_outputs(self, y):
-        """y * gain + offset over the last (channel) axis."""
+        """y * gain + offset over the last (channel) axis (rounded as the C epilogue: affine)."""
         gain, offset = self._correction(y.dtype)
-        return y if gain is None else y * gain + offset
+        return y if gain is None else affine(y, gain, offset)

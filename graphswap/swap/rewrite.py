@@ -182,7 +182,8 @@ def rewrite_model(model, kernel="exact", include=None, exclude=None, kernel_map=
       calibration_data: the model's inputs (an array, a list per input, or (x, y)); given, the
         multiplier layers get static activation ranges calibrated on its first
         `calibration_samples` examples (graphswap.swap.calibration: `calibration_method`
-        "minmax" | "percentile" | "mse", `calibration_source` "float" | "approximate");
+        "minmax" | "percentile" | "mse" | "entropy" | "output" (default), `calibration_source`
+        "float" | "approximate");
         without it activations are quantized per call ("dynamic", as TFApprox).  Static ranges
         are for every swapped type: SeparableConv2D has a second range for its pointwise
         operand, MultiHeadAttention one per projection.

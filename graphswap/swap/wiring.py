@@ -32,6 +32,7 @@ import numpy as np
 
 from graphswap.errors import QuantizationError
 from graphswap.kernels.quantized import LutKernel
+from graphswap.swap.output_calibration import AffineResidual
 from graphswap.swap.calibration import (BATCH_SIZE, calibration_inputs, float_forward,
                                         observing, quantizing_layers, run_batches,
                                         select_layers)
@@ -44,32 +45,6 @@ OPERAND_CHOICES = ("auto", *OPERAND_ORDERS)
 DEFAULT_OPERANDS = "auto"
 WIRING_SAMPLES = 128      # enough for a ranking; each layer's product is computed three times
 MARGIN = 0.02             # the non-default wiring must cut the residual error by 2%
-
-
-class _Residual:
-    """Per-channel sums that give the error left after y_e ~ gain * y + offset."""
-
-    def __init__(self):
-        self.n = 0
-        self.sums = None
-
-    def update(self, y: np.ndarray, reference: np.ndarray) -> None:
-        channels = y.shape[-1]
-        y = np.asarray(y, np.float64).reshape(-1, channels)
-        r = np.asarray(reference, np.float64).reshape(-1, channels)
-        finite = np.isfinite(y).all(axis=1) & np.isfinite(r).all(axis=1)
-        y, r = y[finite], r[finite]
-        sums = np.stack([y.sum(0), r.sum(0), (y * y).sum(0), (r * r).sum(0), (y * r).sum(0)])
-        self.sums = sums if self.sums is None else self.sums + sums
-        self.n += len(y)
-
-    def value(self) -> float:
-        if not self.n:
-            return float("inf")
-        sy, sr, syy, srr, syr = self.sums / self.n
-        var_y, var_r, cov = syy - sy * sy, srr - sr * sr, syr - sy * sr
-        explained = np.where(var_y > 1e-30, cov * cov / np.maximum(var_y, 1e-30), 0.0)
-        return float(np.maximum(var_r - explained, 0.0).sum())
 
 
 def has_choice(layer) -> bool:
@@ -120,7 +95,7 @@ def choose_operands(model, data, *, samples: int = WIRING_SAMPLES,
         return WiringReport(len(inputs[0]), {})
     kernels = {id(layer): layer.arithmetic for _, layer in targets}
     schemes = {id(layer): layer.current_quantization() for _, layer in targets}
-    residuals = {id(layer): {order: _Residual() for order in OPERAND_ORDERS}
+    residuals = {id(layer): {order: AffineResidual() for order in OPERAND_ORDERS}
                  for _, layer in targets}
 
     def record(layer, x, point=None):

@@ -13,6 +13,17 @@
   visible), and for every covered kernel with GRAPHSWAP_BRIDGE=xla.  Saved models carry nothing
   of it: a model saved on one path runs on the other.
 
+What is bit for bit (tests/test_xla_bit_identity.py): a table-driven layer's whole output - the
+product, dequantize, output correction (gain, offset: dynamic or calibrated static ranges), bias
+and the ReLU graphswap fuses - under jit_compile equals the C path's, so a model of such layers
+and exact ones (max pooling, reshapes) gives the same bits end to end (FP8 tables, bf16 and
+fp32_m{m}: their float32 sums are the backend's, within round-off).  The epilogue
+is `affine`: XLA would contract y * gain + shift into one FMA, the C epilogue rounds twice.  Not
+graphswap's and not bit for bit: any other activation (softmax, tanh, ...) and the float layers
+between swapped ones are Keras ops that XLA compiles with its own code (XLA's exp is not
+Eigen's), so they differ by round-off under jit exactly as in the float model (a softmax by an
+ulp: the float control shows the same); so do a recurrent layer's gate arithmetic and attention.
+
 Keras: every swapped layer inherits `RunsOutsideXla` (through `QuantizedLayerMixin`), whose
 `supports_jit` is True only when the device path covers the layer's arithmetic (its gradients,
 "native", "kernel" and "lut_grad", run there too) and XLA is what this machine should run: a
@@ -52,6 +63,10 @@ try:  # no public way to ask whether a graph is being traced for XLA
     from tensorflow.python.ops.control_flow_util import GraphOrParentsInXlaContext
 except ImportError:  # pragma: no cover - a TensorFlow without it: TensorFlow's own error stays
     GraphOrParentsInXlaContext = None
+try:  # XLA's ReducePrecision: a float32 rounding XLA cannot fuse into an FMA (_affine)
+    from tensorflow.compiler.tf2xla.python.xla import reduce_precision
+except ImportError:  # pragma: no cover - a TensorFlow without it: XLA may contract the epilogue
+    reduce_precision = None
 
 XLA_ADVICE = ("its kernel runs only as graphswap's C code, which XLA cannot compile (the XLA "
               "path covers multiplier tables, FP8 multipliers, exact, bf16 and fp32_m{m}); call "
@@ -141,12 +156,44 @@ def use_device_path(arithmetic, tensor=None) -> bool:
     return bridge_mode() == "xla" or in_xla_context() or _on_accelerator(tensor)
 
 
+def affine(y, gain, shift):
+    """y * gain + shift (a None one left out; both cast to y's dtype) with the product and the
+    sum each rounded, as the C epilogue (graphswap_channel_affine_f32, built with
+    -ffp-contract=off) and TensorFlow's Mul and AddV2 kernels round them.  XLA contracts a
+    multiply feeding an add into one FMA (one rounding: an ulp apart, issue 37), so inside XLA a
+    float32 product is taken in float64 (exact: 24 + 24 bits), rounded to float32 by
+    ReducePrecision (an XLA op no FMA can absorb; it flushes subnormals, so products below
+    float32's smallest normal are put on its subnormal grid here), the shift added in float64 and
+    the sum rounded to float32: the same bits (a float64 sum of two float32 values rounded again
+    to float32 is their float32 sum: 53 >= 2 x 24 + 2).  Subnormal results follow the float
+    environment, as everywhere in TensorFlow: flushed to zero on the CPU, inside XLA and in
+    TensorFlow's kernels (and the C epilogue they call)."""
+    y = tf.convert_to_tensor(y)
+    gain = None if gain is None else tf.cast(gain, y.dtype)
+    shift = None if shift is None else tf.cast(shift, y.dtype)
+    if (gain is None or shift is None or y.dtype != tf.float32 or reduce_precision is None
+            or not in_xla_context()):
+        if gain is not None:
+            y = y * gain
+        return y if shift is None else y + shift
+    product = tf.cast(y, tf.float64) * tf.cast(gain, tf.float64)
+    return tf.cast(_to_float32_grid(product) + tf.cast(shift, tf.float64), tf.float32)
+
+
+@tf.custom_gradient
+def _to_float32_grid(product):
+    """float64 `product` rounded to the nearest float32 (subnormals included), still float64;
+    its gradient is the identity's (XlaReducePrecision has none registered), as float32's
+    rounding has in TensorFlow's own Mul."""
+    rounded = tf.where(tf.abs(product) < 2.0 ** -126,
+                       tf.math.rint(product * 2.0 ** 149) * 2.0 ** -149,
+                       reduce_precision(product, exponent_bits=8, mantissa_bits=23))
+    return rounded, lambda upstream: upstream
+
+
 def _epilogue(y, gain, shift, relu):
     """relu?(y * gain + shift) (graphswap_channel_affine_f32: ReLU keeps NaN)."""
-    if gain is not None:
-        y = y * tf.cast(gain, tf.float32)
-    if shift is not None:
-        y = y + tf.cast(shift, tf.float32)
+    y = affine(y, gain, shift)
     if relu:
         y = tf.where(y < 0, tf.zeros_like(y), y)
     return y

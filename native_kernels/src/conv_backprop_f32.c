@@ -10,9 +10,13 @@
  * stride-2 3x3 transposed convolution as one convolution of its merged sub-pixel phases pays 16
  * products where this pays 9).  Rows of dy are taken in blocks whose Y stays in ~1 MiB; images
  * are spread over the OpenMP team (each image's scatter-adds stay on one thread: no races), the
- * additions into each dx element in the same order on every path.
+ * additions into each dx element in the same order on every path.  On the avx512 path the same
+ * sums are computed output pixel by output pixel (conv_backprop_avx512.c: no products matrix,
+ * which for a 7x7 layer of 128 filters is 49 x 128 floats per input pixel), except where
+ * OpenBLAS would have taken its small-matrix kernel (another order of additions).
  */
 #include <limits.h>
+#include <math.h>
 #include <string.h>
 
 #ifdef _OPENMP
@@ -67,11 +71,47 @@ GRAPHSWAP_EXPORT int32_t graphswap_conv2d_backprop_input_f32(const float *dy, co
     if ((P.batch * image_in > 0 && !dx) || (P.batch * image_out > 0 && !dy) || (N * K > 0 && !filter))
         return gs_fail(GRAPHSWAP_ERR_INVALID_ARGUMENT, FN ": a buffer is NULL");
     if (P.batch * image_in == 0) return GRAPHSWAP_OK;
-    memset(dx, 0, (size_t)(P.batch * image_in) * sizeof(float));
-    if (N == 0 || K == 0 || image_out == 0) return GRAPHSWAP_OK;
+    if (N == 0 || K == 0 || image_out == 0) {
+        memset(dx, 0, (size_t)(P.batch * image_in) * sizeof(float));
+        return GRAPHSWAP_OK;
+    }
     const int64_t row_floats = P.out_width * N;
     int64_t block = GS_BACKPROP_BLOCK_FLOATS / (row_floats > 0 ? row_floats : 1);
     block = block < 1 ? 1 : (block > P.out_height ? P.out_height : block);
+    /* OpenBLAS (SkylakeX kernels) multiplies a GEMM of M * N <= 1200 (K >= 32, M N K <= 1e6) by
+     * its small-matrix kernel, whose sums run in another order: those stay GEMMs (tiny anyway) */
+    const int small_gemm = K >= 32 && block * P.out_width * N <= 1200 &&
+                           (double)(block * P.out_width) * (double)N * (double)K <= 1e6;
+    /* avx512: output pixel by output pixel (conv_backprop_avx512.c), the same bits */
+    if (!small_gemm && gs_isa() == GS_ISA_AVX512 && gs_backprop_direct_fits(&P)) {
+        const int64_t taps = P.filter_height * P.filter_width;
+        float *wt = gs_alloc(gs_backprop_packed_floats(taps, K, P.in_channels) * (int64_t)sizeof(float));
+        if (!wt) return gs_fail(GRAPHSWAP_ERR_OUT_OF_MEMORY, FN ": cannot allocate the packed filter");
+        gs_backprop_pack_avx512(filter, taps, K, P.in_channels, 1, wt);
+        /* finite weights: dy padded with zeros, every pixel in full tiles (0 * w adds an exact 0) */
+        int finite = 1;
+        for (int64_t i = 0; i < N * K; ++i) finite &= isfinite(filter[i]) != 0;
+        const int64_t pad = finite ? gs_backprop_pad(&P) : 0;
+        const int64_t padded_row = (P.out_width + 2 * pad) * K;
+        float *dyp = pad ? gs_alloc(P.batch * P.out_height * padded_row * (int64_t)sizeof(float)) : NULL;
+        if (pad && !dyp) {
+            gs_free(wt);
+            return gs_fail(GRAPHSWAP_ERR_OUT_OF_MEMORY, FN ": cannot allocate the padded input");
+        }
+        if (dyp) gs_backprop_pad_dy(&P, dy, pad, dyp);
+        const float *src = dyp ? dyp : dy;
+        const int64_t src_image = dyp ? P.out_height * padded_row : image_out;
+        const double work = 2.0 * (double)P.batch * (double)(P.out_height * P.out_width) * (double)N * (double)K;
+        const int64_t rows = P.batch * P.in_height, row_out = P.in_width * P.in_channels;
+        const int threads = gs_threads_for(work, GS_BACKPROP_MIN_FLOPS_PER_THREAD);
+#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
+        for (int64_t r = 0; r < rows; ++r)
+            gs_backprop_row_avx512(&P, src + (r / P.in_height) * src_image, pad, wt, r % P.in_height, 1, 0,
+                                   dx + r * row_out, NULL);
+        gs_free(wt), gs_free(dyp);
+        return GRAPHSWAP_OK;
+    }
+    memset(dx, 0, (size_t)(P.batch * image_in) * sizeof(float));
     if (block * P.out_width > INT_MAX || N > INT_MAX || K > INT_MAX)
         return gs_fail(GRAPHSWAP_ERR_OVERFLOW, FN ": a GEMM dimension exceeds int32");
     const double flops = 2.0 * (double)P.batch * (double)(P.out_height * P.out_width) * (double)N * (double)K;

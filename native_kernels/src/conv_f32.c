@@ -24,6 +24,9 @@
  *         output channels, more than one tap, a filter slice that stays in L2: the input read in
  *         place by register tiles of 6 pixels x 64 channels (conv_direct_avx512.c) -- im2col +
  *         sgemm copies each patch twice before multiplying (8x56x56x64 3x3: 0.76x the time).
+ *   NARROW (avx512 path)  at most 4 output channels, unit stride, no dilation or groups, >= 8 input
+ *         channels: the input rows transposed once, 64 pixels x the outputs in registers
+ *         (conv_narrow_avx512.c), OWN's sums bit for bit without its per-pixel patch gathers.
  * GRAPHSWAP_CONV_F32=blas|own forces one of the GEMM ways, =direct the direct AVX-512 convolution
  * where it applies (benchmarks, tests).
  */
@@ -295,6 +298,8 @@ GRAPHSWAP_EXPORT int32_t graphswap_conv2d_f32(const float *input, const float *f
     if (!force && gs_conv_single_channel_fits(&P)) return gs_conv_single_channel(input, filter, output, &P);
     if ((!force || strcmp(force, "direct") == 0) && gs_isa() == GS_ISA_AVX512 && gs_conv_direct_avx512_fits(&P))
         return gs_conv_direct_avx512(input, filter, output, &P);
+    if (!force && gs_isa() == GS_ISA_AVX512 && gs_conv_narrow_avx512_fits(&P))
+        return gs_conv_narrow_avx512(input, filter, output, &P, NULL, 0);
     int own = gs_isa() >= GS_ISA_AVX2 && G.cout_g <= GS_OWN_MAX_COUT;
     if (force && strcmp(force, "blas") == 0) own = 0;
     if (force && strcmp(force, "own") == 0 && gs_isa() >= GS_ISA_AVX2) own = 1;

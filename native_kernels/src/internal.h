@@ -142,6 +142,15 @@ int gs_conv_direct_avx512_fits(const graphswap_conv2d_params *params);
 int32_t gs_conv_direct_avx512(const float *input, const float *filter, float *output,
                               const graphswap_conv2d_params *params);
 
+/* Direct AVX-512 convolution of at most 4 output channels (conv_narrow_avx512.c; avx512 path
+ * only): whether it applies (unit stride, no dilation or groups, >= 8 input channels, >= 16 output
+ * columns), and the convolution, gemm_f32.c's sums bit for bit (sums NULL); with `sums`, integer
+ * operands summed in float32 runs of `run` k that stay exact, added into float64 `sums`
+ * (pixels x outputs) instead of `output`. */
+int gs_conv_narrow_avx512_fits(const graphswap_conv2d_params *params);
+int32_t gs_conv_narrow_avx512(const float *input, const float *filter, float *output,
+                              const graphswap_conv2d_params *params, double *sums, int64_t run);
+
 /* One output row of a depthwise convolution with depth multiplier 1 (conv_depthwise_avx512.c;
  * avx512 path only): conv_f32.c's depthwise loop, 16 channels a register and 4 pixels a block,
  * the same additions in the same order. */
@@ -153,6 +162,21 @@ void gs_depthwise_row_avx512(const float *input, const float *filter, float *out
  * dx at the positions each tap reaches. */
 void gs_scatter_taps_f32(const graphswap_conv2d_params *params, const float *y, int64_t row0, int64_t rows,
                          float *dx_image);
+
+/* The same products computed output pixel by output pixel on the avx512 path
+ * (conv_backprop_avx512.c): whether a geometry takes it; the filter packed for it (k_inner: HWCK
+ * as graphswap_conv2d_backprop_input_f32 gets it, else (tap, k, c)); one dx row of an image -
+ * exact: the GEMM + scatter's sums bit for bit; else a factored table's exact integer sums, added
+ * into row64 every `group` taps (row64 zero on entry) or, with row64 NULL, written as floats. */
+int gs_backprop_direct_fits(const graphswap_conv2d_params *params);
+int64_t gs_backprop_packed_floats(int64_t taps, int64_t K, int64_t C);
+void gs_backprop_pack_avx512(const float *filter, int64_t taps, int64_t K, int64_t C, int k_inner, float *wt);
+void gs_backprop_row_avx512(const graphswap_conv2d_params *params, const float *dy, int64_t pad, const float *wt,
+                            int64_t ih, int exact, int64_t group, float *out, double *row64);
+/* dy's rows with `pad` zero pixels on both sides (gs_backprop_pad: enough for every tap; the row
+ * kernel then runs edge pixels in full tiles - exact where the weights are finite) */
+int64_t gs_backprop_pad(const graphswap_conv2d_params *params);
+void gs_backprop_pad_dy(const graphswap_conv2d_params *params, const float *dy, int64_t pad, float *padded);
 
 /* ---- float32 GEMM internals (gemm_f32.c, AVX2 + FMA only), used by conv_f32.c ----
  *

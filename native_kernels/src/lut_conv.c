@@ -483,6 +483,37 @@ static int32_t factored_conv(const char *fn, const graphswap_conv2d_params *P, c
     return rc;
 }
 
+/* A factored table's convolution of at most 4 outputs whose reduction is longer than one exact
+ * float32 run (avx512): conv_narrow_avx512.c sums the mapped operands in exact runs into float64,
+ * then factored_conv's epilogue, y = float32(scale (sum + base)) (+ bias) - its bits, and so the
+ * table kernels'. */
+static int32_t narrow_factored(const char *fn, const graphswap_conv2d_params *P, const gs_conv_geo *G,
+                               const gs_lut_table *t, const float *img, uint8_t pad, const gs_wquant *w, int sm,
+                               const gs_epilogue *e, int64_t run, float *output)
+{
+    const int64_t K = G->taps, cout = P->out_channels;
+    float *filt = gs_alloc(K * cout * (int64_t)sizeof(float));
+    double *gsum = gs_alloc(cout * 8), *base = gs_alloc(cout * 8), *sums = gs_alloc(G->out_elems * 8);
+    int32_t rc = GRAPHSWAP_OK;
+    if (!filt || !gsum || !base || !sums) {
+        rc = gs_fail(GRAPHSWAP_ERR_OUT_OF_MEMORY, "%s: cannot allocate the mapped filter", fn);
+    } else {
+        gs_factored_filter(t, w, K, cout, sm, filt, gsum);
+        gs_factored_base(e, gsum, t->fa[pad], cout, base);
+        rc = gs_conv_narrow_avx512(img, filt, NULL, P, sums, run);
+        double scale[4];
+        for (int64_t j = 0; j < cout; ++j) scale[j] = e->bad[j] ? __builtin_nan("") : e->sasb[j];
+        if (rc == GRAPHSWAP_OK)
+            for (int64_t i = 0; i < G->out_elems; ++i) {
+                const int64_t j = i % cout;
+                const float y = (float)(scale[j] * (sums[i] + base[j]));
+                output[i] = e->bias ? y + e->bias[j] : y;
+            }
+    }
+    gs_free(filt), gs_free(gsum), gs_free(base), gs_free(sums);
+    return rc;
+}
+
 /* Output positions whose window (in `group`'s channels) holds a non-finite input get NaN in the
  * group's output channels.  Rare path: plain loops. */
 static void poison_windows(const graphswap_conv2d_params *P, const gs_conv_geo *G, const float *input,
@@ -560,8 +591,15 @@ GRAPHSWAP_EXPORT int32_t graphswap_lut_conv2d_f32(const float *input, const floa
         /* a factored table whose whole reduction is exact in float32: the codes go straight to
          * the mapped image (and are kept only for window code sums) */
         const int need_sums = !qx.is_signed && !sm;
-        float *img = G.taps > 0 && G.in_elems > 0 && gs_factored_float_fits(t, G.taps, qx.zero)
-                         ? gs_alloc(G.in_elems * (int64_t)sizeof(float)) : NULL;
+        const int whole = G.taps > 0 && G.in_elems > 0 && gs_factored_float_fits(t, G.taps, qx.zero);
+        /* or, longer, through the narrow direct kernel in exact float32 runs (avx512) */
+        int64_t chain = 0;
+        if (!whole && G.taps > 0 && G.in_elems > 0 && !need_sums && gs_isa() == GS_ISA_AVX512 &&
+            gs_conv_narrow_avx512_fits(&P) &&
+            gs_factored_float_fits(t, 1, qx.zero))
+            for (chain = G.taps; chain > 1 && !gs_factored_float_fits(t, chain, qx.zero);)
+                chain = (chain + 1) / 2;
+        float *img = whole || chain > 0 ? gs_alloc(G.in_elems * (int64_t)sizeof(float)) : NULL;
         const int64_t n = G.in_elems, chunk = 1 << 16, chunks = (n + chunk - 1) / chunk;
         const gs_isa_level isa = gs_isa();
         int bad = 0;
@@ -583,6 +621,9 @@ GRAPHSWAP_EXPORT int32_t graphswap_lut_conv2d_f32(const float *input, const floa
                     if (bias) y += bias[o];
                     output[p * P.out_channels + o] = w.bad[o] ? NAN : y;
                 }
+        } else if (img && chain > 0) {
+            const gs_epilogue e = {w.zero, w.colsum, sasb, bias, w.bad, qx.zero, G.taps, !qx.is_signed};
+            rc = narrow_factored(fn, &P, &G, t, img, (uint8_t)qx.zero, &w, sm, &e, chain, output);
         } else if (img) {
             const gs_epilogue e = {w.zero, w.colsum, sasb, bias, w.bad, qx.zero, G.taps, !qx.is_signed};
             rc = factored_conv(fn, &P, &G, t, img, codes, (uint8_t)qx.zero, &w, sm, &e, need_sums, output);

@@ -13,7 +13,9 @@
  * float32 sums stay exact integers), the runs and the taps added in float32 where every output's
  * whole sum stays exact there too, else into float64, where integer sums below 2^53 are exact; then y = float32((s_a s_j) c) (+ bias), NaN where a non-finite input
  * reaches or the channel has a non-finite weight.  The zero-inserted convolution's sums, bit for
- * bit (tests/test_transpose_subpixel.py against tests/reference.py).  Anything else is
+ * bit (tests/test_transpose_subpixel.py against tests/reference.py).  On the avx512 path, where the
+ * input channels fit one exact run, conv_backprop_avx512.c computes the same sums output pixel by
+ * output pixel (tests/test_conv_backprop_direct.py).  Anything else is
  * GRAPHSWAP_ERR_UNSUPPORTED (graphswap routes only these calls here).
  */
 #include <math.h>
@@ -72,6 +74,65 @@ static void poison(const graphswap_conv2d_params *P, const float *dy, float *dx)
                 }
             }
         }
+}
+
+/* the avx512 direct kernel over (image, dx row) pairs, then the row's epilogue; b holds the mapped
+ * weights as K x (taps, C) */
+static int32_t direct(const graphswap_conv2d_params *P, const float *dy, const float *bias, float *dx,
+                      const float *b, const gs_wquant *w, const double *sasb, int bad, const float *mapped,
+                      int64_t group, int whole)
+{
+    const int64_t C = P->in_channels, K = P->out_channels, taps = P->filter_height * P->filter_width;
+    const int64_t IW = P->in_width, row_out = IW * C, image_dy = P->out_height * P->out_width * K;
+    float *wt = gs_alloc(gs_backprop_packed_floats(taps, K, C) * (int64_t)sizeof(float));
+    if (!wt) return gs_fail(GRAPHSWAP_ERR_OUT_OF_MEMORY, FN ": cannot allocate the packed filter");
+    /* b[k, (tap, c)] -> the (tap, k, c) source the packing reads with k_inner = 0 */
+    float *tkc = gs_alloc(taps * K * C * (int64_t)sizeof(float));
+    if (!tkc) {
+        gs_free(wt);
+        return gs_fail(GRAPHSWAP_ERR_OUT_OF_MEMORY, FN ": cannot allocate the packed filter");
+    }
+    for (int64_t tp = 0; tp < taps; ++tp)
+        for (int64_t k = 0; k < K; ++k)
+            memcpy(tkc + (tp * K + k) * C, b + k * taps * C + tp * C, (size_t)C * sizeof(float));
+    gs_backprop_pack_avx512(tkc, taps, K, C, 0, wt);
+    gs_free(tkc);
+    /* the mapped operands are finite: dy padded with zeros, every pixel in full tiles */
+    const int64_t pad = gs_backprop_pad(P), padded_image = P->out_height * (P->out_width + 2 * pad) * K;
+    float *dyp = gs_alloc(P->batch * padded_image * (int64_t)sizeof(float));
+    if (!dyp) {
+        gs_free(wt);
+        return gs_fail(GRAPHSWAP_ERR_OUT_OF_MEMORY, FN ": cannot allocate the padded input");
+    }
+    gs_backprop_pad_dy(P, mapped, pad, dyp);
+    const int64_t rows = P->batch * P->in_height;
+    const int nt = gs_threads_for(2.0 * (double)P->batch * (double)image_dy * (double)(taps * C), 4.0e6);
+    int failed = 0;
+#pragma omp parallel num_threads(nt) if (nt > 1) reduction(| : failed)
+    {
+        double *row64 = whole ? NULL : gs_alloc(row_out * 8);
+        if (!whole && !row64) failed = 1;
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < rows; ++r) {
+            if (!whole && !row64) continue;
+            float *out = dx + r * row_out;
+            if (row64) memset(row64, 0, (size_t)row_out * 8);
+            gs_backprop_row_avx512(P, dyp + (r / P->in_height) * padded_image, pad, wt, r % P->in_height, 0,
+                                   group, out, row64);
+            for (int64_t q = 0; q < IW; ++q)
+                for (int64_t c = 0; c < C; ++c) {
+                    const double total = row64 ? row64[q * C + c] : (double)out[q * C + c];
+                    const float v = (float)(sasb[c] * total);
+                    out[q * C + c] = w->bad[c] ? NAN : (bias ? v + bias[c] : v);
+                }
+        }
+        gs_free(row64);
+    }
+    gs_free(wt), gs_free(dyp);
+    if (failed) return gs_fail(GRAPHSWAP_ERR_OUT_OF_MEMORY, FN ": cannot allocate the products");
+    if (bad)
+        for (int64_t n = 0; n < P->batch; ++n) poison(P, dy + n * image_dy, dx + n * P->in_height * row_out);
+    return GRAPHSWAP_OK;
 }
 
 GRAPHSWAP_EXPORT int32_t graphswap_lut_conv2d_backprop_input_f32(const float *dy, const float *filter,
@@ -151,6 +212,15 @@ GRAPHSWAP_EXPORT int32_t graphswap_lut_conv2d_backprop_input_f32(const float *dy
         for (int64_t c = 0; c < C; ++c) sasb[c] = qa.scale * w.scale[c];
         bad = gs_quantize_map(t, dy, n_dy, &qa, qa.zero, mapped, NULL);
     }
+    /* avx512, one exact run over the input channels: output pixel by output pixel
+     * (conv_backprop_avx512.c), the taps' runs in float32 groups that stay exact */
+    int64_t group = reach;
+    while (group > 1 && !gs_factored_float_fits(t, group * K, qa.zero)) --group;
+    if (rc == GRAPHSWAP_OK && run == K && gs_factored_float_fits(t, K, qa.zero) &&
+        gs_isa() == GS_ISA_AVX512 && gs_backprop_direct_fits(&P)) {
+        rc = direct(&P, dy, bias, dx, b, &w, sasb, bad, mapped, group, group >= reach);
+        goto done;
+    }
     const int64_t row_floats = P.out_width * N;
     int64_t block = GS_LUT_BACKPROP_BLOCK_FLOATS / (row_floats > 0 ? row_floats : 1);
     block = block < 1 ? 1 : (block > P.out_height ? P.out_height : block);
@@ -193,6 +263,7 @@ GRAPHSWAP_EXPORT int32_t graphswap_lut_conv2d_backprop_input_f32(const float *dy
         }
         if (failed) rc = gs_fail(GRAPHSWAP_ERR_OUT_OF_MEMORY, FN ": cannot allocate the products");
     }
+done:
     gs_free(wt), gs_free(g), gs_free(b), gs_free(mapped), gs_free(gsum), gs_free(sasb);
     gs_wquant_free(&w);
     gs_lut_table_release(t);
