@@ -97,3 +97,22 @@ def test_no_input_structure_warning_in_convert_finetune_evaluate(tmp_path):
         result = graphswap.evaluate(str(path), str(data), ["exact"])
         assert len(result.rows) == 2
     assert not _structure_warnings(caught)
+
+
+def test_run_model_does_not_print_tensorflows_retracing_warning(caplog):
+    """convert's checks call run_model per batch, each with its own tf.function (a layer's
+    arithmetic may change between calls); TensorFlow's retracing warning was printed into every
+    `convert --calibrate` report."""
+    import logging
+
+    import keras
+    import numpy as np
+
+    from graphswap.swap.compare import run_model
+
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    with caplog.at_level(logging.WARNING, logger="tensorflow"):
+        outputs = [run_model(model, np.ones((3 + i, 4), np.float32)) for i in range(12)]
+    assert not [r for r in caplog.records if "retracing" in r.getMessage()]
+    np.testing.assert_allclose(outputs[-1][0], np.asarray(model(np.ones((14, 4), np.float32))),
+                               rtol=1e-6)

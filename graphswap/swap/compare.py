@@ -187,7 +187,16 @@ def run_model(model, batch) -> list[np.ndarray]:
     took 34-53 s)."""
     inputs = model_inputs(model, batch)
     forward = tf.function(lambda values: model(values, training=False), reduce_retracing=True)
-    outputs = forward(inputs)
+    # a new function per call on purpose (a layer's arithmetic may change between calls, as in
+    # calibration's float passes): TensorFlow's "N out of the last N calls ... retracing"
+    # warning, printed by convert's checks, says nothing a user can act on
+    logger = tf.get_logger()
+    level = logger.level
+    logger.setLevel("ERROR")
+    try:
+        outputs = forward(inputs)
+    finally:
+        logger.setLevel(level)
     return [np.asarray(o) for o in keras.tree.flatten(outputs)]
 
 
