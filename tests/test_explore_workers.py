@@ -221,3 +221,32 @@ def test_workers_opening_a_new_sqlite_study_at_one_instant_all_succeed(tmp_path)
         for process in processes:
             output, _ = process.communicate(timeout=300)
             assert process.returncode == 0 and output.strip().endswith("m"), output[-2000:]
+
+
+def test_a_claim_whose_owner_is_not_yet_written_is_not_taken_over_at_once(tmp_path):
+    """Between creating a claim and writing its owner a worker holds a claim with no owner; a
+    waiting worker took it over at once as a dead worker's, and the assignment was measured twice
+    (CI, two workers on PostgreSQL, a loaded machine).  It is stale only after claim_timeout."""
+    import time
+
+    from graphswap.research.study_database import Study
+
+    path = str(tmp_path / "claims.db")
+    first = Study(path, {"model": "m"}, ["a"], [["exact", "x"]], claim_timeout=0.5)
+    second = Study(path, {"model": "m"}, ["a"], [["exact", "x"]], claim_timeout=0.5)
+    try:
+        # the first worker's claim, caught between its two writes: the claim, no owner yet
+        first.storage.create_new_study([first.optuna.study.StudyDirection.MINIMIZE],
+                                       first._claim_name("exact,x", 0))
+        assert not second.claim_is_stale("exact,x", 0)
+        time.sleep(0.7)
+        assert second.claim_is_stale("exact,x", 0)     # its worker died in between: taken over
+        # a claim with a live owner is never stale; one whose owner stopped beating is
+        assert first.claim("exact,exact") and not second.claim("exact,exact")
+        assert not second.claim_is_stale("exact,exact", 0)
+        first.close()
+        time.sleep(0.7)
+        assert second.claim_is_stale("exact,exact", 0)
+    finally:
+        first.close()
+        second.close()

@@ -136,6 +136,7 @@ class Study:
         self.distributions = {layer: optuna.distributions.CategoricalDistribution(choices)
                               for layer in layers}
         self._beating = None
+        self._ownerless = {}   # claim id -> when this worker first saw it without an owner
         if self.storage is not None:
             self._beat()
             self._beating = threading.Event()
@@ -186,8 +187,13 @@ class Study:
         except KeyError:
             return True
         owner = self.storage.get_study_user_attrs(claim_id).get("worker")
-        beats = self.study.user_attrs  # refreshed on every read
-        last = beats.get(f"worker:{owner}") if isinstance(owner, str) else None
+        if not isinstance(owner, str):
+            # claimed, owner not yet written: a claim being made now looks the same as one whose
+            # worker died in between, so it is stale only once it has stayed ownerless for
+            # claim_timeout (taking it at once measured an assignment twice on a loaded machine)
+            first = self._ownerless.setdefault(claim_id, time.time())
+            return time.time() - first > self.claim_timeout
+        last = self.study.user_attrs.get(f"worker:{owner}")  # refreshed on every read
         return not isinstance(last, (int, float)) or time.time() - last > self.claim_timeout
 
     def wait_for(self, names, refresh, done, on_stale, poll: float = 0.5) -> None:
