@@ -413,3 +413,22 @@ def small_data(n=48, seed=0):
     x = rng.normal(size=(n, 6, 6, 1)).astype(np.float32) * 0.3
     x[:, 1:5, 1:5, 0] += y[:, None, None] - 1.0  # learnable: the class shifts the centre
     return x, y
+
+
+def invoke_cli(*args, code: int = 0) -> str:
+    """Run the graphswap command line with `args` (str() of each), assert its exit code, and
+    return what it printed (exceptions propagate: a traceback names the failing line)."""
+    from click.testing import CliRunner
+
+    from graphswap.cli import main
+
+    result = CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
+    assert result.exit_code == code, result.output[-3000:]
+    return result.output
+
+
+def json_report(output: str):
+    """The JSON document a `--json` command printed (after any note lines)."""
+    import json
+
+    return json.JSONDecoder().raw_decode(output[output.index("{"):])[0]

@@ -26,12 +26,10 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from click.testing import CliRunner
 
 import realmodels
-from conftest import assert_close_to_roundoff, run_python
+from conftest import assert_close_to_roundoff, invoke_cli, json_report, run_python
 from graphswap import io as gsio
-from graphswap.cli import main
 from graphswap.errors import ModelLoadError
 from graphswap.io import legacy_semantics
 from graphswap.io.legacy_hdf5 import LegacyModelWarning
@@ -44,14 +42,6 @@ tf_keras = pytest.importorskip("tf_keras")  # installed with the test extras (le
 TERMS = 1024
 
 
-def _invoke(*args, code=0):
-    result = CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
-    assert result.exit_code == code, result.output[-3000:]
-    return result.output
-
-
-def _json(output):
-    return json.JSONDecoder().raw_decode(output[output.index("{"):])[0]
 
 
 def _load(path, **kwargs):
@@ -167,7 +157,8 @@ def test_cli_convert_exact_of_keras2_hard_sigmoid_equals_tf_keras_and_reloads(ke
     _, files = keras2
     entry = files["gru_sensor"]
     out = tmp_path / "gru_sensor.exact.keras"
-    report = _json(_invoke("convert", entry["h5"], "--kernel", "exact", "-o", out, "--json"))
+    report = json_report(invoke_cli("convert", entry["h5"], "--kernel", "exact", "-o", out,
+                                    "--json"))
     assert report["swapped"] >= 4
     for model in (gsio.load_model(out), keras.models.load_model(out)):
         assert_close_to_roundoff(_outputs(model, entry["x"]), entry["expected"], TERMS)
@@ -190,7 +181,7 @@ def test_cli_convert_exact_of_keras2_hard_sigmoid_equals_tf_keras_and_reloads(ke
 def test_cli_evaluate_scores_the_keras2_model_as_original(keras2):
     _, files = keras2
     entry = files["gru_sensor"]
-    result = _json(_invoke("evaluate", entry["h5"], "--data", entry["data"], "--json"))
+    result = json_report(invoke_cli("evaluate", entry["h5"], "--data", entry["data"], "--json"))
     rows = {row["name"]: row for row in result["rows"]}
     probabilities = np.clip(entry["expected"].astype(np.float64), 1e-7, 1 - 1e-7)
     loss = float(-np.mean(np.log(probabilities[np.arange(len(entry["y"])), entry["y"]])))
@@ -206,14 +197,14 @@ def test_cli_export_keras2_hard_sigmoid_onnx_and_savedmodel_equal_tf_keras(keras
     _, files = keras2
     entry = files["gru_sensor"]
     converted = tmp_path / "gru_sensor.exact.keras"
-    _invoke("convert", entry["h5"], "--kernel", "exact", "-o", converted)
+    invoke_cli("convert", entry["h5"], "--kernel", "exact", "-o", converted)
     onnx_path = tmp_path / "gru_sensor.onnx"
-    _invoke("export", converted, "--format", "onnx", "-o", onnx_path)
+    invoke_cli("export", converted, "--format", "onnx", "-o", onnx_path)
     session = onnxruntime.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
     (actual,) = session.run(None, {session.get_inputs()[0].name: entry["x"]})
     assert_close_to_roundoff(actual, entry["expected"], TERMS)
     saved = tmp_path / "gru_sensor_savedmodel"
-    _invoke("export", converted, "--format", "savedmodel", "-o", saved)
+    invoke_cli("export", converted, "--format", "savedmodel", "-o", saved)
     loaded = tf.saved_model.load(str(saved))  # held: the signature uses its variables
     serving = loaded.signatures["serving_default"]
     (name,) = serving.structured_input_signature[1]
@@ -262,7 +253,7 @@ def test_a_translation_that_changes_the_math_is_refused_naming_the_layer(keras2,
         with pytest.raises(ModelLoadError, match=r"max \|difference\| .* layer 'gru' \(GRU\)"):
             gsio.load_model(files["gru_sensor"][suffix])
     out = tmp_path / "never.keras"
-    output = _invoke("convert", files["gru_sensor"]["h5"], "--kernel", "exact", "-o", out,
+    output = invoke_cli("convert", files["gru_sensor"]["h5"], "--kernel", "exact", "-o", out,
                      code=1)
     assert output.startswith("Error: ") and output.count("\n") == 1 and "tf_keras" in output
     assert not out.exists()
@@ -302,7 +293,7 @@ def test_keras2_sequential_with_batch_input_shape_converts(keras2, tmp_path):
     assert model.input_shape == (None, 10, 3)
     assert_close_to_roundoff(_outputs(model, entry["x"]), entry["expected"], TERMS)
     out = tmp_path / "sequential.exact.keras"
-    _invoke("convert", path, "--kernel", "exact", "-o", out)
+    invoke_cli("convert", path, "--kernel", "exact", "-o", out)
     assert_close_to_roundoff(_outputs(gsio.load_model(out), entry["x"]), entry["expected"], TERMS)
 
 
@@ -318,9 +309,9 @@ def test_cli_export_onnx_of_two_heads_matches_outputs_by_name(kernel, keep, tmp_
     source = tmp_path / "two_heads.keras"
     model.save(source)
     converted = tmp_path / f"two_heads.{kernel}.keras"
-    _invoke("convert", source, "--kernel", kernel, "-o", converted)
+    invoke_cli("convert", source, "--kernel", kernel, "-o", converted)
     out = tmp_path / "two_heads.onnx"
-    _invoke("export", converted, "--format", "onnx", "-o", out, *(["--keep-kernels"] * keep))
+    invoke_cli("export", converted, "--format", "onnx", "-o", out, *(["--keep-kernels"] * keep))
     session = onnx_ops.session(out)
     assert [o.name for o in session.get_outputs()] == ["zeta", "alpha"]  # the model's order
     x = realmodels.sample_data(model)[0]
@@ -345,11 +336,11 @@ def test_cli_export_model_with_random_augmentation(flip, tmp_path):
     source = tmp_path / "augmented.keras"
     model.save(source)
     converted = tmp_path / "augmented.exact.keras"
-    _invoke("convert", source, "--kernel", "exact", "-o", converted)
+    invoke_cli("convert", source, "--kernel", "exact", "-o", converted)
     x = realmodels.sample_data(model)[0]
     want = np.asarray(model(x, training=False))
     saved = tmp_path / "augmented_savedmodel"
-    _invoke("export", converted, "--format", "savedmodel", "-o", saved)
+    invoke_cli("export", converted, "--format", "savedmodel", "-o", saved)
     loaded = tf.saved_model.load(str(saved))  # held: the signature uses its variables
     serving = loaded.signatures["serving_default"]
     (name,) = serving.structured_input_signature[1]
@@ -361,7 +352,7 @@ def test_cli_export_model_with_random_augmentation(flip, tmp_path):
     assert bool(states) == (flip is UserFlip) and all("seed" in name for name in states)
     assert_close_to_roundoff(_outputs(gsio.load_model(saved), x), want, 27)
     out = tmp_path / "augmented.onnx"
-    _invoke("export", converted, "--format", "onnx", "-o", out)
+    invoke_cli("export", converted, "--format", "onnx", "-o", out)
 
 
 ARGUMENTS = {"RandomRotation": (0.1,), "RandomZoom": (0.2,), "RandomTranslation": (0.1, 0.1),

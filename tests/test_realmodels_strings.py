@@ -15,6 +15,7 @@ import tensorflow as tf
 from click.testing import CliRunner
 
 import keras
+from conftest import invoke_cli
 from graphswap import rewrite_model
 from graphswap.cli import main
 from graphswap.errors import DataError, UnsupportedLayerError
@@ -64,11 +65,6 @@ def text_files(tmp_path_factory):
     return path, data, lines, model
 
 
-def _invoke(*args):
-    result = CliRunner().invoke(main, [str(a) for a in args])
-    assert result.exit_code == 0, result.output
-    return result.output
-
 
 def _vocabulary_sizes(model):
     return [layer.vocabulary_size() for layer in model.layers
@@ -84,7 +80,7 @@ def converted(text_files):
     """`graphswap convert --calibrate data.npz --kernel mul8u_drum4` of the text model."""
     path, data, _, _ = text_files
     out = path.with_name("text.drum4.keras")
-    output = _invoke("convert", path, "--calibrate", data, "--kernel", "mul8u_drum4", "-o", out)
+    output = invoke_cli("convert", path, "--calibrate", data, "--kernel", "mul8u_drum4", "-o", out)
     return out, output
 
 
@@ -158,9 +154,9 @@ def test_string_lookup_and_normalization_survive_rewrite_save_and_export(tmp_pat
     original = next(l for l in model.layers if isinstance(l, keras.layers.Normalization))
     np.testing.assert_array_equal(np.asarray(normalize.mean), np.asarray(original.mean))
     # convert's check on synthetic tokens of the lookup's vocabulary, then the SavedModel
-    output = _invoke("convert", path, "--kernel", "exact", "-o", tmp_path / "c.keras")
+    output = invoke_cli("convert", path, "--kernel", "exact", "-o", tmp_path / "c.keras")
     assert "cannot run" not in output and "max |original - rewritten|" in output
-    _invoke("export", tmp_path / "c.keras", "--format", "savedmodel", "-o", tmp_path / "sm")
+    invoke_cli("export", tmp_path / "c.keras", "--format", "savedmodel", "-o", tmp_path / "sm")
     served = tf.saved_model.load(str(tmp_path / "sm")).signatures["serving_default"]
     result = served(tokens=batch[0], numbers=batch[1])
     np.testing.assert_allclose(np.asarray(list(result.values())[0]), reference, rtol=1e-5,
@@ -180,7 +176,7 @@ def test_convert_calibrates_the_layers_after_the_text_layer(converted):
 
 def test_convert_without_data_checks_on_texts_of_the_vocabulary(text_files, tmp_path):
     path = text_files[0]
-    output = _invoke("convert", path, "--kernel", "exact", "-o", tmp_path / "exact.keras")
+    output = invoke_cli("convert", path, "--kernel", "exact", "-o", tmp_path / "exact.keras")
     assert "cannot run the original" not in output
     difference = float(output.split("random batch of 8: ")[1].split()[0])
     assert difference <= 1e-5
@@ -191,14 +187,14 @@ def test_convert_without_data_checks_on_texts_of_the_vocabulary(text_files, tmp_
 
 def test_convert_calibrates_on_a_text_file(text_files, tmp_path):
     path, _, lines, _ = text_files
-    output = _invoke("convert", path, "--calibrate", lines, "--kernel", "mul8u_drum4",
+    output = invoke_cli("convert", path, "--calibrate", lines, "--kernel", "mul8u_drum4",
                      "--calibration-samples", 32, "-o", tmp_path / "t.keras")
     assert "calibrated static activation ranges of 3 layer(s) on 32 samples" in output
 
 
 def test_evaluate_on_strings(text_files):
     path, data, _, _ = text_files
-    output = _invoke("evaluate", path, "--data", data, "--kernel", "exact", "--kernel",
+    output = invoke_cli("evaluate", path, "--data", data, "--kernel", "exact", "--kernel",
                      "mul8u_drum4")
     rows = {line.split()[0]: line.split() for line in output.splitlines() if line.strip()}
     assert rows["exact"][2] == rows["original"][2]           # exact: the same accuracy
@@ -207,7 +203,7 @@ def test_evaluate_on_strings(text_files):
 
 def test_finetune_on_strings(converted, text_files, tmp_path):
     out = tmp_path / "tuned.keras"
-    _invoke("finetune", converted[0], "--data", text_files[1], "--epochs", 1, "-o", out)
+    invoke_cli("finetune", converted[0], "--data", text_files[1], "--epochs", 1, "-o", out)
     assert _vocabulary_sizes(keras.models.load_model(out)) == [VOCABULARY]
 
 
@@ -215,7 +211,7 @@ def test_savedmodel_export_serves_strings(converted, text_files, tmp_path):
     from graphswap.io.load import load_model
 
     folder = tmp_path / "served"
-    _invoke("export", converted[0], "--format", "savedmodel", "-o", folder)
+    invoke_cli("export", converted[0], "--format", "savedmodel", "-o", folder)
     serve = tf.saved_model.load(str(folder)).signatures["serving_default"]
     x = _texts()
     result = serve(text=x)

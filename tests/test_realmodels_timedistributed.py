@@ -25,11 +25,9 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from click.testing import CliRunner
 
-from conftest import assert_close_to_roundoff
+from conftest import assert_close_to_roundoff, invoke_cli, json_report
 from graphswap import io as gsio
-from graphswap.cli import main
 from graphswap.io import onnx_ops
 from graphswap.swap import SwappedTimeDistributed, rewrite_model
 
@@ -45,7 +43,7 @@ TERMS = 1024
 
 def video_model(k, steps=STEPS):
     inputs = k.Input((steps, SIZE, SIZE, CHANNELS), name="frames")
-    # the wrapped layer named: an automatic name ("conv2d_7") depends on what the process built before
+    # the wrapped layer named: an automatic name ("conv2d_7") depends on what the process built
     x = k.layers.TimeDistributed(k.layers.Conv2D(FILTERS, 3, activation="relu", name="conv"),
                                  name="frame_conv")(inputs)
     x = k.layers.TimeDistributed(k.layers.MaxPooling2D(2), name="frame_pool")(x)
@@ -85,14 +83,6 @@ def files(tmp_path_factory):
             "text": root / "text.keras", "text_data": root / "text.npz", "tokens": tokens}
 
 
-def _invoke(*args, code=0):
-    result = CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
-    assert result.exit_code == code, result.output[-3000:]
-    return result.output
-
-
-def _json(output):
-    return json.JSONDecoder().raw_decode(output[output.index("{"):])[0]
 
 
 def _entry(report, path):
@@ -108,7 +98,8 @@ def _outputs(model, x):
 
 def test_video_convert_exact_swaps_time_distributed_and_equals_the_original(files, tmp_path):
     out = tmp_path / "video.exact.keras"
-    report = _json(_invoke("convert", files["video"], "--kernel", "exact", "-o", out, "--json"))
+    report = json_report(invoke_cli("convert", files["video"], "--kernel", "exact", "-o", out,
+                                    "--json"))
     conv = _entry(report, "frame_conv")
     assert conv["action"] == "swapped" and conv["kernel"] == "exact"
     assert conv["macs"] == STEPS * CONV_STEP_MACS
@@ -120,9 +111,9 @@ def test_video_convert_exact_swaps_time_distributed_and_equals_the_original(file
 
 def test_video_convert_multiplier_puts_every_weight_mac_on_the_kernel(files, tmp_path):
     out = tmp_path / "video.drum.keras"
-    output = _invoke("convert", files["video"], "--kernel", "mul8u_drum4", "-o", out)
+    output = invoke_cli("convert", files["video"], "--kernel", "mul8u_drum4", "-o", out)
     assert "3 of 3 layers with weights swapped; 100.0% of" in output
-    report = _json(_invoke("convert", files["video"], "--kernel", "mul8u_drum4", "-o", out,
+    report = json_report(invoke_cli("convert", files["video"], "--kernel", "mul8u_drum4", "-o", out,
                            "--force", "--json"))
     assert report["macs"]["kernel"] == report["macs"]["total"] > STEPS * CONV_STEP_MACS
     assert report["macs"]["by_type"]["TimeDistributed"]["kernel_macs"] == STEPS * CONV_STEP_MACS
@@ -145,7 +136,7 @@ def test_video_save_reload_equals_the_rewritten_model(files, tmp_path):
 
 def test_video_calibrate_reaches_the_wrapped_layer(files, tmp_path):
     out = tmp_path / "video.calibrated.keras"
-    output = _invoke("convert", files["video"], "--kernel", "mul8u_drum4", "--calibrate",
+    output = invoke_cli("convert", files["video"], "--kernel", "mul8u_drum4", "--calibrate",
                      files["video_data"], "--no-dynamic-fallback", "-o", out)
     assert "frame_conv/conv [" in output          # its static range
     assert "frame_conv/conv (mean |offset|" in output   # its bias compensation
@@ -165,12 +156,12 @@ def test_video_exports_onnx_kept_and_savedmodel(files, tmp_path):
     import onnxruntime
 
     converted = tmp_path / "video.drum.keras"
-    _invoke("convert", files["video"], "--kernel", "mul8u_drum4", "-o", converted)
+    invoke_cli("convert", files["video"], "--kernel", "mul8u_drum4", "-o", converted)
     swapped = gsio.load_model(converted)
     x = files["video_x"][:8]
 
     lowered = tmp_path / "video.onnx"
-    _invoke("export", converted, "-o", lowered)
+    invoke_cli("export", converted, "-o", lowered)
     session = onnxruntime.InferenceSession(str(lowered), providers=["CPUExecutionProvider"])
     (actual,) = session.run(None, {session.get_inputs()[0].name: x})
     assert_close_to_roundoff(actual, files["video_out"][:8], TERMS)   # the exact-kernel model
@@ -180,14 +171,14 @@ def test_video_exports_onnx_kept_and_savedmodel(files, tmp_path):
     assert len(record[0]["onnx_nodes"]) == 1      # one Conv for all the timesteps
 
     kept = tmp_path / "video.kept.onnx"
-    _invoke("export", converted, "--keep-kernels", "-o", kept)
+    invoke_cli("export", converted, "--keep-kernels", "-o", kept)
     (actual,) = onnx_ops.session(kept).run(None, {"frames": x})
     np.testing.assert_allclose(actual, _outputs(swapped, x), atol=1e-5)
     nodes = {node.op_type for _, node in onnx_ops.walk_nodes(onnx.load(str(kept)))}
     assert onnx_ops.CONV2D_OP in nodes
 
     saved = tmp_path / "video_savedmodel"
-    _invoke("export", converted, "--format", "savedmodel", "-o", saved)
+    invoke_cli("export", converted, "--format", "savedmodel", "-o", saved)
     loaded = tf.saved_model.load(str(saved))
     (served,) = loaded.signatures["serving_default"](frames=tf.constant(x)).values()
     assert_close_to_roundoff(served.numpy(), files["video_out"][:8], TERMS)
@@ -203,15 +194,15 @@ def test_video_of_any_length_converts_and_exports(tmp_path):
     model = video_model(keras, steps=None)
     path = tmp_path / "video_any.keras"
     model.save(path)
-    report = _json(_invoke("convert", path, "--kernel", "mul8u_drum4", "-o",
+    report = json_report(invoke_cli("convert", path, "--kernel", "mul8u_drum4", "-o",
                            tmp_path / "any.drum.keras", "--json"))
     assert report["macs"]["length"] == 16
     assert _entry(report, "frame_conv")["macs"] == 16 * CONV_STEP_MACS
     assert report["macs"]["kernel"] == report["macs"]["total"]
     exact = tmp_path / "any.exact.keras"
-    _invoke("convert", path, "--kernel", "exact", "-o", exact, "--sequence-length", "3")
+    invoke_cli("convert", path, "--kernel", "exact", "-o", exact, "--sequence-length", "3")
     onnx_path = tmp_path / "any.onnx"
-    _invoke("export", exact, "-o", onnx_path, "--sequence-length", "5")
+    invoke_cli("export", exact, "-o", onnx_path, "--sequence-length", "5")
     x = np.random.default_rng(2).uniform(0, 1, (2, 7, SIZE, SIZE, CHANNELS)).astype(np.float32)
     session = onnxruntime.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
     (actual,) = session.run(None, {"frames": x})
@@ -230,7 +221,7 @@ def test_video_h5_from_tf_keras_converts_with_time_distributed_swapped(tmp_path)
     x = x.astype(np.float32)
     expected = model(x, training=False).numpy()
     out = tmp_path / "video.h5.keras"
-    report = _json(_invoke("convert", path, "--kernel", "exact", "-o", out, "--json"))
+    report = json_report(invoke_cli("convert", path, "--kernel", "exact", "-o", out, "--json"))
     assert _entry(report, "frame_conv")["action"] == "swapped"
     assert report["macs"]["kernel"] == report["macs"]["total"]
     assert_close_to_roundoff(_outputs(gsio.load_model(out), x), expected, TERMS)
@@ -259,25 +250,26 @@ def test_time_distributed_around_an_unswappable_layer_is_named():
 
 def test_text_of_any_length_converts_without_data_and_counts_the_bigru(files, tmp_path):
     out = tmp_path / "text.drum.keras"
-    output = _invoke("convert", files["text"], "--kernel", "mul8u_drum4", "-o", out)
+    output = invoke_cli("convert", files["text"], "--kernel", "mul8u_drum4", "-o", out)
     total = 16 * BIGRU_STEP_MACS + 2 * UNITS * 2
     assert f"100.0% of {total:,} MACs per sample at length 16 on the kernel" in output
     assert "random batch of 8 (free dimensions at length 16)" in output
-    report = _json(_invoke("convert", files["text"], "--kernel", "mul8u_drum4", "-o", out,
+    report = json_report(invoke_cli("convert", files["text"], "--kernel", "mul8u_drum4", "-o", out,
                            "--force", "--sequence-length", "5", "--json"))
     assert report["macs"]["length"] == 5
     assert _entry(report, "bigru")["macs"] == 5 * BIGRU_STEP_MACS
     assert report["macs"]["kernel"] == report["macs"]["total"]
     # with data the length is the data's
-    report = _json(_invoke("convert", files["text"], "--kernel", "mul8u_drum4", "--calibrate",
-                           files["text_data"], "-o", out, "--force", "--json"))
+    report = json_report(invoke_cli("convert", files["text"], "--kernel", "mul8u_drum4",
+                                    "--calibrate", files["text_data"], "-o", out, "--force",
+                                    "--json"))
     assert report["macs"]["length"] == 12
     assert _entry(report, "bigru")["macs"] == 12 * BIGRU_STEP_MACS
 
 
 def test_text_exact_convert_equals_the_original_and_reloads(files, tmp_path):
     out = tmp_path / "text.exact.keras"
-    _invoke("convert", files["text"], "--kernel", "exact", "-o", out)
+    invoke_cli("convert", files["text"], "--kernel", "exact", "-o", out)
     original = keras.models.load_model(files["text"])
     converted = gsio.load_model(out)
     rng = np.random.default_rng(4)
@@ -292,19 +284,19 @@ def test_text_exports_onnx_and_savedmodel_at_any_length(files, tmp_path):
     import onnxruntime
 
     converted = tmp_path / "text.drum.keras"
-    _invoke("convert", files["text"], "--kernel", "mul8u_drum4", "-o", converted)
+    invoke_cli("convert", files["text"], "--kernel", "mul8u_drum4", "-o", converted)
     original = keras.models.load_model(files["text"])
     x = np.random.default_rng(5).integers(0, VOCABULARY, (3, 20)).astype(np.float32)
 
     onnx_path = tmp_path / "text.onnx"
-    output = _invoke("export", converted, "-o", onnx_path)
+    output = invoke_cli("export", converted, "-o", onnx_path)
     assert "(free dimensions at length 16)" in output
     session = onnxruntime.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
     (actual,) = session.run(None, {"tokens": x})
     assert_close_to_roundoff(actual, _outputs(original, x), TERMS)
 
     saved = tmp_path / "text_savedmodel"
-    _invoke("export", converted, "--format", "savedmodel", "-o", saved, "--sequence-length", "9")
+    invoke_cli("export", converted, "--format", "savedmodel", "-o", saved, "--sequence-length", "9")
     manifest = json.loads((saved / "assets" / "graphswap" / "manifest.json").read_text())
     assert manifest["consistency_check"]["sequence_length"] == 9
     loaded = tf.saved_model.load(str(saved))

@@ -28,13 +28,11 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from click.testing import CliRunner
 
 import realmodels
 from conftest import (assert_close_to_roundoff, assert_key_bias_gradients_vanish, gradient_terms,
-                      is_key_bias, reduction_terms, run_python)
+                      invoke_cli, is_key_bias, json_report, reduction_terms, run_python)
 from graphswap import io as gsio
-from graphswap.cli import main
 
 tf_keras = pytest.importorskip("tf_keras")  # installed with the test extras (legacy fixtures)
 
@@ -56,14 +54,6 @@ TASKS = {"resnet8": "multiclass", "mobilenet_v1": "multiclass", "ds_cnn": "multi
 CLASSIFIERS = {kind for kind, task in TASKS.items() if task in ("multiclass", "binary")}
 
 
-def _invoke(*args):
-    result = CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
-    assert result.exit_code == 0, result.output[-3000:]
-    return result.output
-
-
-def _json(output):
-    return json.JSONDecoder().raw_decode(output[output.index("{"):])[0]
 
 
 def _terms(model):
@@ -124,7 +114,8 @@ class Zoo:
         if key not in self.converted:
             path = self.source(kind, file)[0]
             out = self.root / f"{kind}_{file}.{kernel}.keras"
-            report = _json(_invoke("convert", path, "--kernel", kernel, "-o", out, "--json"))
+            report = json_report(invoke_cli("convert", path, "--kernel", kernel, "-o", out,
+                                            "--json"))
             self.converted[key] = (out, report)
         return self.converted[key]
 
@@ -138,7 +129,7 @@ def zoo(tmp_path_factory):
 @pytest.mark.parametrize("kind,file", CASES, ids=IDS)
 def test_inspect_lists_every_weight_layer_for_swapping(kind, file, zoo):
     path = zoo.source(kind, file)[0]
-    report = _json(_invoke("inspect", path, "--json"))
+    report = json_report(invoke_cli("inspect", path, "--json"))
     assert report["swapped"] >= 2
     assert report["macs"]["kernel"] == report["macs"]["total"] > 0
     assert all(entry["float_macs"] == 0 for entry in report["macs"]["by_type"].values())
@@ -210,7 +201,7 @@ def test_convert_mul8u_drum4_puts_every_weight_mac_on_the_kernel(kind, file, zoo
 @pytest.mark.parametrize("kind,file", CASES, ids=IDS)
 def test_evaluate_with_the_files_own_labels(kind, file, zoo):
     path, data, _, _, _ = zoo.source(kind, file)
-    result = _json(_invoke("evaluate", path, "--data", data, "--json"))
+    result = json_report(invoke_cli("evaluate", path, "--data", data, "--json"))
     assert result["task"] == TASKS[kind]
     rows = {row["name"]: row for row in result["rows"]}
     score = result["score"]
@@ -240,7 +231,7 @@ def test_finetune_with_labels(kind, file, zoo):
     _, data, x, _, _ = zoo.source(kind, file)
     start, report = zoo.convert(kind, file, "mul8u_drum4")
     out = start.with_name(start.stem + ".ft.keras")
-    output = _invoke("finetune", start, "--data", data, "--epochs", 1, "-o", out)
+    output = invoke_cli("finetune", start, "--data", data, "--epochs", 1, "-o", out)
     assert "labels" in output and "wrote" in output
     # every swapped layer counted, those inside a custom layer or a Bidirectional too
     assert f"{report['swapped']} swapped layer(s) in the loop, kernel(s): mul8u_drum4" in output
@@ -252,7 +243,7 @@ def test_finetune_by_distillation_from_the_original(kind, zoo):
     _, data, x, _, _ = zoo.source(kind, "keras")
     start = zoo.convert(kind, "keras", "mul8u_drum4")[0]
     out = start.with_name(start.stem + ".teacher.keras")
-    output = _invoke("finetune", start, "--data", data, "--epochs", 1, "--teacher", "original",
+    output = invoke_cli("finetune", start, "--data", data, "--epochs", 1, "--teacher", "original",
                      "-o", out)
     assert "distillation" in output and "labels not read" in output
     _assert_finetuned(out, start, x)
@@ -265,7 +256,7 @@ def test_export_onnx_runs_in_onnxruntime_equal_to_keras(kind, zoo):
     _, _, x, _, _ = zoo.source(kind, "keras")
     start = zoo.convert(kind, "keras", "exact")[0]
     out = start.with_suffix(".onnx")
-    _invoke("export", start, "--format", "onnx", "-o", out)
+    invoke_cli("export", start, "--format", "onnx", "-o", out)
     session = onnxruntime.InferenceSession(str(out), providers=["CPUExecutionProvider"])
     (actual,) = session.run(None, {session.get_inputs()[0].name: x})
     model = gsio.load_model(start)
@@ -281,7 +272,7 @@ def test_kept_kernel_onnx_of_recurrent_and_custom_layer_kinds_runs_the_kernel(ki
     _, _, x, _, _ = zoo.source(kind, "keras")
     start = zoo.convert(kind, "keras", "mul8u_drum4")[0]
     out = start.with_name(start.stem + ".kept.onnx")
-    _invoke("export", start, "--format", "onnx", "--keep-kernels", "-o", out)
+    invoke_cli("export", start, "--format", "onnx", "--keep-kernels", "-o", out)
     session = onnx_ops.session(out)
     (actual,) = session.run(None, {session.get_inputs()[0].name: x})
     model = gsio.load_model(start)
@@ -296,7 +287,7 @@ def test_export_savedmodel_serves_equal_to_keras(kind, zoo):
     _, _, x, _, _ = zoo.source(kind, "keras")
     start = zoo.convert(kind, "keras", "exact")[0]
     out = start.with_name(start.stem + "_savedmodel")
-    _invoke("export", start, "--format", "savedmodel", "-o", out)
+    invoke_cli("export", start, "--format", "savedmodel", "-o", out)
     serving = tf.saved_model.load(str(out)).signatures["serving_default"]
     (name,) = serving.structured_input_signature[1]
     (actual,) = serving(**{name: tf.constant(x)}).values()

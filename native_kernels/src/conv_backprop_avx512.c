@@ -84,6 +84,18 @@ typedef struct bp_row {
     int64_t pad;            /* dy rows padded with `pad` zero pixels on both sides, or 0 */
 } bp_row;
 
+/* d[0..15] += the 16 float32 sums of `acc` widened to float64 (lanes outside `mask` untouched):
+ * a run of exact float32 partial sums handed to the row's float64 accumulator */
+static inline __attribute__((always_inline)) void bp_add_to_row64(double *d, __m512 acc,
+                                                                  __mmask16 mask) {
+    const __mmask8 lo = (__mmask8)mask, hi = (__mmask8)(mask >> 8);
+    const __m512d a0 = _mm512_cvtps_pd(_mm512_castps512_ps256(acc));
+    const __m512d a1 = _mm512_cvtps_pd(_mm256_castpd_ps(
+        _mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1)));
+    _mm512_mask_storeu_pd(d, lo, _mm512_add_pd(_mm512_maskz_loadu_pd(lo, d), a0));
+    _mm512_mask_storeu_pd(d + 8, hi, _mm512_add_pd(_mm512_maskz_loadu_pd(hi, d + 8), a1));
+}
+
 /* pixels iw0 + j sw (j < NP) of the row, channels c0 .. c0 + 16 NV - 1 (block wb), taps fw in
  * fws[0..nfw) for every pixel (all inside dy when NP > 1, else checked).  EXACT: each tap's FMA
  * chain in registers, added into the pixel's total in memory (the row itself: a tile's 2 KiB stay
@@ -137,13 +149,8 @@ static inline __attribute__((always_inline)) void bp_tile(const bp_row *R, int64
                 done = 0;
                 _Pragma("GCC unroll 8") for (int j = 0; j < NP; ++j)
                     _Pragma("GCC unroll 2") for (int v = 0; v < NV; ++v) {
-                        double *d = R->row64 + (iw0 + j * sw) * C + c0 + 16 * v;
-                        const __mmask8 lo = (__mmask8)mask[v], hi = (__mmask8)(mask[v] >> 8);
-                        const __m512d a0 = _mm512_cvtps_pd(_mm512_castps512_ps256(acc[j][v]));
-                        const __m512d a1 = _mm512_cvtps_pd(_mm256_castpd_ps(
-                            _mm512_extractf64x4_pd(_mm512_castps_pd(acc[j][v]), 1)));
-                        _mm512_mask_storeu_pd(d, lo, _mm512_add_pd(_mm512_maskz_loadu_pd(lo, d), a0));
-                        _mm512_mask_storeu_pd(d + 8, hi, _mm512_add_pd(_mm512_maskz_loadu_pd(hi, d + 8), a1));
+                        bp_add_to_row64(R->row64 + (iw0 + j * sw) * C + c0 + 16 * v, acc[j][v],
+                                        mask[v]);
                         acc[j][v] = _mm512_setzero_ps();
                     }
             }
@@ -153,13 +160,7 @@ static inline __attribute__((always_inline)) void bp_tile(const bp_row *R, int64
     _Pragma("GCC unroll 8") for (int j = 0; j < NP; ++j)
         _Pragma("GCC unroll 2") for (int v = 0; v < NV; ++v) {
             if (R->row64) {
-                double *d = R->row64 + (iw0 + j * sw) * C + c0 + 16 * v;
-                const __mmask8 lo = (__mmask8)mask[v], hi = (__mmask8)(mask[v] >> 8);
-                const __m512d a0 = _mm512_cvtps_pd(_mm512_castps512_ps256(acc[j][v]));
-                const __m512d a1 = _mm512_cvtps_pd(_mm256_castpd_ps(
-                    _mm512_extractf64x4_pd(_mm512_castps_pd(acc[j][v]), 1)));
-                _mm512_mask_storeu_pd(d, lo, _mm512_add_pd(_mm512_maskz_loadu_pd(lo, d), a0));
-                _mm512_mask_storeu_pd(d + 8, hi, _mm512_add_pd(_mm512_maskz_loadu_pd(hi, d + 8), a1));
+                bp_add_to_row64(R->row64 + (iw0 + j * sw) * C + c0 + 16 * v, acc[j][v], mask[v]);
             } else {
                 _mm512_mask_storeu_ps(R->out + (iw0 + j * sw) * C + c0 + 16 * v, mask[v], acc[j][v]);
             }
