@@ -21,7 +21,7 @@ the variants alternating in blocks, best of `--rounds` (benchmarks/_timing.py).
 
     python benchmarks/bench_models.py [--models ResNet8,MobileNetV2,ResNet50,Xception,ViT,
         MobileNetV1,DSCNN,Decoder,LSTM,CodecDecoder,Dense1024] [--multiplier mul8u_drum4] [--batch 32] [--big-batch 8]
-        [--decoder-batch 16] [--variants exact,lut,static,asym] [--rounds 2] [--no-train]
+        [--decoder-batch 16] [--variants exact,lut,static,asym] [--rounds 2] [--no-train] [--as-avx2]
 
 --batch is the batch of ResNet8 and of the issue-26 and issue-37 models but the decoders
 (--decoder-batch); --big-batch that of the 224x224 models.
@@ -51,6 +51,7 @@ def inference_fn(model):
 
 
 VARIANTS = ("exact", "lut", "static", "asym")
+AS_AVX2 = {"GRAPHSWAP_ISA": "avx2", "OPENBLAS_CORETYPE": "Haswell", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 
 
 def inputs_for(model, batch, rng):
@@ -85,7 +86,13 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=224)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--no-train", action="store_true")
+    parser.add_argument("--as-avx2", action="store_true",
+                        help="an AVX2-only machine as far as this one can play it: graphswap's "
+                             "avx2 path, OpenBLAS's Haswell kernels, oneDNN capped at AVX2 (the "
+                             "float model too); the CPU line still names this CPU")
     args = parser.parse_args()
+    if args.as_avx2:   # before TensorFlow, OpenBLAS and graphswap's library load
+        os.environ.update(AS_AVX2)
     chosen = [v.strip() for v in args.variants.split(",") if v.strip()]
     unknown = sorted(set(chosen) - set(VARIANTS))
     if unknown:
@@ -96,6 +103,8 @@ def main() -> None:
 
     print(run_context())
     print(machine_line())
+    if args.as_avx2:
+        print("--as-avx2: " + ", ".join(f"{k}={v}" for k, v in AS_AVX2.items()))
     print(table_path_line(args.multiplier))
     rows = []
     for name in args.models.split(","):

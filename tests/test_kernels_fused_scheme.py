@@ -97,3 +97,25 @@ def test_weights_changed_in_place_between_calls_get_their_own_codes(spec):
     check()
     b[4, 7] = np.nan
     check()
+
+
+def test_a_large_layer_is_cached_on_its_second_call_and_compared_in_full():
+    """Layers of more than 256K weights are stored on the second call with the same weights (a
+    fingerprint of sampled values says they were seen; lut_wcache.c), found on the third; a
+    weight the fingerprint does not sample, changed in place, still gets its own codes: every
+    call equals tests/reference.py bit for bit."""
+    import reference
+
+    kernel = resolve_kernel("mul8u_mitchell")
+    mult = kernel.multiplier
+    rng = np.random.default_rng(23)
+    a = np.maximum(rng.normal(size=(4, 520)), 0).astype(np.float32)
+    b = rng.normal(size=(520, 520)).astype(np.float32)      # 270,400 weights
+    mode = {"weights": "sign_magnitude", "granularity": "per_channel"}
+    scheme = QuantScheme(**mode).resolve(kernel.signed)
+    for step in range(5):
+        if step == 3:
+            b[0, 1] = 3 * np.abs(b).max()   # index 1: between the fingerprint's samples
+        np.testing.assert_array_equal(
+            kernel.matmul(a, b, quant=scheme),
+            reference.quantized_matmul(a, b, mult.table, mult.signed, mode), err_msg=str(step))

@@ -8,7 +8,8 @@
  *   scalar  (lut_scalar.c)  row by row, one 1 KiB table row per (r, k) swept over the columns;
  *   avx2    (lut_avx2.c)    expanded weights: E[k][code][j] = T[code][b[k, j]] built per block of
  *                           8 k x 32 columns by 8x8 transposes of the transposed table, then every
- *                           row is vector adds of E rows;
+ *                           row is vector adds of E rows; jobs of few rows, which would not pay
+ *                           the expansion back, gather from the table rows (lut_gather_avx2.c);
  *   avx512  (lut_avx512.c)  weight-stationary VBMI lookups: one weight code's 256-entry column of
  *                           (T - min T), split into byte planes, sits in 4 zmm registers per plane,
  *                           and vpermi2b looks up 64 activations at once.
@@ -110,6 +111,13 @@ void gs_lut_kernel_scalar(const gs_lut_args *args);
 void gs_lut_kernel_avx2(const gs_lut_args *args);
 void gs_lut_kernel_avx512(const gs_lut_args *args);
 int64_t gs_lut_scratch_avx2(const gs_lut_table *t, int64_t k, int64_t rows);
+/* Jobs of at most GS_LUT_GATHER_ROWS rows on the avx2 path look their products up by gathers from
+ * the table rows (lut_gather_avx2.c): the expanded-weights kernel pays its expansion back only
+ * over more rows than that.  Measured on an Intel Xeon (avx2 path, k = 64, n = 256): gathers
+ * 2.2-2.7 G products/s at 16-64 rows, the expansion 0.6 / 1.2 / 1.8 / 2.8 at 16 / 32 / 48 / 64
+ * rows; 32 leaves room for AMD's slower gathers (docs/BENCHMARKS.md). */
+#define GS_LUT_GATHER_ROWS 32
+void gs_lut_kernel_gather_avx2(const gs_lut_args *args);
 
 /* In-register transpose of an 8 x 8 byte block: x[i] byte j <-> x[j] byte i. */
 static inline void gs_transpose8x8_bytes(uint64_t x[8])

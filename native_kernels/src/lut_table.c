@@ -165,7 +165,12 @@ void gs_lut_run(gs_isa_level isa, const gs_lut_args *args)
     }
     switch (effective(isa, args->t)) {
     case GS_ISA_AVX512: gs_lut_kernel_avx512(args); break;
-    case GS_ISA_AVX2: gs_lut_kernel_avx2(args); break;
+    case GS_ISA_AVX2:
+        if (args->rows <= GS_LUT_GATHER_ROWS)
+            gs_lut_kernel_gather_avx2(args);
+        else
+            gs_lut_kernel_avx2(args);
+        break;
     default: gs_lut_kernel_scalar(args); break;
     }
 }

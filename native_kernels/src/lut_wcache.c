@@ -19,8 +19,16 @@
 /* enough entries for every layer of a small model's forward pass (MobileNetV1 has 28 swapped
  * products: a shorter least-recently-used list would never hit), within a budget of weights */
 #define GS_WCACHE_ENTRIES 64
-#define GS_WCACHE_MAX_WEIGHTS (256 * 1024)  /* larger layers are quantized every call */
-#define GS_WCACHE_BUDGET (4 * 1024 * 1024)   /* weights held in all entries (~40 MB with codes) */
+#define GS_WCACHE_MAX_WEIGHTS (2 * 1024 * 1024) /* larger layers are quantized every call */
+#define GS_WCACHE_BUDGET (8 * 1024 * 1024)      /* weights held in all entries (~80 MB with codes) */
+/* Storing a layer costs a copy of its weights and codes: about 10% of quantizing them.  A
+ * training step's weights are new at every call, so they would pay it for nothing; layers above
+ * GS_WCACHE_SMALL weights are stored only when their fingerprint (sizes, parameters and a sample
+ * of the values) was seen by one of the last GS_WCACHE_SEEN misses - the second call of an
+ * inference loop, never a training step.  A hit still compares every weight. */
+#define GS_WCACHE_SMALL (256 * 1024)
+#define GS_WCACHE_SEEN 16
+#define GS_WCACHE_SAMPLES 4096
 
 typedef struct {
     int64_t K, N;
@@ -31,6 +39,35 @@ typedef struct {
 
 static pthread_mutex_t wcache_lock = PTHREAD_MUTEX_INITIALIZER;
 static wcache_entry *wcache[GS_WCACHE_ENTRIES]; /* most recently used first */
+static uint64_t wcache_seen[GS_WCACHE_SEEN];     /* fingerprints of recent large misses, a ring */
+static int wcache_seen_next;
+
+/* Sizes, parameters and GS_WCACHE_SAMPLES evenly spaced weights' bits, mixed (FNV-1a). */
+static uint64_t fingerprint(const float *wf, int64_t K, int64_t N, int sm, int is_signed, int per_channel,
+                            int weight_bits)
+{
+    const int64_t n = K * N, step = n > GS_WCACHE_SAMPLES ? n / GS_WCACHE_SAMPLES : 1;
+    uint64_t h = 1469598103934665603ull;
+    const int64_t head[6] = {K, N, sm, is_signed, per_channel, weight_bits};
+    for (int i = 0; i < 6; ++i) h = (h ^ (uint64_t)head[i]) * 1099511628211ull;
+    for (int64_t i = 0; i < n; i += step) {
+        uint32_t bits;
+        memcpy(&bits, wf + i, sizeof bits);
+        h = (h ^ bits) * 1099511628211ull;
+    }
+    return h | 1; /* 0 marks an empty slot */
+}
+
+/* Whether a large layer's weights were seen by a recent miss (called with the lock held);
+ * records them otherwise. */
+static int seen_before(uint64_t print)
+{
+    for (int i = 0; i < GS_WCACHE_SEEN; ++i)
+        if (wcache_seen[i] == print) return 1;
+    wcache_seen[wcache_seen_next] = print;
+    wcache_seen_next = (wcache_seen_next + 1) % GS_WCACHE_SEEN;
+    return 0;
+}
 
 static void entry_free(wcache_entry *e)
 {
@@ -83,7 +120,7 @@ static int matches(const wcache_entry *e, const float *wf, int64_t K, int64_t N,
 int32_t gs_wquant_prepare(const char *fn, const float *wf, int64_t K, int64_t N, int sm, int is_signed,
                           int per_channel, int weight_bits, gs_wquant *out)
 {
-    const int cacheable = K > 0 && N > 0 && K * N <= GS_WCACHE_MAX_WEIGHTS;
+    int cacheable = K > 0 && N > 0 && K * N <= GS_WCACHE_MAX_WEIGHTS;
     if (cacheable) {
         pthread_mutex_lock(&wcache_lock);
         for (int i = 0; i < GS_WCACHE_ENTRIES; ++i) {
@@ -96,6 +133,8 @@ int32_t gs_wquant_prepare(const char *fn, const float *wf, int64_t K, int64_t N,
             if (!failed) return GRAPHSWAP_OK;
             return gs_fail(GRAPHSWAP_ERR_OUT_OF_MEMORY, "%s: cannot allocate weight codes", fn);
         }
+        if (K * N > GS_WCACHE_SMALL)
+            cacheable = seen_before(fingerprint(wf, K, N, sm, is_signed, per_channel, weight_bits));
         pthread_mutex_unlock(&wcache_lock);
     }
     int32_t rc = sm ? gs_wquant_make_sm(fn, wf, K, N, per_channel, weight_bits, out)
