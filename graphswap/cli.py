@@ -396,7 +396,8 @@ def quantization_options(command):
                      default=None,
                      help="Which multiplier input the weights feed: 'activation-first' (the "
                           "activation is operand A), 'weight-first', or 'auto': measured per "
-                          "layer on the calibration data [default with --calibrate: auto; "
+                          "layer on the calibration data, with the activation code offset "
+                          "where a port drops low bits [default with --calibrate: auto; "
                           "without: activation-first]."),
         click.option("--quantization", type=click.Choice(list(QUANTIZATION_PRESETS)),
                      default="default", show_default=True,

@@ -415,6 +415,19 @@ def small_data(n=48, seed=0):
     return x, y
 
 
+def assert_same_gradients(model_a, model_b, x) -> None:
+    """The two models' weight gradients of sum(output ** 2) on `x` are equal bit for bit."""
+    import tensorflow as tf
+
+    def gradients(model):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(model(x) ** 2)
+        return tape.gradient(loss, model.trainable_weights)
+
+    for got, want in zip(gradients(model_a), gradients(model_b)):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
 def invoke_cli(*args, code: int = 0) -> str:
     """Run the graphswap command line with `args` (str() of each), assert its exit code, and
     return what it printed (exceptions propagate: a traceback names the failing line)."""

@@ -11,11 +11,10 @@ from __future__ import annotations
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 from click.testing import CliRunner
 
 import graphswap
-from conftest import SAMPLE_DATA, SAMPLE_MODEL
+from conftest import SAMPLE_DATA, SAMPLE_MODEL, assert_same_gradients
 from graphswap.cli import main
 from graphswap.errors import QuantizationError
 from graphswap.kernels import QuantScheme, resolve_kernel
@@ -39,22 +38,30 @@ def truncating(first_bits_kept: int):
     return (VALUES[:, None] & mask) * VALUES[None, :]
 
 
-def reference_weight_first(a, b, table, scheme):
-    """sum_k T[m_kj, qa_ik] * sign - z_a-free sign-magnitude sums with the weight code on the
-    FIRST operand, one product at a time (the definition, no table transposition)."""
-    qa, sa, za, _ = activation_quantization(a, scheme, False)
-    m, negative, sb, _, _ = quantize_weights(b, scheme)
-    table = np.asarray(table, np.int64).reshape(256, 256)
+def reference_by_products(a, b, scheme, signed, term):
+    """The dequantized sums of term(qa_ik, qb_kj, weight negative, z_a), one product at a time
+    (a definition written out, no table rearranged)."""
+    qa, sa, za, _ = activation_quantization(a, scheme, signed)
+    qb, negative, sb, _, _ = quantize_weights(b, scheme)
     acc = np.zeros((a.shape[0], b.shape[1]), np.int64)
     for i in range(a.shape[0]):
         for j in range(b.shape[1]):
-            total = 0
-            for k in range(a.shape[1]):
-                sign = -1 if negative[k, j] else 1
-                magnitude, code = int(m[k, j]), int(qa[i, k])
-                total += sign * int(table[magnitude, code]) - int(za) * sign * magnitude
-            acc[i, j] = total
+            acc[i, j] = sum(term(int(qa[i, k]), int(qb[k, j]),
+                                 negative is not None and bool(negative[k, j]), int(za))
+                            for k in range(a.shape[1]))
     return ((sa * sb)[None, :] * acc.astype(np.float64)).astype(np.float32)
+
+
+def reference_weight_first(a, b, table, scheme):
+    """sum_k T[m_kj, qa_ik] * sign - z_a-free sign-magnitude sums with the weight code on the
+    FIRST operand (the definition, no table transposition)."""
+    table = np.asarray(table, np.int64).reshape(256, 256)
+
+    def term(code, magnitude, negative, za):
+        sign = -1 if negative else 1
+        return sign * int(table[magnitude, code]) - za * sign * magnitude
+
+    return reference_by_products(a, b, scheme, False, term)
 
 
 def test_weight_first_matmul_is_the_definition_and_the_transposed_table(tmp_path):
@@ -87,13 +94,7 @@ def test_weight_first_layers_run_the_transposed_table_everywhere(tmp_path, digit
                                     dynamic_fallback=False)
     np.testing.assert_array_equal(np.asarray(wired(x)), np.asarray(plain(x)))
 
-    def gradients(m):
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_sum(m(x[:8]) ** 2)
-        return tape.gradient(loss, m.trainable_weights)
-
-    for got, want in zip(gradients(wired), gradients(plain)):
-        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    assert_same_gradients(wired, plain, x[:8])
     path = tmp_path / "wired.keras"
     wired.save(path)
     reloaded = keras.models.load_model(path)

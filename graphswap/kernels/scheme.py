@@ -27,6 +27,13 @@ Fields (all validated; `to_config`/`from_config` round-trip through JSON exactly
                   (EvoApproxLib's keep different partial products of A and B), so which port the
                   weights are wired to is a hardware choice that changes the error; the codes,
                   scales and sums are the same either way (LutKernel.oriented)
+    activation_offset  an integer o added to each activation code before the multiplier sees it
+                  (saturating at the code range), with no correction: the requantizer rounding
+                  into the circuit's own grid.  A circuit that drops an operand's low bits
+                  (mul8s_1L1G keeps 8 * floor(a / 8)) floors every activation; o = 4 makes that
+                  a rounding to the nearest multiple of 8.  The sums count the codes as they were
+                  (the exact products' reference does not move); measured per layer with the
+                  wiring (graphswap/swap/wiring.py); 0 by default
 
 Which hardware each mode matches:
     sign_magnitude, per_channel  a sign-magnitude MAC array: the unsigned multiplier sees |w|'s
@@ -80,6 +87,7 @@ class QuantScheme:
     observer: str = "fixed"
     momentum: float = DEFAULT_MOMENTUM
     operands: str = "activation_first"
+    activation_offset: int = 0
 
     def __post_init__(self):
         if self.weights is not None:
@@ -94,6 +102,12 @@ class QuantScheme:
             raise QuantizationError(f"observer momentum must be a number in [0, 1); got "
                                    f"{momentum!r}")
         object.__setattr__(self, "momentum", float(momentum))
+        offset = self.activation_offset
+        if isinstance(offset, bool) or not isinstance(offset, (int, np.integer)) \
+                or not -255 <= offset <= 255:
+            raise QuantizationError(f"activation_offset must be an integer from -255 to 255 (added "
+                                   f"to each activation code); got {offset!r}")
+        object.__setattr__(self, "activation_offset", int(offset))
         if self.activation_range is not None:
             object.__setattr__(self, "activation_range", as_range(self.activation_range))
 
@@ -126,6 +140,8 @@ class QuantScheme:
                   "observer": self.observer, "momentum": self.momentum}
         if self.operands != "activation_first":   # files of the default read by older versions
             config["operands"] = self.operands
+        if self.activation_offset:
+            config["activation_offset"] = self.activation_offset
         return config
 
     @classmethod
@@ -178,6 +194,8 @@ class QuantScheme:
             activations = f"{activation_bits}-bit {activations}"
         wiring = ", weights on the multiplier's first operand" \
             if self.operands == "weight_first" else ""
+        if self.activation_offset:
+            wiring += f", activation codes {self.activation_offset:+d} into the multiplier"
         return f"{weights} weights {granularity}, {activations}{wiring}"
 
 
@@ -193,6 +211,19 @@ def as_range(value) -> tuple:
         raise QuantizationError(f"an activation range needs finite lo <= hi; got ({lo}, {hi})")
     # stored as float32 values (what a layer keeps), read as float64 for the scale arithmetic
     return float(np.float32(lo)), float(np.float32(hi))
+
+
+def wired_table(table, operands: str, activation_offset: int, signed: bool) -> np.ndarray:
+    """A 256x256 multiplier table T[a, b] as a scheme wires it, indexed [activation code, weight
+    code]: transposed for "weight_first", its activation axis moved by `activation_offset` codes
+    (two's complement values when signed; saturating at the code range)."""
+    table = np.asarray(table).reshape(256, 256)
+    table = table.T if operands == "weight_first" else table
+    codes = np.arange(256)
+    if not signed:
+        return table[np.clip(codes + activation_offset, 0, 255)]
+    values = np.clip(np.where(codes >= 128, codes - 256, codes) + activation_offset, -128, 127)
+    return table[np.where(values < 0, values + 256, values)]
 
 
 def tfapprox_scheme() -> QuantScheme:

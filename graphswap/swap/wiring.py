@@ -20,6 +20,14 @@ choose_operands(model, data)
     residual by MARGIN, so a symmetric-enough circuit keeps the default.  Zero training; the
     layer's scheme (saved with it) names the result.
 
+The activation code offset is measured the same way (QuantScheme.activation_offset).  A circuit
+that drops an operand's low bits repeats each row of its table: mul8s_1L1G keeps 8 * floor(a / 8)
+(runs of 8 equal rows), mul8u_13QR keeps 32 * floor(a / 32), so every activation code is floored
+to that step.  For each wiring whose activation port repeats rows in runs of exactly L over the
+non-negative codes (L >= 2, at least MIN_LEVELS levels), the activation codes moved by L // 2 -
+floor turned into rounding to the nearest step - are one more candidate, kept when it cuts the
+residual by OFFSET_MARGIN.
+
 Recurrent cells and layers with intermediate operands (SeparableConv2D) keep their wiring: their
 several products share one scheme, and one choice for all of them is not a per-product one.
 """
@@ -32,6 +40,7 @@ import numpy as np
 
 from graphswap.errors import QuantizationError
 from graphswap.kernels.quantized import LutKernel
+from graphswap.kernels.scheme import wired_table
 from graphswap.swap.output_calibration import AffineResidual
 from graphswap.swap.calibration import (BATCH_SIZE, calibration_inputs, float_forward,
                                         observing, quantizing_layers, run_batches,
@@ -45,42 +54,84 @@ OPERAND_CHOICES = ("auto", *OPERAND_ORDERS)
 DEFAULT_OPERANDS = "auto"
 WIRING_SAMPLES = 128      # enough for a ranking; each layer's product is computed three times
 MARGIN = 0.02             # the non-default wiring must cut the residual error by 2%
+#: an activation offset changes what every later layer sees; it must cut the layer's residual
+#: error by 10% (on the ResNet-8 of docs/RECOVERY.md, offsets chosen for 3-8% cuts - mul8u_FTA,
+#: mul8u_13QR - cost 1-2 points end to end, those of 11-46% - mul8s_1L1G - won 2)
+OFFSET_MARGIN = 0.10
+#: a port that keeps fewer levels of the non-negative codes does not round, it thresholds (two
+#: levels: mul8s_1KR3's first operand, mul8s_gsot36's second); moving that threshold by half a
+#: step cost 3-4 points where it was tried (docs/RECOVERY.md)
+MIN_LEVELS = 4
 
 
-def has_choice(layer) -> bool:
-    """Whether `layer`'s wiring is worth measuring: an 8x8 table that is not symmetric, on a layer
-    whose one product the scheme describes."""
+def candidates(layer) -> list:
+    """The (operands, activation_offset) wirings worth measuring for `layer` (module docstring):
+    none unless an 8x8 table on a layer whose one product the scheme describes; both ports of an
+    asymmetric table; a half-step offset where the activation port repeats rows."""
     kernel = layer.arithmetic
     if not isinstance(kernel, LutKernel) or kernel.weight_bits != 8 \
             or kernel.activation_bits != 8 or layer.intermediate_points:
-        return False
+        return []
     if getattr(layer, "is_recurrent_cell", False) or hasattr(layer, "recurrent_kernel"):
-        return False
+        return []
     table = np.asarray(kernel.multiplier.table).reshape(256, 256)
-    return not np.array_equal(table, table.T)
+    orders = OPERAND_ORDERS if not np.array_equal(table, table.T) else \
+        (layer.current_quantization().operands,)
+    wirings = []
+    for order in orders:
+        wirings.append((order, 0))
+        step = repeated_rows(wired_table(table, order, 0, kernel.signed), kernel.signed)
+        if step >= 2 and (128 if kernel.signed else 256) // step >= MIN_LEVELS:
+            wirings.append((order, step // 2))
+    return wirings if len(wirings) > 1 else []
+
+
+def repeated_rows(table: np.ndarray, signed: bool) -> int:
+    """L where the non-negative activation codes of `table` fall in runs of exactly L equal
+    consecutive rows (the port drops log2(L) low bits); 1 otherwise (every code has its own row,
+    or runs of different lengths: DRUM, logarithmic circuits)."""
+    rows = table[:128] if signed else table
+    changes = np.flatnonzero((rows[1:] != rows[:-1]).any(axis=1)) + 1
+    runs = np.diff(np.concatenate([[0], changes, [len(rows)]]))
+    return int(runs[0]) if (runs == runs[0]).all() else 1
+
+
+def margin(wiring, current) -> float:
+    """How much `wiring` must cut the residual error of `current` to replace it."""
+    return OFFSET_MARGIN if wiring[1] != current[1] else MARGIN
+
+
+def wiring_name(wiring) -> str:
+    order, offset = wiring
+    name = "weights first" if order == "weight_first" else "activations first"
+    return f"{name}, activation codes {offset:+d}" if offset else name
 
 
 @dataclasses.dataclass
 class WiringReport:
-    """What choose_operands measured: path -> {order: residual, "chosen": order}."""
+    """What choose_operands measured: path -> {"residuals": {(order, offset): residual},
+    "chosen": (order, offset)}."""
 
     samples: int
     layers: dict
 
     def lines(self) -> list[str]:
         if not self.layers:
-            return ["operand wiring: no layer runs an asymmetric 8x8 multiplier table; the "
-                    "weights stay on its second operand (the default)"]
+            return ["operand wiring: no layer runs an asymmetric 8x8 multiplier table or one that "
+                    "drops its activations' low bits; the weights stay on its second operand "
+                    "(the default)"]
         parts = []
         for path, entry in self.layers.items():
-            first, second = entry["activation_first"], entry["weight_first"]
-            base = max(first, 1e-30)
-            parts.append(f"{path} {'weights first' if entry['chosen'] == 'weight_first' else 'activations first'}"
-                         f" (residual error {second / base:.2f}x with weights first)")
-        flipped = sum(entry["chosen"] == "weight_first" for entry in self.layers.values())
+            residuals, chosen = entry["residuals"], entry["chosen"]
+            base = max(residuals[chosen], 1e-30)
+            others = ", ".join(f"{residuals[w] / base:.2f}x {wiring_name(w)}"
+                               for w in residuals if w != chosen)
+            parts.append(f"{path} {wiring_name(chosen)} (residual error {others})")
+        flipped = sum(entry["chosen"][0] == "weight_first" for entry in self.layers.values())
+        moved = sum(entry["chosen"][1] != 0 for entry in self.layers.values())
         return [f"operand wiring measured on {self.samples} samples: {flipped} of "
-                f"{len(self.layers)} layer(s) take the weights on the multiplier's first operand: "
-                + ", ".join(parts)]
+                f"{len(self.layers)} layer(s) take the weights on the multiplier's first "
+                f"operand, {moved} move their activation codes: " + ", ".join(parts)]
 
 
 def choose_operands(model, data, *, samples: int = WIRING_SAMPLES,
@@ -90,12 +141,12 @@ def choose_operands(model, data, *, samples: int = WIRING_SAMPLES,
     calibrated ones), before weight tuning and bias compensation (both depend on the wiring)."""
     inputs = calibration_inputs(model, data, samples, what="operand wiring data")
     targets = [(path, layer) for path, layer in select_layers(quantizing_layers(model), layers)
-               if has_choice(layer)]
+               if candidates(layer)]
     if not targets:
         return WiringReport(len(inputs[0]), {})
     kernels = {id(layer): layer.arithmetic for _, layer in targets}
     schemes = {id(layer): layer.current_quantization() for _, layer in targets}
-    residuals = {id(layer): {order: AffineResidual() for order in OPERAND_ORDERS}
+    residuals = {id(layer): {wiring: AffineResidual() for wiring in candidates(layer)}
                  for _, layer in targets}
 
     def record(layer, x, point=None):
@@ -107,20 +158,22 @@ def choose_operands(model, data, *, samples: int = WIRING_SAMPLES,
                                     f"its calibrated codes; calibrate it first")
         kernel = kernels[id(layer)]
         reference = layer.numpy_product(x, kernel.exact_products(), quant=scheme)
-        for order in OPERAND_ORDERS:
-            wired = dataclasses.replace(scheme, operands=order)
-            residuals[id(layer)][order].update(layer.numpy_product(x, kernel, quant=wired),
-                                               reference)
+        for (order, offset), residual in residuals[id(layer)].items():
+            wired = dataclasses.replace(scheme, operands=order, activation_offset=offset)
+            residual.update(layer.numpy_product(x, kernel, quant=wired), reference)
 
     chosen = [layer for _, layer in targets]
     with float_forward(chosen), observing(chosen, record):
         run_batches(model, inputs, batch_size)
     summary = {}
     for path, layer in targets:
-        values = {order: residuals[id(layer)][order].value() for order in OPERAND_ORDERS}
-        current = schemes[id(layer)].operands
-        other = "weight_first" if current == "activation_first" else "activation_first"
-        best = other if values[other] < (1 - MARGIN) * values[current] else current
-        layer.set_quantization(dataclasses.replace(schemes[id(layer)], operands=best))
-        summary[path] = {**values, "chosen": best}
+        values = {wiring: residual.value() for wiring, residual in residuals[id(layer)].items()}
+        scheme = schemes[id(layer)]
+        current = (scheme.operands, scheme.activation_offset)
+        eligible = [wiring for wiring in values if current not in values or wiring == current
+                    or values[wiring] < (1 - margin(wiring, current)) * values[current]]
+        best = min(eligible, key=values.get)
+        layer.set_quantization(dataclasses.replace(scheme, operands=best[0],
+                                                   activation_offset=best[1]))
+        summary[path] = {"residuals": values, "chosen": best}
     return WiringReport(len(inputs[0]), summary)
