@@ -162,3 +162,19 @@ def test_a_port_of_two_levels_is_not_offset(tmp_path):
         swapped = graphswap.rewrite_model(model, kernel=spec)
         assert [candidates(layer) for _, layer in quantizing_layers(swapped)] == \
             [expected] * len(quantizing_layers(swapped)), step
+
+
+def test_candidates_read_the_circuit_whatever_the_layer_runs_now(tmp_path):
+    """A layer already wired weights-first (its kernel the transposed table) still gets the
+    candidates of the circuit itself: the half step on the port that repeats rows (A), for the
+    wiring that puts the activations there, none on the other."""
+    first_floored = (VALUES[:, None] // 8 * 8) * VALUES[None, :]   # operand A floored to 8
+    spec = lut_file(tmp_path, "afloor8", first_floored, False)
+    model = keras.models.load_model(SAMPLE_MODEL)
+    expected = [("activation_first", 0), ("activation_first", 4), ("weight_first", 0)]
+    for operands in ("activation_first", "weight_first"):
+        swapped = graphswap.rewrite_model(model, kernel=spec,
+                                          quantization={"operands": operands})
+        for _, layer in quantizing_layers(swapped):
+            assert layer.arithmetic.operands == operands
+            assert candidates(layer) == expected, operands

@@ -96,11 +96,7 @@ def bind_scheme(kernel: Kernel, quant) -> Kernel:
 
 def oriented(kernel: Kernel, quant) -> Kernel:
     """`kernel` with its table wired as `quant.operands` and `quant.activation_offset` say
-    (LutKernel.oriented: the weight on the multiplier's first operand or its second, the
-    activation codes moved); every other kernel, or no scheme, as it is."""
-    operands = getattr(quant, "operands", None)
-    offset = getattr(quant, "activation_offset", 0)
-    if operands is None or not hasattr(kernel, "oriented") or (operands, offset) == (
-            getattr(kernel, "operands", None), getattr(kernel, "activation_offset", 0)):
-        return kernel
-    return kernel.oriented(operands, offset)
+    (LutKernel.wired: the weight on the multiplier's first operand or its second, the activation
+    codes moved); every other kernel, or no scheme, as it is."""
+    wired = getattr(kernel, "wired", None)
+    return kernel if quant is None or wired is None else wired(quant)

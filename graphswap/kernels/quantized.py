@@ -40,9 +40,8 @@ Exact integer sums c (int64; only code x code products go through the table):
   does.  Convolution: the sums run over a window's taps; positions in the padding hold the code z_a
   (a real 0), their products do go through the table, and the correction terms count every tap.
 Output: y_ij = float32((s_a * s_j) * float64(c_ij)).
-Wiring (QuantScheme.operands, .activation_offset): T above is the table as the scheme wires it,
-T[qw, qa] for "weight_first", read at the activation code moved by o (saturating) - the codes in
-the sums and corrections stay as they are (scheme.wired_table; LutKernel.oriented).
+Wiring (QuantScheme.operands, .activation_offset): T is the table as wired (scheme.wired_table):
+T[qw, qa] for "weight_first", read at qa + o (saturating); the sums' codes stay as they are.
 
 Non-finite inputs: ranges are taken over the finite values only, non-finite values are quantized
 as a real 0 (code z_a / weight code z_j or magnitude 0), and every output that depends on one (its
@@ -256,8 +255,7 @@ class LutKernel(Kernel):
 
     quantizes = True
 
-    #: which code feeds the multiplier's first operand in this kernel's table, and what is added
-    #: to each activation code before it does (QuantScheme.operands / .activation_offset)
+    #: this kernel's table's wiring (QuantScheme.operands / .activation_offset)
     operands = "activation_first"
     activation_offset = 0
     #: the exact products compensation measures against: the codes as they are, never offset
@@ -315,12 +313,11 @@ class LutKernel(Kernel):
         return exact
 
     def oriented(self, operands: str, activation_offset: int = 0) -> "LutKernel":
-        """This multiplier with the weight code on its first operand ("weight_first": the table
-        transposed, T'[qa, qw] = T[qw, qa]) or its second ("activation_first"), and each
-        activation code moved by `activation_offset` before it (saturating: T'[qa, qw] =
-        T[clip(qa + o), qw]); the same record, so a layer saves the file it names and its scheme
-        the wiring.  Cached per kernel."""
-        key = (operands, 0 if self.reference_products else int(activation_offset))
+        """This multiplier with the weight code on its first operand ("weight_first": T'[qa, qw]
+        = T[qw, qa]) or its second ("activation_first"), each activation code moved by
+        `activation_offset` (saturating: T'[qa, qw] = T[clip(qa + o), qw]); the same record, so a
+        layer saves the file it names and its scheme the wiring.  Cached per kernel."""
+        key = (operands, int(activation_offset))
         kernel = self._orientations.get(key)
         if kernel is None:
             if operands == "weight_first" and (self.weight_bits, self.activation_bits) != (8, 8):
@@ -331,23 +328,27 @@ class LutKernel(Kernel):
             if key[1] and self.activation_bits != 8:
                 raise QuantizationError(f"{self.spec}: an activation_offset applies to 8-bit "
                                         f"activation codes, not {self.activation_bits}-bit ones")
-            base = self._orientations[("activation_first", 0)]
-            table = wired_table(base.multiplier.table, operands, key[1], self.signed)
+            base = self.base.multiplier
+            table = wired_table(base.table, operands, key[1], self.signed)
             wiring = " (weights on its first operand)" if operands == "weight_first" else ""
             wiring += f" (activation codes {key[1]:+d})" if key[1] else ""
             kernel = LutKernel(dataclasses.replace(
-                base.multiplier, table=np.ascontiguousarray(table.reshape(-1), dtype=np.int32),
-                description=f"{base.multiplier.description}{wiring}"))
+                base, table=np.ascontiguousarray(table.reshape(-1), dtype=np.int32),
+                description=f"{base.description}{wiring}"))
             kernel.operands, kernel.activation_offset = key
             kernel._orientations = self._orientations
             self._orientations[key] = kernel
         return kernel
 
-    def _wired(self, quant: QuantScheme | None) -> "LutKernel":
-        """The kernel whose table is wired as `quant` says (this one, or an oriented one)."""
+    @property
+    def base(self) -> "LutKernel":
+        """The kernel of the circuit's own table (activations first, no offset)."""
+        return self._orientations[("activation_first", 0)]
+
+    def wired(self, quant: QuantScheme | None) -> "LutKernel":
+        """The kernel whose table is wired as `quant` says (this one, or an oriented one); the
+        exact reference products never move."""
         if quant is None or self.reference_products:
-            return self
-        if (quant.operands, quant.activation_offset) == (self.operands, self.activation_offset):
             return self
         return self.oriented(quant.operands, quant.activation_offset)
 
@@ -362,8 +363,8 @@ class LutKernel(Kernel):
 
     # -- matmul ------------------------------------------------------------------------------
     def matmul(self, a: np.ndarray, b: np.ndarray, quant: QuantScheme | None = None) -> np.ndarray:
-        if self._wired(quant) is not self:
-            return self._wired(quant).matmul(a, b, quant)
+        if (wired := self.wired(quant)) is not self:
+            return wired.matmul(a, b, quant)
         a, b = matmul_operands(a, b)
         scheme = self.resolve_scheme(quant)
         if self._fused and a.size and b.size:
@@ -398,8 +399,8 @@ class LutKernel(Kernel):
     # -- conv --------------------------------------------------------------------------------
     def conv2d(self, x: np.ndarray, w: np.ndarray, geometry: ConvGeometry,
                quant: QuantScheme | None = None) -> np.ndarray:
-        if self._wired(quant) is not self:
-            return self._wired(quant).conv2d(x, w, geometry, quant)
+        if (wired := self.wired(quant)) is not self:
+            return wired.conv2d(x, w, geometry, quant)
         x = np.asarray(x, dtype=np.float32)
         w = np.asarray(w, dtype=np.float32)
         g = geometry

@@ -74,7 +74,8 @@ def candidates(layer) -> list:
         return []
     if getattr(layer, "is_recurrent_cell", False) or hasattr(layer, "recurrent_kernel"):
         return []
-    table = np.asarray(kernel.multiplier.table).reshape(256, 256)
+    # the circuit's own table: the layer may already run a transposed or moved variant
+    table = np.asarray(kernel.base.multiplier.table).reshape(256, 256)
     orders = OPERAND_ORDERS if not np.array_equal(table, table.T) else \
         (layer.current_quantization().operands,)
     wirings = []
@@ -140,13 +141,14 @@ def choose_operands(model, data, *, samples: int = WIRING_SAMPLES,
     only the quantizing layers with these paths.  Call after calibration (the codes are the
     calibrated ones), before weight tuning and bias compensation (both depend on the wiring)."""
     inputs = calibration_inputs(model, data, samples, what="operand wiring data")
-    targets = [(path, layer) for path, layer in select_layers(quantizing_layers(model), layers)
-               if candidates(layer)]
+    wirings = {id(layer): (path, layer, candidates(layer))
+               for path, layer in select_layers(quantizing_layers(model), layers)}
+    targets = [(path, layer) for path, layer, found in wirings.values() if found]
     if not targets:
         return WiringReport(len(inputs[0]), {})
     kernels = {id(layer): layer.arithmetic for _, layer in targets}
     schemes = {id(layer): layer.current_quantization() for _, layer in targets}
-    residuals = {id(layer): {wiring: AffineResidual() for wiring in candidates(layer)}
+    residuals = {id(layer): {wiring: AffineResidual() for wiring in wirings[id(layer)][2]}
                  for _, layer in targets}
 
     def record(layer, x, point=None):
