@@ -142,6 +142,8 @@ def test_runs_of_equal_rows_are_recognised_only_when_equal():
 def test_bad_offsets_are_one_clear_error(offset, message):
     with pytest.raises(QuantizationError, match=message):
         QuantScheme(activation_offset=offset)
+    with pytest.raises(QuantizationError, match=message):   # as a saved layer's config holds it
+        QuantScheme.from_config({"activation_offset": offset})
 
 
 def test_an_offset_needs_eight_bit_activations():
