@@ -10,6 +10,11 @@ error; the rounding of the operands left out) for ReLU-like activations (a norma
 half exact zeros, range at its 99.99th percentile) and normal weights (symmetric per tensor),
 with the activation on operand A or on operand B.
 
+Two zero-point terms are compared: TFLite's exact 128 * w (the "exact term" column: every zero
+activation meets the circuit at -128), and the circuit's own product of the zero point with the
+weight, T(-128, w), which graphswap builds (QuantScheme.activation_zero_point: a zero input adds
+nothing; "circuit's term").
+
     python benchmarks/asymmetric_activations.py --multipliers DIR [NAME ...]
 """
 
@@ -34,7 +39,8 @@ def table_errors(kernel) -> np.ndarray:
     return table[codes & 255][:, codes & 255] - np.outer(codes, codes)
 
 
-def product_errors(errors, activation_first: bool, zero_point: bool, samples=200_000, seed=0):
+def product_errors(errors, activation_first: bool, zero_point: bool, samples=200_000, seed=0,
+                   circuit_term: bool = False):
     rng = np.random.default_rng(seed)
     a = np.maximum(rng.normal(size=samples), 0)
     w = rng.normal(size=samples)
@@ -48,6 +54,8 @@ def product_errors(errors, activation_first: bool, zero_point: bool, samples=200
         a_scale = top / 127
         qa = np.clip(np.rint(a / a_scale), -127, 127).astype(int)
     e = errors[qa + 128, qw + 128] if activation_first else errors[qw + 128, qa + 128]
+    if circuit_term:      # T(qa, w) - T(-128, w) against (qa + 128) w: less the zero code's error
+        e = e - (errors[0, qw + 128] if activation_first else errors[qw + 128, 0])
     real = a_scale * w_scale * e
     return float(np.sqrt(np.mean(real ** 2))), float(np.mean(np.abs(real)))
 
@@ -59,15 +67,17 @@ def main():
     args = parser.parse_args()
     from graphswap.kernels import resolve_kernel
     print(run_context())
-    print("| multiplier | activation on | RMS error symmetric | zero point -128 | ratio |")
-    print("|---|---|---|---|---|")
+    print("| multiplier | activation on | RMS error symmetric | zero point -128, exact term | "
+          "ratio | zero point -128, circuit's term | ratio |")
+    print("|---|---|---|---|---|---|---|")
     for name in args.names:
         errors = table_errors(resolve_kernel(str(Path(args.multipliers) / f"{name}.c")))
         for first in (True, False):
             sym, _ = product_errors(errors, first, False)
             asym, _ = product_errors(errors, first, True)
+            own, _ = product_errors(errors, first, True, circuit_term=True)
             print(f"| {name} | operand {'A' if first else 'B'} | {sym:.4f} | {asym:.4f} | "
-                  f"{asym / sym:.2f}x |")
+                  f"{asym / sym:.2f}x | {own:.4f} | {own / sym:.2f}x |")
 
 
 if __name__ == "__main__":

@@ -77,10 +77,20 @@ def _code_gradients(kernel, qa, za, sa, qb, negative, sb, zb, scheme, g, half_wi
     return da, db.astype(np.float32)
 
 
+def require_signed_codes(scheme):
+    """`scheme`, unless its activation zero point is -128: the derivative tables difference a
+    signed table's rows in two's-complement order, and those codes are unsigned."""
+    if scheme is not None and scheme.activation_zero_point:
+        raise QuantizationError("backward='lut_grad' does not run activation_zero_point -128 (its "
+                                "derivative tables read signed activation codes); use the "
+                                "straight-through backward ('native'), or the zero point 0")
+    return scheme
+
+
 def lut_matmul_gradients(kernel, a, b, dy, quant=None, half_width: int = DEFAULT_HALF_WIDTH):
     """(dL/da, dL/db) of y = kernel.matmul(a, b, quant) for dL/dy = dy (module docstring)."""
     kernel = oriented(_check_kernel(kernel), quant)   # the table as the scheme wires it
-    scheme = kernel.resolve_scheme(quant)
+    scheme = require_signed_codes(kernel.resolve_scheme(quant))
     a = np.asarray(a, np.float32)
     b = np.asarray(b, np.float32)
     qa, sa, za, _ = activation_quantization(a, scheme, kernel.signed,
@@ -93,7 +103,7 @@ def lut_conv2d_gradients(kernel, x, w, dy, geometry: ConvGeometry, quant=None,
                          half_width: int = DEFAULT_HALF_WIDTH):
     """(dL/dx, dL/dw) of y = kernel.conv2d(x, w, geometry, quant) for dL/dy = dy."""
     kernel = oriented(_check_kernel(kernel), quant)   # the table as the scheme wires it
-    scheme = kernel.resolve_scheme(quant)
+    scheme = require_signed_codes(kernel.resolve_scheme(quant))
     g = geometry
     qx, sx, zx, _ = activation_quantization(np.asarray(x, np.float32), scheme, kernel.signed,
                                             getattr(kernel, "activation_bits", 8))

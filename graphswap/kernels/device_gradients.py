@@ -22,6 +22,7 @@ import numpy as np
 from keras import ops
 
 from graphswap.kernels import device_products as dp
+from graphswap.kernels.derivatives import require_signed_codes
 
 #: the codes of padded rows / taps: an index past the 65536 table entries, onto zeros
 PAD_CODE = 256
@@ -107,6 +108,7 @@ def lut_matmul_gradients(a, b, dy, table_derivatives, signed: bool, scheme,
     """(dL/da, dL/db) of device_products.lut_matmul(a, b, ...) for dL/dy = dy, through the
     derivative tables (D1, D2) (graphswap.kernels.derivatives.derivative_tables)."""
     dp.require_float64()
+    require_signed_codes(scheme)
     a = ops.convert_to_tensor(a, "float32")
     b = ops.convert_to_tensor(b, "float32")
     dy = ops.convert_to_tensor(dy, "float32")
@@ -151,6 +153,7 @@ def lut_conv2d_gradients(x, w, dy, table_derivatives, signed: bool, scheme, geom
                          budget: int = dp.DEFAULT_BUDGET):
     """(dL/dx, dL/dw) of device_products.lut_conv2d(x, w, ...) for dL/dy = dy."""
     dp.require_float64()
+    require_signed_codes(scheme)
     x = ops.convert_to_tensor(x, "float32")
     w = ops.convert_to_tensor(w, "float32")
     g = geometry

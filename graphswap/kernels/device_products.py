@@ -35,6 +35,7 @@ import keras
 from keras import ops
 
 from graphswap.errors import QuantizationError, ShapeError
+from graphswap.kernels.scheme import activation_codes_signed
 
 #: elements of the largest block of looked-up products (int32: 16 MiB)
 DEFAULT_BUDGET = 1 << 22
@@ -143,6 +144,8 @@ def activation_bounds(a, scheme, activation_range=None):
 def activation_params(a, signed: bool, scheme, activation_range=None, bits: int = 8):
     """(scale, zero) float64 scalars of the activations (activation_bounds), at `bits` bits."""
     lo, hi = activation_bounds(a, scheme, activation_range)
+    if signed and scheme.activation_zero_point:    # unsigned codes of [0, hi] (kernels/scheme.py)
+        return quant_params(ops.zeros_like(lo), hi, False)
     return quant_params(lo, hi, signed, activation_levels(signed, bits))
 
 
@@ -297,7 +300,8 @@ def lut_matmul(a, b, table, signed: bool, scheme, activation_range=None,
         raise ShapeError(f"matmul shapes do not agree: {tuple(a.shape)} x {tuple(b.shape)}; "
                          f"expected (m, k) x (k, n)")
     sa, za = activation_params(a, signed, scheme, activation_range, activation_bits)
-    qa = quantize(a, sa, za, signed, activation_levels(signed, activation_bits))
+    qa = quantize(a, sa, za, activation_codes_signed(signed, scheme),
+                  activation_levels(signed, activation_bits))
     a_bad = ops.logical_not(ops.all(ops.isfinite(a), axis=1, keepdims=True))
     return _grouped_product(ops.expand_dims(qa, 1), a_bad, sa, za, b, 1, table, signed, scheme,
                             budget, weight_bits)
@@ -345,7 +349,8 @@ def lut_conv2d(x, w, table, signed: bool, scheme, geometry, activation_range=Non
         raise ShapeError(f"conv2d shapes do not agree: input {tuple(x.shape)}, filter "
                          f"{tuple(w.shape)}; expected NHWC with {g.in_channels} channels and HWIO")
     sx, zx = activation_params(x, signed, scheme, activation_range, activation_bits)
-    qx = quantize(x, sx, zx, signed, activation_levels(signed, activation_bits))
+    qx = quantize(x, sx, zx, activation_codes_signed(signed, scheme),
+                  activation_levels(signed, activation_bits))
     codes = _grouped_windows(_window_taps(qx, g, ops.cast(zx, "int32")), g.groups)
     bad_taps = _window_taps(ops.cast(ops.logical_not(ops.isfinite(x)), "int32"), g, 0)
     x_bad = ops.max(_grouped_windows(bad_taps, g.groups), axis=2) > 0       # (M, G)

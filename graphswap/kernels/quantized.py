@@ -19,6 +19,9 @@ Activations (one scale for the whole tensor)
       amax = max|finite a| (dynamic) or max(|lo|, |hi|) (static)
       s_a = amax / 127 (1 if amax == 0), z_a = 0, qa = clip(rint(a / s_a), -127, 127)
       (the code fed to the table is qa's two's-complement byte)
+  signed multipliers with activation_zero_point -128 (static only; TFLite int8's zero point of
+  a non-negative input): s_a = max(hi, 0) / 255 (1 if 0), qa = clip(rint(a / s_a), 0, 255), fed
+  to the table as wired below (its rows are these unsigned codes)
 Weights: per output channel j (column j of b; last axis of w) with "per_channel"; the same scale
 (and zero point) for every j, computed over the whole tensor, with "per_tensor".  Over the values
 v of the channel (or tensor), finite ones only:
@@ -40,8 +43,10 @@ Exact integer sums c (int64; only code x code products go through the table):
   does.  Convolution: the sums run over a window's taps; positions in the padding hold the code z_a
   (a real 0), their products do go through the table, and the correction terms count every tap.
 Output: y_ij = float32((s_a * s_j) * float64(c_ij)).
-Wiring (QuantScheme.operands, .activation_offset): T is the table as wired (scheme.wired_table):
-T[qw, qa] for "weight_first", read at qa + o (saturating); the sums' codes stay as they are.
+Wiring (QuantScheme.operands, .activation_offset, .activation_zero_point): T is the table as
+wired (scheme.wired_table): T[qw, qa] for "weight_first", read at qa + o (saturating); with the
+zero point -128, row qa is the circuit's row of qa - 128 + o less its row of -128 + o (the
+zero-point term: a zero input adds nothing); the sums' codes stay as they are.
 
 Non-finite inputs: ranges are taken over the finite values only, non-finite values are quantized
 as a real 0 (code z_a / weight code z_j or magnitude 0), and every output that depends on one (its
@@ -71,130 +76,17 @@ import numpy as np
 from graphswap import native
 from graphswap.errors import QuantizationError
 from graphswap.kernels.base import Kernel, matmul_operands
+# the spec's arithmetic (graphswap.kernels.codes), importable from here as well
+from graphswap.kernels.codes import (SIGNED_LIMIT, UNSIGNED_LEVELS, activation_quantization,  # noqa: F401
+                                     asymmetric_params, fused_quant, quantize_asymmetric,
+                                     quantize_symmetric, quantize_weights, weight_limit)
 from graphswap.kernels.scheme import QuantScheme, tfapprox_scheme, wired_table
 from graphswap.multipliers import Multiplier, builtin
 from graphswap.native import ConvGeometry
 
-UNSIGNED_LEVELS = 255
-SIGNED_LIMIT = 127
-
 __all__ = ["LutKernel", "QuantScheme", "SIGNED_LIMIT", "UNSIGNED_LEVELS",
            "activation_quantization", "quantize_asymmetric", "quantize_symmetric",
            "quantize_weights", "tfapprox_scheme"]
-
-
-def _finite_view(t: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
-    """(t as float64 with non-finite values replaced by 0, mask of non-finite values or None)."""
-    t64 = np.asarray(t, dtype=np.float64)
-    finite = np.isfinite(t64)
-    if finite.all():
-        return t64, None
-    return np.where(finite, t64, 0.0), ~finite
-
-
-def asymmetric_params(lo, hi, levels: int = UNSIGNED_LEVELS):
-    """(scale, zero point) of the asymmetric uint8 range [lo, hi] (arrays broadcast); `levels`:
-    the largest code (255, or 2^N - 1 for N-bit weights)."""
-    lo = np.minimum(np.asarray(lo, np.float64), 0.0)
-    hi = np.maximum(np.asarray(hi, np.float64), 0.0)
-    empty = hi == lo
-    scale = np.where(empty, 1.0, (hi - lo) / levels)
-    zero = np.where(empty, 0, np.clip(np.rint(-lo / scale), 0, levels)).astype(np.int64)
-    return scale, zero
-
-
-def quantize_asymmetric(t: np.ndarray, value_range=None, levels: int = UNSIGNED_LEVELS):
-    """uint8 codes, scale, zero point, non-finite mask of one tensor (its own range, or the given
-    static (lo, hi)); `levels`: the largest code (255, or 2^N - 1 for N-bit activations)."""
-    t64, bad = _finite_view(t)
-    if value_range is None:
-        lo = float(t64.min()) if t64.size else 0.0
-        hi = float(t64.max()) if t64.size else 0.0
-    else:
-        lo, hi = value_range
-    scale, zero = asymmetric_params(lo, hi, levels)
-    scale, zero = float(scale), int(zero)
-    codes = np.clip(np.rint(t64 / scale) + zero, 0, levels).astype(np.uint8)
-    if bad is not None:
-        codes[bad] = zero
-    return codes, scale, zero, bad
-
-
-def quantize_symmetric(t: np.ndarray, axis=None, value_range=None, limit: int = SIGNED_LIMIT):
-    """int8 codes (as uint8 bit patterns), scales (scalar, or per index of the kept axis), mask;
-    `limit`: the largest code (127, or 2^(N-1) - 1 for N-bit activations).
-
-    axis=None: one scale for the tensor (from its own max|t|, or max(|lo|, |hi|) of the static
-    value_range); otherwise the scale is per slice along `axis`."""
-    t64, bad = _finite_view(t)
-    if value_range is not None:
-        amax = np.array(max(abs(float(value_range[0])), abs(float(value_range[1]))))
-    elif axis is None:
-        amax = np.array(float(np.abs(t64).max()) if t64.size else 0.0)
-    else:
-        axis = axis % t64.ndim
-        others = tuple(d for d in range(t64.ndim) if d != axis)
-        amax = np.abs(t64).max(axis=others) if t64.size else np.zeros(t64.shape[axis])
-    scale = np.where(amax > 0, amax / limit, 1.0)
-    shape = [1] * t64.ndim
-    if axis is not None and value_range is None:
-        shape[axis] = -1
-    q = np.clip(np.rint(t64 / scale.reshape(shape)), -limit, limit)
-    codes = q.astype(np.int8).view(np.uint8)
-    return codes, scale, bad
-
-
-def activation_quantization(t: np.ndarray, scheme: QuantScheme, signed: bool, bits: int = 8):
-    """(codes, scale, zero point, non-finite mask) of activations under `scheme`, at `bits`
-    bits (an Nx8 multiplier's N; module docstring)."""
-    value_range = scheme.activation_range if scheme.activations == "static" else None
-    if signed:
-        codes, scale, bad = quantize_symmetric(t, value_range=value_range,
-                                               limit=weight_limit(True, bits))
-        return codes, float(scale), 0, bad
-    return quantize_asymmetric(t, value_range, weight_limit(False, bits))
-
-
-def weight_limit(signed: bool, bits: int = 8) -> int:
-    """The largest weight code of `bits`-bit weights: 2^N - 1 unsigned (255 for 8 bits),
-    2^(N-1) - 1 signed (127)."""
-    return 2 ** (bits - 1) - 1 if signed else 2 ** bits - 1
-
-
-def quantize_weights(w: np.ndarray, scheme: QuantScheme, bits: int = 8):
-    """Weights under a resolved scheme, with the output channel as the last axis, at `bits` bits
-    (an 8xN multiplier's N; module docstring).
-
-    Returns (codes uint8 of w's shape - magnitudes for sign_magnitude, negative mask (bool, or None),
-    scales float64 (n,), zero points int64 (n,), non-finite mask of w or None)."""
-    unsigned_levels = weight_limit(False, bits)
-    signed_limit = weight_limit(True, bits)
-    t64, bad = _finite_view(w)
-    n = t64.shape[-1]
-    flat = t64.reshape(-1, n)
-    per_channel = scheme.granularity == "per_channel"
-
-    def reduce(values, fn):
-        if flat.shape[0] == 0:
-            return np.zeros(n)
-        return fn(values, axis=0) if per_channel else np.full(n, fn(values))
-
-    if scheme.weights == "asymmetric":
-        scale, zero = asymmetric_params(reduce(flat, np.min), reduce(flat, np.max),
-                                        unsigned_levels)
-        codes = np.clip(np.rint(t64 / scale) + zero, 0, unsigned_levels).astype(np.uint8)
-        if bad is not None:
-            codes[bad] = np.broadcast_to(zero.astype(np.uint8), codes.shape)[bad]
-        return codes, None, scale, zero, bad
-    amax = reduce(np.abs(flat), np.max)
-    zero = np.zeros(n, np.int64)
-    if scheme.weights == "sign_magnitude":
-        scale = np.where(amax > 0, amax / unsigned_levels, 1.0)
-        codes = np.clip(np.rint(np.abs(t64) / scale), 0, unsigned_levels).astype(np.uint8)
-        return codes, t64 < 0, scale, zero, bad
-    scale = np.where(amax > 0, amax / signed_limit, 1.0)
-    q = np.clip(np.rint(t64 / scale), -signed_limit, signed_limit)
-    return q.astype(np.int8).view(np.uint8), None, scale, zero, bad
 
 
 def _split_signs(magnitudes: np.ndarray, negative: np.ndarray, groups: int = 1):
@@ -218,38 +110,6 @@ def _join_signs(acc: np.ndarray, groups: int = 1) -> np.ndarray:
     return (parts[..., 0, :] - parts[..., 1, :]).reshape(*lead, groups * per)
 
 
-def fused_quant(scheme: QuantScheme, signed: bool, weight_bits: int = 8,
-                activation_bits: int = 8) -> native.LutQuant:
-    """The graphswap_lut_quant of a resolved scheme (graphswap_kernels.h), for weights of
-    `weight_bits` bits (an 8xN multiplier's N) and activations of `activation_bits` bits (an Nx8
-    multiplier's N, in weight_bits' second byte; 8 leaves that byte 0)."""
-    quant = native.LutQuant()
-    quant.weight_bits = int(weight_bits) | ((int(activation_bits) << 8) if activation_bits != 8
-                                            else 0)
-    quant.scheme = native.LUT_SIGNED if signed else native.LUT_UNSIGNED
-    quant.weight_mode = (native.QUANT_PER_CHANNEL if scheme.granularity == "per_channel"
-                         else native.QUANT_PER_TENSOR)
-    quant.weight_encoding = (native.WEIGHTS_SIGN_MAGNITUDE if scheme.weights == "sign_magnitude"
-                             else native.WEIGHTS_DEFAULT)
-    quant.observed_range = None
-    if scheme.activations == "static":
-        lo, hi = scheme.activation_range
-        if signed:
-            amax = max(abs(float(lo)), abs(float(hi)))
-            scale, zero = (amax / weight_limit(True, activation_bits) if amax > 0 else 1.0), 0
-        else:
-            scale, zero = asymmetric_params(lo, hi, weight_limit(False, activation_bits))
-            scale, zero = float(scale), int(zero)
-        quant.activation_mode = native.QUANT_STATIC
-        quant.activation_scale = scale
-        quant.activation_zero_point = zero
-    else:
-        quant.activation_mode = native.QUANT_DYNAMIC
-        quant.activation_scale = 0.0
-        quant.activation_zero_point = 0
-    return quant
-
-
 class LutKernel(Kernel):
     """Forward arithmetic through a multiplier table, with 8-bit quantization (module docstring)."""
 
@@ -258,12 +118,13 @@ class LutKernel(Kernel):
     #: this kernel's table's wiring (QuantScheme.operands / .activation_offset)
     operands = "activation_first"
     activation_offset = 0
+    activation_zero_point = 0
     #: the exact products compensation measures against: the codes as they are, never offset
     reference_products = False
 
     def __init__(self, multiplier: Multiplier):
         self.multiplier = multiplier
-        self._orientations = {(self.operands, 0): self}
+        self._orientations = {(self.operands, 0, 0): self}
         self.spec = multiplier.spec
         self.signed = bool(multiplier.signed)
         self.weight_bits = int(getattr(multiplier, "weight_bits", 8))
@@ -312,12 +173,23 @@ class LutKernel(Kernel):
         exact.reference_products = True
         return exact
 
-    def oriented(self, operands: str, activation_offset: int = 0) -> "LutKernel":
+    def wired(self, quant: QuantScheme | None) -> "LutKernel":
+        """The kernel whose table is wired as `quant` says (this one, or an oriented one); the
+        exact reference products move only by the zero point (they stay q * w)."""
+        if quant is None:
+            return self
+        if self.reference_products:
+            return self.oriented("activation_first", 0, quant.activation_zero_point)
+        return self.oriented(quant.operands, quant.activation_offset, quant.activation_zero_point)
+
+    def oriented(self, operands: str, activation_offset: int = 0,
+                 activation_zero_point: int = 0) -> "LutKernel":
         """This multiplier with the weight code on its first operand ("weight_first": T'[qa, qw]
         = T[qw, qa]) or its second ("activation_first"), each activation code moved by
-        `activation_offset` (saturating: T'[qa, qw] = T[clip(qa + o), qw]); the same record, so a
-        layer saves the file it names and its scheme the wiring.  Cached per kernel."""
-        key = (operands, int(activation_offset))
+        `activation_offset` (saturating: T'[qa, qw] = T[clip(qa + o), qw]), with the zero point
+        -128 read as unsigned codes (scheme.wired_table); the same record, so a layer saves the
+        file it names and its scheme the wiring.  Cached per kernel."""
+        key = (operands, int(activation_offset), int(activation_zero_point))
         kernel = self._orientations.get(key)
         if kernel is None:
             if operands == "weight_first" and (self.weight_bits, self.activation_bits) != (8, 8):
@@ -329,13 +201,18 @@ class LutKernel(Kernel):
                 raise QuantizationError(f"{self.spec}: an activation_offset applies to 8-bit "
                                         f"activation codes, not {self.activation_bits}-bit ones")
             base = self.base.multiplier
-            table = wired_table(base.table, operands, key[1], self.signed)
+            if key[2] and (not self.signed or self.activation_bits != 8):
+                raise QuantizationError(f"{self.spec}: the activation zero point -128 is for "
+                                        f"signed multipliers with 8-bit activations")
+            table = wired_table(base.table, operands, key[1], self.signed, key[2])
             wiring = " (weights on its first operand)" if operands == "weight_first" else ""
             wiring += f" (activation codes {key[1]:+d})" if key[1] else ""
+            wiring += f" (activation zero point {key[2]})" if key[2] else ""
             kernel = LutKernel(dataclasses.replace(
                 base, table=np.ascontiguousarray(table.reshape(-1), dtype=np.int32),
                 description=f"{base.description}{wiring}"))
-            kernel.operands, kernel.activation_offset = key
+            kernel.operands, kernel.activation_offset, kernel.activation_zero_point = key
+            kernel.reference_products = self.reference_products
             kernel._orientations = self._orientations
             self._orientations[key] = kernel
         return kernel
@@ -343,14 +220,7 @@ class LutKernel(Kernel):
     @property
     def base(self) -> "LutKernel":
         """The kernel of the circuit's own table (activations first, no offset)."""
-        return self._orientations[("activation_first", 0)]
-
-    def wired(self, quant: QuantScheme | None) -> "LutKernel":
-        """The kernel whose table is wired as `quant` says (this one, or an oriented one); the
-        exact reference products never move."""
-        if quant is None or self.reference_products:
-            return self
-        return self.oriented(quant.operands, quant.activation_offset)
+        return self._orientations[("activation_first", 0, 0)]
 
     def resolve_scheme(self, quant: QuantScheme | None) -> QuantScheme:
         """The scheme this kernel runs for `quant` (None: the default, dynamic activations)."""

@@ -34,6 +34,16 @@ Fields (all validated; `to_config`/`from_config` round-trip through JSON exactly
                   a rounding to the nearest multiple of 8.  The sums count the codes as they were
                   (the exact products' reference does not move); measured per layer with the
                   wiring (graphswap/swap/wiring.py); 0 by default
+    activation_zero_point  0 (symmetric int8 activations: a non-negative input uses codes 0..127
+                  only) | -128 (signed multipliers, static activations of a range [0, hi]: TFLite
+                  int8's zero point for a ReLU output - codes q = clip(rint(x / s), 0, 255),
+                  s = hi / 255, the circuit sees q - 128, and the zero-point term is the
+                  circuit's own product of the zero point with each weight, summed per output
+                  channel from the weights alone (as TFLite precomputes 128 * sum w), so
+                  T'[q, w] = T[q - 128, w] - T[-128, w]: a zero input adds nothing, and every
+                  one of the 256 codes carries a level, one bit more than symmetric codes of a
+                  non-negative range; for the exact table T'[q, w] = q w).  Negative inputs
+                  clip to 0.  Measured per layer with the wiring
 
 Which hardware each mode matches:
     sign_magnitude, per_channel  a sign-magnitude MAC array: the unsigned multiplier sees |w|'s
@@ -64,6 +74,8 @@ GRANULARITIES = ("per_channel", "per_tensor")
 ACTIVATION_MODES = ("dynamic", "static")
 OBSERVERS = ("fixed", "moving_average")
 OPERAND_ORDERS = ("activation_first", "weight_first")
+#: QuantScheme.activation_zero_point's values: symmetric codes, or TFLite's -128 (ReLU outputs)
+ZERO_POINTS = (0, -128)
 DEFAULT_MOMENTUM = 0.99
 
 UNSIGNED_ENCODINGS = ("sign_magnitude", "asymmetric")
@@ -88,6 +100,7 @@ class QuantScheme:
     momentum: float = DEFAULT_MOMENTUM
     operands: str = "activation_first"
     activation_offset: int = 0
+    activation_zero_point: int = 0
 
     def __post_init__(self):
         if self.weights is not None:
@@ -108,6 +121,15 @@ class QuantScheme:
             raise QuantizationError(f"activation_offset must be an integer from -255 to 255 (added "
                                    f"to each activation code); got {offset!r}")
         object.__setattr__(self, "activation_offset", int(offset))
+        zero_point = self.activation_zero_point
+        if isinstance(zero_point, bool) or zero_point not in ZERO_POINTS:
+            raise QuantizationError(f"activation_zero_point must be 0 or -128 (TFLite int8's zero "
+                                    f"point for a non-negative input); got {zero_point!r}")
+        object.__setattr__(self, "activation_zero_point", int(zero_point))
+        if zero_point and self.activations != "static":
+            raise QuantizationError("activation_zero_point -128 needs static activations (a "
+                                    "calibrated range [0, hi]); calibrate the layer, or leave "
+                                    "the zero point at 0")
         if self.activation_range is not None:
             object.__setattr__(self, "activation_range", as_range(self.activation_range))
 
@@ -117,6 +139,10 @@ class QuantScheme:
         QuantizationError if the encoding cannot run on it."""
         allowed = SIGNED_ENCODINGS if signed else UNSIGNED_ENCODINGS
         weights = self.weights if self.weights is not None else allowed[0]
+        if self.activation_zero_point and not signed:
+            raise QuantizationError("activation_zero_point -128 is for signed (mul8s) "
+                                    "multipliers; an unsigned one's activation codes already "
+                                    "use 0..255 (its zero point comes from the range)")
         if weights not in allowed:
             kind = "signed (mul8s)" if signed else "unsigned (mul8u)"
             raise QuantizationError(
@@ -129,7 +155,8 @@ class QuantScheme:
         return dataclasses.replace(self, activations="static", activation_range=(lo, hi))
 
     def dynamic(self) -> "QuantScheme":
-        return dataclasses.replace(self, activations="dynamic", activation_range=None)
+        return dataclasses.replace(self, activations="dynamic", activation_range=None,
+                                   activation_zero_point=0)
 
     # -- config --------------------------------------------------------------------------------
     def to_config(self) -> dict:
@@ -142,6 +169,8 @@ class QuantScheme:
             config["operands"] = self.operands
         if self.activation_offset:
             config["activation_offset"] = self.activation_offset
+        if self.activation_zero_point:
+            config["activation_zero_point"] = self.activation_zero_point
         return config
 
     @classmethod
@@ -194,6 +223,8 @@ class QuantScheme:
             activations = f"{activation_bits}-bit {activations}"
         wiring = ", weights on the multiplier's first operand" \
             if self.operands == "weight_first" else ""
+        if self.activation_zero_point:
+            wiring += f", activation zero point {self.activation_zero_point}"
         if self.activation_offset:
             wiring += f", activation codes {self.activation_offset:+d} into the multiplier"
         return f"{weights} weights {granularity}, {activations}{wiring}"
@@ -213,17 +244,31 @@ def as_range(value) -> tuple:
     return float(np.float32(lo)), float(np.float32(hi))
 
 
-def wired_table(table, operands: str, activation_offset: int, signed: bool) -> np.ndarray:
+def wired_table(table, operands: str, activation_offset: int, signed: bool,
+                activation_zero_point: int = 0) -> np.ndarray:
     """A 256x256 multiplier table T[a, b] as a scheme wires it, indexed [activation code, weight
     code]: transposed for "weight_first", its activation axis moved by `activation_offset` codes
-    (two's complement values when signed; saturating at the code range)."""
+    (two's complement values when signed; saturating at the code range).  With the zero point
+    -128 (signed only) row q is unsigned code q: the circuit's row of q - 128 (+ the offset) less
+    its row of code 0 (the zero-point term, scheme docstring)."""
     table = np.asarray(table).reshape(256, 256)
     table = table.T if operands == "weight_first" else table
     codes = np.arange(256)
     if not signed:
         return table[np.clip(codes + activation_offset, 0, 255)]
-    values = np.clip(np.where(codes >= 128, codes - 256, codes) + activation_offset, -128, 127)
+    code_values = np.where(codes >= 128, codes - 256, codes)
+    if activation_zero_point:
+        values = np.clip(codes + activation_zero_point + activation_offset, -128, 127)
+        moved = table[np.where(values < 0, values + 256, values)].astype(np.int64)
+        return moved - moved[0][None, :]       # a zero input (code 0) adds nothing
+    values = np.clip(code_values + activation_offset, -128, 127)
     return table[np.where(values < 0, values + 256, values)]
+
+
+def activation_codes_signed(signed: bool, scheme) -> bool:
+    """Whether a (signed or unsigned) multiplier's activation codes are two's complement under
+    `scheme`: a signed one's are, unless its activation zero point is -128 (codes 0..255)."""
+    return bool(signed) and not (scheme is not None and scheme.activation_zero_point)
 
 
 def tfapprox_scheme() -> QuantScheme:

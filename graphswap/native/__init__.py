@@ -23,7 +23,8 @@ from graphswap.native.cache import (cache_dir, configured_cache_root, owner_only
 from graphswap.native.files import (CheckedFile, FileContent, file_sha256, missing_reason,
                                     open_checked, read_file, sha256_of)
 from graphswap.native.geometry import ConvGeometry, conv_geometry
-from graphswap.native.library import (ABI_VERSION, ISA_PATHS, LUT_SIGNED, LUT_UNSIGNED,
+from graphswap.native.library import (ABI_VERSION, ISA_PATHS, LUT_SIGNED, LUT_SIGNED_UNSIGNED_ACTIVATIONS,
+                                      LUT_UNSIGNED,
                                       QUANT_DYNAMIC, QUANT_PER_CHANNEL, QUANT_PER_TENSOR,
                                       QUANT_STATIC, WEIGHTS_DEFAULT, WEIGHTS_SIGN_MAGNITUDE,
                                       KernelLibrary, LutQuant, load_library,
@@ -33,7 +34,7 @@ from graphswap.native.lowering import col2im, conv_gradients_via_matmul, conv_vi
 from graphswap.native.transpose import (TransposedConv, flipped_filter, insert_zeros,
                                         remove_zeros, transposed_conv, unflipped_filter)
 
-__all__ = ["ISA_PATHS", "LUT_SIGNED", "LUT_UNSIGNED", "LutQuant", "QUANT_DYNAMIC",
+__all__ = ["ISA_PATHS", "LUT_SIGNED", "LUT_SIGNED_UNSIGNED_ACTIVATIONS", "LUT_UNSIGNED", "LutQuant", "QUANT_DYNAMIC",
            "QUANT_PER_CHANNEL", "QUANT_PER_TENSOR", "QUANT_STATIC", "WEIGHTS_DEFAULT",
            "WEIGHTS_SIGN_MAGNITUDE", "ABI_VERSION", "ConvGeometry", "EinsumPlan", "TransposedConv", "einsum_plan",
            "flipped_filter", "insert_zeros", "remove_zeros", "transposed_conv",

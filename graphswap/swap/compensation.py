@@ -305,7 +305,8 @@ def calibrate_and_compensate(model, data, *, samples: int = DEFAULT_CALIBRATION_
     if source == "float":
         lines = calibrate(model, data, method=method, source=source, **options).lines()
         if operands == "auto":
-            lines += choose_operands(model, data, batch_size=batch_size).lines()
+            lines += choose_operands(model, data, batch_size=batch_size,
+                                     tuning=weight_tuning).lines()
         if weight_tuning:
             lines += tune_weights(model, data, **options).lines()
         if bias_correction is not None:
@@ -325,7 +326,8 @@ def calibrate_and_compensate(model, data, *, samples: int = DEFAULT_CALIBRATION_
             narrowed.update(report.narrowed)
             count = report.samples
             if operands == "auto":
-                step = choose_operands(model, data, batch_size=batch_size, layers=[path])
+                step = choose_operands(model, data, batch_size=batch_size, layers=[path],
+                                       tuning=weight_tuning)
                 wiring.samples = step.samples
                 wiring.layers.update(step.layers)
             if weight_tuning:

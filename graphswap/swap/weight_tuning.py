@@ -36,6 +36,7 @@ exports and fine-tuning all start from the tuned weights.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import keras
@@ -43,6 +44,7 @@ import numpy as np
 
 from graphswap.errors import QuantizationError
 from graphswap.kernels.quantized import LutKernel, activation_quantization, quantize_weights
+from graphswap.kernels.scheme import activation_codes_signed
 from graphswap.native.einsum import ELLIPSIS
 from graphswap.native import einsum_plan
 from graphswap.swap.calibration import (BATCH_SIZE, DEFAULT_CALIBRATION_SAMPLES,
@@ -328,6 +330,31 @@ def _table_of(arithmetic):
         int(getattr(multiplier, "weight_bits", 8))
 
 
+def tuned_operand_values(layer, scheme, counts, activation_signed: bool) -> np.ndarray:
+    """The value of `layer`'s one weight variable with its codes tuned for the activation code
+    histogram `counts` under `scheme` (a wiring being measured: graphswap.swap.wiring)."""
+    (operand,) = weight_operands(layer)
+    table, bits = _table_of(layer.arithmetic.wired(scheme))
+    stored = np.array(operand.variable.numpy(), dtype=np.float32)
+    flat = stored.reshape(-1)
+    tuned, _ = tune_operand(flat[operand.entries], scheme, table, counts,
+                            signed=activation_signed, bits=bits)
+    flat[operand.entries] = tuned
+    return flat.reshape(stored.shape)
+
+
+@contextlib.contextmanager
+def substituted_weights(layer, values):
+    """While inside, `layer`'s one weight variable holds `values`; its own value comes back."""
+    (operand,) = weight_operands(layer)
+    stored = operand.variable.numpy()
+    operand.variable.assign(values)
+    try:
+        yield
+    finally:
+        operand.variable.assign(stored)
+
+
 def tune_weights(model, data, *, samples: int = DEFAULT_CALIBRATION_SAMPLES,
                  batch_size: int = BATCH_SIZE, layers=None) -> WeightTuningReport:
     """Tune the stored weights of every calibrated, table-driven swapped layer of `model` (or
@@ -376,7 +403,8 @@ def tune_weights(model, data, *, samples: int = DEFAULT_CALIBRATION_SAMPLES,
             stored = np.array(operand.variable.numpy(), dtype=np.float32)
             flat = stored.reshape(-1)
             tuned, summary = tune_operand(flat[operand.entries], scheme, table, counts,
-                                          signed=signed, bits=bits,
+                                          signed=activation_codes_signed(signed, scheme),
+                                          bits=bits,
                                           activation_bits=activation_bits)
             flat[operand.entries] = tuned
             operand.variable.assign(flat.reshape(stored.shape))

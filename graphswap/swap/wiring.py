@@ -28,6 +28,15 @@ non-negative codes (L >= 2, at least MIN_LEVELS levels), the activation codes mo
 floor turned into rounding to the nearest step - are one more candidate, kept when it cuts the
 residual by OFFSET_MARGIN.
 
+A signed circuit fed a non-negative input (a ReLU's output: calibrated range [0, hi]) uses only
+its codes 0..127.  TFLite's int8 zero point -128 (QuantScheme.activation_zero_point) gives that
+range all 256 codes - the circuit sees q - 128, the zero-point term is added exactly - one bit
+more, but every zero activation then meets the circuit at -128, where an approximate circuit errs
+unless the weight codes sit on its grid.  So for such layers the zero point is one more candidate
+(with and without the offset, on the table as it then wires), and with weight tuning on
+(`tuning`) each candidate is measured with the weight codes tuned for it; the candidates are then
+ranked against the float product (their codes differ), not the exact products of one set of codes.
+
 Recurrent cells and layers with intermediate operands (SeparableConv2D) keep their wiring: their
 several products share one scheme, and one choice for all of them is not a per-product one.
 """
@@ -39,8 +48,9 @@ import dataclasses
 import numpy as np
 
 from graphswap.errors import QuantizationError
-from graphswap.kernels.quantized import LutKernel
-from graphswap.kernels.scheme import wired_table
+from graphswap.kernels import resolve_kernel
+from graphswap.kernels.quantized import LutKernel, activation_quantization
+from graphswap.kernels.scheme import activation_codes_signed, wired_table
 from graphswap.swap.output_calibration import AffineResidual
 from graphswap.swap.calibration import (BATCH_SIZE, calibration_inputs, float_forward,
                                         observing, quantizing_layers, run_batches,
@@ -65,9 +75,10 @@ MIN_LEVELS = 4
 
 
 def candidates(layer) -> list:
-    """The (operands, activation_offset) wirings worth measuring for `layer` (module docstring):
-    none unless an 8x8 table on a layer whose one product the scheme describes; both ports of an
-    asymmetric table; a half-step offset where the activation port repeats rows."""
+    """The (operands, activation_offset, activation_zero_point) wirings worth measuring for
+    `layer` (module docstring): none unless an 8x8 table on a layer whose one product the scheme
+    describes; both ports of an asymmetric table; a half-step offset where the activation port
+    repeats rows; the zero point -128 for a signed table on a non-negative calibrated range."""
     kernel = layer.arithmetic
     if not isinstance(kernel, LutKernel) or kernel.weight_bits != 8 \
             or kernel.activation_bits != 8 or layer.intermediate_points:
@@ -78,12 +89,18 @@ def candidates(layer) -> list:
     table = np.asarray(kernel.base.multiplier.table).reshape(256, 256)
     orders = OPERAND_ORDERS if not np.array_equal(table, table.T) else \
         (layer.current_quantization().operands,)
+    scheme = layer.current_quantization()
+    zero_points = (0, -128) if kernel.signed and scheme.activation_range is not None \
+        and scheme.activation_range[0] >= 0 and layer.backward != "lut_grad" else (0,)
     wirings = []
     for order in orders:
-        wirings.append((order, 0))
-        step = repeated_rows(wired_table(table, order, 0, kernel.signed), kernel.signed)
-        if step >= 2 and (128 if kernel.signed else 256) // step >= MIN_LEVELS:
-            wirings.append((order, step // 2))
+        for zero_point in zero_points:
+            wirings.append((order, 0, zero_point))
+            signed_rows = kernel.signed and not zero_point
+            step = repeated_rows(wired_table(table, order, 0, kernel.signed, zero_point),
+                                 signed_rows)
+            if step >= 2 and (128 if signed_rows else 256) // step >= MIN_LEVELS:
+                wirings.append((order, step // 2, zero_point))
     return wirings if len(wirings) > 1 else []
 
 
@@ -97,21 +114,56 @@ def repeated_rows(table: np.ndarray, signed: bool) -> int:
     return int(runs[0]) if (runs == runs[0]).all() else 1
 
 
+def wired_scheme(scheme, wiring):
+    order, offset, zero_point = wiring
+    return dataclasses.replace(scheme, operands=order, activation_offset=offset,
+                               activation_zero_point=zero_point)
+
+
+def measure(layer, x, wirings, tuning: bool) -> dict:
+    """wiring -> the residual error of `layer`'s product of its observed input `x` wired so
+    (module docstring), its weight codes tuned for each wiring when `tuning`."""
+    # imported here: weight tuning imports the calibration helpers this module shares
+    from graphswap.swap.weight_tuning import substituted_weights, tuned_operand_values
+    kernel, scheme = layer.arithmetic, layer.current_quantization()
+    if any(wiring[2] for wiring in wirings):    # codes that differ: against the float product
+        reference = layer.numpy_product(x, resolve_kernel("exact"))
+    else:
+        reference = layer.numpy_product(x, kernel.exact_products(), quant=scheme)
+    values = {}
+    for wiring in wirings:
+        wired = wired_scheme(scheme, wiring)
+        residual = AffineResidual()
+        if tuning:
+            codes, _, _, bad = activation_quantization(x, wired, kernel.signed)
+            counts = np.bincount((codes if bad is None else codes[~bad]).reshape(-1),
+                                 minlength=256)
+            tuned = tuned_operand_values(layer, wired, counts,
+                                         activation_codes_signed(kernel.signed, wired))
+            with substituted_weights(layer, tuned):
+                residual.update(layer.numpy_product(x, kernel, quant=wired), reference)
+        else:
+            residual.update(layer.numpy_product(x, kernel, quant=wired), reference)
+        values[wiring] = residual.value()
+    return values
+
+
 def margin(wiring, current) -> float:
     """How much `wiring` must cut the residual error of `current` to replace it."""
     return OFFSET_MARGIN if wiring[1] != current[1] else MARGIN
 
 
 def wiring_name(wiring) -> str:
-    order, offset = wiring
+    order, offset, zero_point = wiring
     name = "weights first" if order == "weight_first" else "activations first"
+    name += f", zero point {zero_point}" if zero_point else ""
     return f"{name}, activation codes {offset:+d}" if offset else name
 
 
 @dataclasses.dataclass
 class WiringReport:
-    """What choose_operands measured: path -> {"residuals": {(order, offset): residual},
-    "chosen": (order, offset)}."""
+    """What choose_operands measured: path -> {"residuals": {(order, offset, zero point):
+    residual}, "chosen": (order, offset, zero point)}."""
 
     samples: int
     layers: dict
@@ -130,52 +182,47 @@ class WiringReport:
             parts.append(f"{path} {wiring_name(chosen)} (residual error {others})")
         flipped = sum(entry["chosen"][0] == "weight_first" for entry in self.layers.values())
         moved = sum(entry["chosen"][1] != 0 for entry in self.layers.values())
+        zero = sum(entry["chosen"][2] != 0 for entry in self.layers.values())
         return [f"operand wiring measured on {self.samples} samples: {flipped} of "
                 f"{len(self.layers)} layer(s) take the weights on the multiplier's first "
-                f"operand, {moved} move their activation codes: " + ", ".join(parts)]
+                f"operand, {moved} move their activation codes, {zero} take the activation "
+                f"zero point -128: " + ", ".join(parts)]
 
 
 def choose_operands(model, data, *, samples: int = WIRING_SAMPLES,
-                    batch_size: int = BATCH_SIZE, layers=None) -> WiringReport:
+                    batch_size: int = BATCH_SIZE, layers=None,
+                    tuning: bool = False) -> WiringReport:
     """Set each eligible layer's wiring to the measured better one (module docstring); `layers`:
-    only the quantizing layers with these paths.  Call after calibration (the codes are the
-    calibrated ones), before weight tuning and bias compensation (both depend on the wiring)."""
+    only the quantizing layers with these paths; `tuning`: weight tuning follows (each candidate
+    measured with its tuned weight codes).  Call after calibration (the codes are the calibrated
+    ones), before weight tuning and bias compensation (both depend on the wiring)."""
     inputs = calibration_inputs(model, data, samples, what="operand wiring data")
     wirings = {id(layer): (path, layer, candidates(layer))
                for path, layer in select_layers(quantizing_layers(model), layers)}
     targets = [(path, layer) for path, layer, found in wirings.values() if found]
     if not targets:
         return WiringReport(len(inputs[0]), {})
-    kernels = {id(layer): layer.arithmetic for _, layer in targets}
-    schemes = {id(layer): layer.current_quantization() for _, layer in targets}
-    residuals = {id(layer): {wiring: AffineResidual() for wiring in wirings[id(layer)][2]}
-                 for _, layer in targets}
+    observed = {id(layer): [] for _, layer in targets}
 
     def record(layer, x, point=None):
-        if point is not None:
-            return
-        scheme = schemes[id(layer)]
-        if not scheme.calibrated:
-            raise QuantizationError(f"layer {layer.name!r}: the operand wiring is measured on "
-                                    f"its calibrated codes; calibrate it first")
-        kernel = kernels[id(layer)]
-        reference = layer.numpy_product(x, kernel.exact_products(), quant=scheme)
-        for (order, offset), residual in residuals[id(layer)].items():
-            wired = dataclasses.replace(scheme, operands=order, activation_offset=offset)
-            residual.update(layer.numpy_product(x, kernel, quant=wired), reference)
+        if point is None:
+            observed[id(layer)].append(np.asarray(x, np.float32))
 
     chosen = [layer for _, layer in targets]
     with float_forward(chosen), observing(chosen, record):
         run_batches(model, inputs, batch_size)
     summary = {}
     for path, layer in targets:
-        values = {wiring: residual.value() for wiring, residual in residuals[id(layer)].items()}
-        scheme = schemes[id(layer)]
-        current = (scheme.operands, scheme.activation_offset)
+        scheme = layer.current_quantization()
+        if not scheme.calibrated:
+            raise QuantizationError(f"layer {layer.name!r}: the operand wiring is measured on "
+                                    f"its calibrated codes; calibrate it first")
+        values = measure(layer, np.concatenate(observed[id(layer)]), wirings[id(layer)][2],
+                         tuning)
+        current = (scheme.operands, scheme.activation_offset, scheme.activation_zero_point)
         eligible = [wiring for wiring in values if current not in values or wiring == current
                     or values[wiring] < (1 - margin(wiring, current)) * values[current]]
         best = min(eligible, key=values.get)
-        layer.set_quantization(dataclasses.replace(scheme, operands=best[0],
-                                                   activation_offset=best[1]))
+        layer.set_quantization(wired_scheme(scheme, best))
         summary[path] = {"residuals": values, "chosen": best}
     return WiringReport(len(inputs[0]), summary)

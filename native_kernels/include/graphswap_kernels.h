@@ -170,6 +170,11 @@ GRAPHSWAP_EXPORT int32_t graphswap_lut_float_matmul(const uint8_t *a, const uint
  */
 #define GRAPHSWAP_LUT_UNSIGNED 0
 #define GRAPHSWAP_LUT_SIGNED 1
+/* A signed multiplier's table with STATIC unsigned activation codes q = clip(rint(t / s), 0, 255)
+ * (zero point 0, 8 bits) and SIGNED's weights; no correction terms: the caller's table folds in
+ * the zero point (graphswap's QuantScheme.activation_zero_point = -128, TFLite int8's activations
+ * of a non-negative range: the circuit sees q - 128, the table subtracts its row of -128). */
+#define GRAPHSWAP_LUT_SIGNED_UNSIGNED_ACTIVATIONS 2
 #define GRAPHSWAP_QUANT_DYNAMIC 0     /* activation range of this call's tensor */
 #define GRAPHSWAP_QUANT_STATIC 1      /* activation scale / zero point given by the caller */
 #define GRAPHSWAP_QUANT_PER_TENSOR 0  /* one weight scale (and zero point) */
@@ -183,7 +188,7 @@ GRAPHSWAP_EXPORT int32_t graphswap_lut_float_matmul(const uint8_t *a, const uint
                                             * (sign(w) = -1 for w < 0, else +1) */
 
 typedef struct graphswap_lut_quant {
-    int32_t scheme;                /* GRAPHSWAP_LUT_UNSIGNED or GRAPHSWAP_LUT_SIGNED */
+    int32_t scheme;                /* GRAPHSWAP_LUT_UNSIGNED, _SIGNED or _SIGNED_UNSIGNED_ACTIVATIONS */
     int32_t activation_mode;       /* GRAPHSWAP_QUANT_DYNAMIC or GRAPHSWAP_QUANT_STATIC */
     int32_t weight_mode;           /* GRAPHSWAP_QUANT_PER_TENSOR or GRAPHSWAP_QUANT_PER_CHANNEL */
     int32_t activation_zero_point; /* STATIC + UNSIGNED: 0..255; STATIC + SIGNED: must be 0 */

@@ -573,7 +573,7 @@ GRAPHSWAP_EXPORT int32_t graphswap_lut_conv2d_f32(const float *input, const floa
     const int sm = quant->weight_encoding == GRAPHSWAP_WEIGHTS_SIGN_MAGNITUDE;
     const int per_channel = quant->weight_mode == GRAPHSWAP_QUANT_PER_CHANNEL;
     const int wbits = gs_weight_bits(quant->weight_bits);
-    rc = gs_wquant_prepare(fn, filter, G.taps, P.out_channels, sm, qx.is_signed, per_channel,
+    rc = gs_wquant_prepare(fn, filter, G.taps, P.out_channels, sm, qx.weights_signed, per_channel,
                            wbits, &w);
     if (rc != GRAPHSWAP_OK) return rc;
     double *sasb = gs_alloc(P.out_channels * 8);
@@ -590,7 +590,7 @@ GRAPHSWAP_EXPORT int32_t graphswap_lut_conv2d_f32(const float *input, const floa
         }
         /* a factored table whose whole reduction is exact in float32: the codes go straight to
          * the mapped image (and are kept only for window code sums) */
-        const int need_sums = !qx.is_signed && !sm;
+        const int need_sums = !qx.weights_signed && !sm;
         const int whole = G.taps > 0 && G.in_elems > 0 && gs_factored_float_fits(t, G.taps, qx.zero);
         /* or, longer, through the narrow direct kernel in exact float32 runs (avx512) */
         int64_t chain = 0;
@@ -622,16 +622,16 @@ GRAPHSWAP_EXPORT int32_t graphswap_lut_conv2d_f32(const float *input, const floa
                     output[p * P.out_channels + o] = w.bad[o] ? NAN : y;
                 }
         } else if (img && chain > 0) {
-            const gs_epilogue e = {w.zero, w.colsum, sasb, bias, w.bad, qx.zero, G.taps, !qx.is_signed};
+            const gs_epilogue e = {w.zero, w.colsum, sasb, bias, w.bad, qx.zero, G.taps, !qx.weights_signed};
             rc = narrow_factored(fn, &P, &G, t, img, (uint8_t)qx.zero, &w, sm, &e, chain, output);
         } else if (img) {
-            const gs_epilogue e = {w.zero, w.colsum, sasb, bias, w.bad, qx.zero, G.taps, !qx.is_signed};
+            const gs_epilogue e = {w.zero, w.colsum, sasb, bias, w.bad, qx.zero, G.taps, !qx.weights_signed};
             rc = factored_conv(fn, &P, &G, t, img, codes, (uint8_t)qx.zero, &w, sm, &e, need_sums, output);
         } else {
             conv_job J = {0};
             J.P = &P, J.G = &G, J.t = t, J.isa = gs_isa(), J.codes = codes, J.pad = (uint8_t)qx.zero;
             J.wq = w.q, J.w = &w, J.out = output, J.bias = bias, J.sasb = sasb;
-            J.is_unsigned = !qx.is_signed, J.zx = qx.zero, J.sm = sm;
+            J.is_unsigned = !qx.weights_signed, J.zx = qx.zero, J.sm = sm;
             rc = run(fn, &J);
         }
         if (rc == GRAPHSWAP_OK && any_bad) poison_windows(&P, &G, input, output);

@@ -153,7 +153,7 @@ GRAPHSWAP_EXPORT int32_t graphswap_lut_conv2d_backprop_input_f32(const float *dy
     const int64_t C = P.in_channels, K = P.out_channels, taps = P.filter_height * P.filter_width;
     const int64_t image_in = P.in_height * P.in_width * C, pixels_out = P.out_height * P.out_width;
     const int64_t n_dy = P.batch * pixels_out * K;
-    const int asymmetric = !qa.is_signed && quant->weight_encoding != GRAPHSWAP_WEIGHTS_SIGN_MAGNITUDE;
+    const int asymmetric = !qa.weights_signed && quant->weight_encoding != GRAPHSWAP_WEIGHTS_SIGN_MAGNITUDE;
     if (P.groups != 1 || asymmetric || qa.levels != 0 ||
         gs_weight_bits(quant->weight_bits) != 8)
         return gs_fail(GRAPHSWAP_ERR_UNSUPPORTED, FN ": only ungrouped 8-bit sign-magnitude or symmetric schemes");
@@ -201,7 +201,7 @@ GRAPHSWAP_EXPORT int32_t graphswap_lut_conv2d_backprop_input_f32(const float *dy
         for (int64_t tp = 0; tp < taps; ++tp) /* (tap, c, k) -> rows (tap, k), column c */
             for (int64_t c = 0; c < C; ++c)
                 for (int64_t k = 0; k < K; ++k) wt[(tp * K + k) * C + c] = filter[(tp * C + c) * K + k];
-        rc = gs_wquant_prepare(FN, wt, K2, C, sm, qa.is_signed, per_channel, 8, &w);
+        rc = gs_wquant_prepare(FN, wt, K2, C, sm, qa.weights_signed, per_channel, 8, &w);
     }
     int bad = 0;
     if (rc == GRAPHSWAP_OK) {

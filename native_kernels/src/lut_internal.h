@@ -199,6 +199,8 @@ typedef struct gs_qparams {
     int32_t zero;   /* 0 for signed */
     int32_t levels; /* activations only: 0 = 8-bit codes (255 / 127); else the largest code of
                      * N-bit activations (an Nx8 multiplier): 2^N - 1 unsigned, 2^(N-1) - 1 signed */
+    int weights_signed; /* activations only: the weights' codes are symmetric int8 (the SIGNED and
+                         * SIGNED_UNSIGNED_ACTIVATIONS schemes), else the unsigned scheme's */
 } gs_qparams;
 
 static inline uint8_t gs_quant(const gs_qparams *q, float t)

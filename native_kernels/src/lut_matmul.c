@@ -220,7 +220,7 @@ static int32_t factored_matmul(const char *fn, const gs_lut_table *t, const floa
                                const gs_wquant *w, int sm, const float *bias, const double *sasb, int64_t m,
                                int64_t k, int64_t n, float *c)
 {
-    const int need_sums = !qa->is_signed && !sm;
+    const int need_sums = !qa->weights_signed && !sm;
     float *F = gs_alloc(m * k * (int64_t)sizeof(float));
     float *G = gs_alloc(k * n * (int64_t)sizeof(float));
     double *gsum = gs_alloc(n * 8), *base = gs_alloc(n * 8);
@@ -253,7 +253,7 @@ static int32_t factored_matmul(const char *fn, const gs_lut_table *t, const floa
         rc = gs_fail(GRAPHSWAP_ERR_OUT_OF_MEMORY, "%s: cannot allocate %lld bytes of mapped operands", fn,
                      (long long)((m + n) * k * 4));
     } else {
-        const gs_epilogue e = {w->zero, w->colsum, sasb, bias, w->bad, qa->zero, k, !qa->is_signed};
+        const gs_epilogue e = {w->zero, w->colsum, sasb, bias, w->bad, qa->zero, k, !qa->weights_signed};
         gs_factored_filter(t, w, k, n, sm, G, gsum);
         gs_factored_base(&e, gsum, 0.0f, n, base);
         rc = graphswap_matmul_f32(F, G, c, m, k, n);
@@ -300,7 +300,7 @@ GRAPHSWAP_EXPORT int32_t graphswap_lut_matmul_f32(const float *a, const float *b
     const int sm = quant->weight_encoding == GRAPHSWAP_WEIGHTS_SIGN_MAGNITUDE;
     const int per_channel = quant->weight_mode == GRAPHSWAP_QUANT_PER_CHANNEL;
     const int wbits = gs_weight_bits(quant->weight_bits);
-    rc = gs_wquant_prepare(fn, b, k, n, sm, qa.is_signed, per_channel, wbits, &w);
+    rc = gs_wquant_prepare(fn, b, k, n, sm, qa.weights_signed, per_channel, wbits, &w);
     if (rc != GRAPHSWAP_OK) {
         gs_lut_table_release(t);
         return rc;
@@ -323,7 +323,7 @@ GRAPHSWAP_EXPORT int32_t graphswap_lut_matmul_f32(const float *a, const float *b
         mm_job J = {0};
         J.t = t, J.isa = gs_isa(), J.apack = apack, J.m = m, J.k = k, J.n = n, J.b = w.q, J.w = &w;
         J.c = c, J.bias = bias, J.rowsum = rowsum, J.badrow = badrow, J.sasb = sasb;
-        J.is_unsigned = !qa.is_signed, J.za = qa.zero, J.sm = sm;
+        J.is_unsigned = !qa.weights_signed, J.za = qa.zero, J.sm = sm;
         if (rc != GRAPHSWAP_OK) {
         } else if (k == 0) {
             /* no products: the sums are 0 (no table needed) */

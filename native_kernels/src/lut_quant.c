@@ -117,9 +117,10 @@ gs_qparams gs_qparams_dynamic(int is_signed, float flo, float fhi)
 
 gs_qparams gs_qparams_activation(const gs_qparams *act, float flo, float fhi)
 {
-    if (act->levels == 0) return gs_qparams_dynamic(act->is_signed, flo, fhi);
-    gs_qparams q = qparams_levels(act->is_signed, flo, fhi, (double)act->levels);
+    gs_qparams q = act->levels == 0 ? gs_qparams_dynamic(act->is_signed, flo, fhi)
+                                    : qparams_levels(act->is_signed, flo, fhi, (double)act->levels);
     q.levels = act->levels;
+    q.weights_signed = act->weights_signed;
     return q;
 }
 
@@ -159,10 +160,17 @@ static double weight_levels(int is_signed, int weight_bits)
 int32_t gs_quant_check(const char *fn, const graphswap_lut_quant *q, gs_qparams *act)
 {
     if (!q) return gs_fail(GRAPHSWAP_ERR_INVALID_ARGUMENT, "%s: quant is NULL", fn);
-    if (q->scheme != GRAPHSWAP_LUT_UNSIGNED && q->scheme != GRAPHSWAP_LUT_SIGNED)
+    if (q->scheme != GRAPHSWAP_LUT_UNSIGNED && q->scheme != GRAPHSWAP_LUT_SIGNED &&
+        q->scheme != GRAPHSWAP_LUT_SIGNED_UNSIGNED_ACTIVATIONS)
         return gs_fail(GRAPHSWAP_ERR_INVALID_ARGUMENT,
-                       "%s: quant->scheme must be GRAPHSWAP_LUT_UNSIGNED (0) or GRAPHSWAP_LUT_SIGNED (1), got %d",
-                       fn, (int)q->scheme);
+                       "%s: quant->scheme must be GRAPHSWAP_LUT_UNSIGNED (0), GRAPHSWAP_LUT_SIGNED (1) "
+                       "or GRAPHSWAP_LUT_SIGNED_UNSIGNED_ACTIVATIONS (2), got %d", fn, (int)q->scheme);
+    if (q->scheme == GRAPHSWAP_LUT_SIGNED_UNSIGNED_ACTIVATIONS &&
+        (q->activation_mode != GRAPHSWAP_QUANT_STATIC || q->activation_zero_point != 0 ||
+         ((q->weight_bits & 0xffff) != 0 && (q->weight_bits & 0xffff) != 8)))
+        return gs_fail(GRAPHSWAP_ERR_INVALID_ARGUMENT,
+                       "%s: GRAPHSWAP_LUT_SIGNED_UNSIGNED_ACTIVATIONS needs STATIC activations with "
+                       "zero point 0 and 8-bit weights and activations", fn);
     if (q->activation_mode != GRAPHSWAP_QUANT_DYNAMIC && q->activation_mode != GRAPHSWAP_QUANT_STATIC)
         return gs_fail(GRAPHSWAP_ERR_INVALID_ARGUMENT,
                        "%s: quant->activation_mode must be GRAPHSWAP_QUANT_DYNAMIC (0) or "
@@ -190,6 +198,7 @@ int32_t gs_quant_check(const char *fn, const graphswap_lut_quant *q, gs_qparams 
                        "%s: sign-magnitude weights need an unsigned multiplier (scheme "
                        "GRAPHSWAP_LUT_UNSIGNED)", fn);
     act->is_signed = q->scheme == GRAPHSWAP_LUT_SIGNED;
+    act->weights_signed = q->scheme != GRAPHSWAP_LUT_UNSIGNED;
     act->scale = 1.0;
     act->zero = 0;
     act->levels = (abits == 0 || abits == 8) ? 0 : (int32_t)weight_levels(act->is_signed, abits);

@@ -92,6 +92,9 @@ void static_scale(const float* range, graphswap_lut_quant* quant) {
     quant->activation_zero_point = 0;
     return;
   }
+  // a signed multiplier's unsigned codes (QuantScheme.activation_zero_point -128): the range
+  // [0, hi], zero point 0 - fused_quant's asymmetric_params(0, hi, 255)
+  if (quant->scheme == GRAPHSWAP_LUT_SIGNED_UNSIGNED_ACTIVATIONS) lo = 0.0;
   lo = std::isnan(lo) ? lo : std::min(lo, 0.0);  // np.minimum / np.maximum propagate NaN
   hi = std::isnan(hi) ? hi : std::max(hi, 0.0);
   if (hi == lo) {
