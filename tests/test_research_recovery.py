@@ -27,14 +27,17 @@ def accuracy(model, digits):
 
 
 def test_default_recipe_recovers_a_severe_multiplier(lenet, digits):
+    # the fine-tuning recipe is what is tested, from a start whose wiring is fixed (activations
+    # first, symmetric codes); the measured wiring starts higher (docs/RECOVERY.md, "The zero
+    # point on the digits models")
     start = graphswap.rewrite_model(lenet, kernel=SEVERE, calibration_data=digits["x_train"],
-                                    bias_correction="moments")
+                                    bias_correction="moments", operands="activation_first")
     before = accuracy(start, digits)
     result = graphswap.finetune(start, (digits["x_train"], digits["y_train"]), epochs=1,
                                 verbose=0, restore_best=False)   # the default recipe, seed 0
     after = accuracy(result.model, digits)
     print(f"{Path(SEVERE).name}: {before:.4f} -> {after:.4f} after 1 epoch")
-    # measured: 89.44% -> 95.56% (+6.1 points, 22 more of the 360 test images)
+    # measured: 89.17% -> 94.44% (+5.3 points, 19 more of the 360 test images)
     assert after >= before + 0.04
     assert any("cosine decay to 0 over 45 steps" in note for note in result.notes)  # batch 32
 

@@ -80,7 +80,7 @@ def _code_gradients(kernel, qa, za, sa, qb, negative, sb, zb, scheme, g, half_wi
 def require_signed_codes(scheme):
     """`scheme`, unless its activation zero point is -128: the derivative tables difference a
     signed table's rows in two's-complement order, and those codes are unsigned."""
-    if scheme is not None and scheme.activation_zero_point:
+    if getattr(scheme, "activation_zero_point", 0):
         raise QuantizationError("backward='lut_grad' does not run activation_zero_point -128 (its "
                                 "derivative tables read signed activation codes); use the "
                                 "straight-through backward ('native'), or the zero point 0")

@@ -268,7 +268,7 @@ def wired_table(table, operands: str, activation_offset: int, signed: bool,
 def activation_codes_signed(signed: bool, scheme) -> bool:
     """Whether a (signed or unsigned) multiplier's activation codes are two's complement under
     `scheme`: a signed one's are, unless its activation zero point is -128 (codes 0..255)."""
-    return bool(signed) and not (scheme is not None and scheme.activation_zero_point)
+    return bool(signed) and not getattr(scheme, "activation_zero_point", 0)
 
 
 def tfapprox_scheme() -> QuantScheme:
