@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from graphswap import native
-from graphswap.kernels.scheme import QuantScheme
+from graphswap.kernels.scheme import QuantScheme, activation_codes_signed
 
 UNSIGNED_LEVELS = 255
 SIGNED_LIMIT = 127
@@ -79,12 +79,12 @@ def activation_quantization(t: np.ndarray, scheme: QuantScheme, signed: bool, bi
     """(codes, scale, zero point, non-finite mask) of activations under `scheme`, at `bits`
     bits (an Nx8 multiplier's N; module docstring)."""
     value_range = scheme.activation_range if scheme.activations == "static" else None
-    if signed and scheme.activation_zero_point:      # unsigned codes of [0, hi] (scheme.py)
-        return quantize_asymmetric(t, (0.0, max(value_range[1], 0.0)), 255)
-    if signed:
+    if activation_codes_signed(signed, scheme):
         codes, scale, bad = quantize_symmetric(t, value_range=value_range,
                                                limit=weight_limit(True, bits))
         return codes, float(scale), 0, bad
+    if signed:      # the zero point -128: unsigned codes of [0, hi] (scheme.py)
+        value_range = (0.0, value_range[1])
     return quantize_asymmetric(t, value_range, weight_limit(False, bits))
 
 
@@ -138,9 +138,9 @@ def fused_quant(scheme: QuantScheme, signed: bool, weight_bits: int = 8,
     quant = native.LutQuant()
     quant.weight_bits = int(weight_bits) | ((int(activation_bits) << 8) if activation_bits != 8
                                             else 0)
-    unsigned_codes = signed and scheme.activation_zero_point     # scheme.py: codes 0..255
-    quant.scheme = native.LUT_SIGNED_UNSIGNED_ACTIVATIONS if unsigned_codes else \
-        native.LUT_SIGNED if signed else native.LUT_UNSIGNED
+    signed_codes = activation_codes_signed(signed, scheme)
+    quant.scheme = native.LUT_SIGNED if signed_codes else \
+        native.LUT_SIGNED_UNSIGNED_ACTIVATIONS if signed else native.LUT_UNSIGNED
     quant.weight_mode = (native.QUANT_PER_CHANNEL if scheme.granularity == "per_channel"
                          else native.QUANT_PER_TENSOR)
     quant.weight_encoding = (native.WEIGHTS_SIGN_MAGNITUDE if scheme.weights == "sign_magnitude"
@@ -148,14 +148,12 @@ def fused_quant(scheme: QuantScheme, signed: bool, weight_bits: int = 8,
     quant.observed_range = None
     if scheme.activations == "static":
         lo, hi = scheme.activation_range
-        if unsigned_codes:
-            scale, zero = asymmetric_params(0.0, hi, 255)
-            scale, zero = float(scale), int(zero)
-        elif signed:
+        if signed_codes:
             amax = max(abs(float(lo)), abs(float(hi)))
             scale, zero = (amax / weight_limit(True, activation_bits) if amax > 0 else 1.0), 0
-        else:
-            scale, zero = asymmetric_params(lo, hi, weight_limit(False, activation_bits))
+        else:       # a signed circuit's unsigned codes (the zero point -128) take [0, hi]
+            scale, zero = asymmetric_params(0.0 if signed else lo, hi,
+                                            weight_limit(False, activation_bits))
             scale, zero = float(scale), int(zero)
         quant.activation_mode = native.QUANT_STATIC
         quant.activation_scale = scale

@@ -144,7 +144,7 @@ def activation_bounds(a, scheme, activation_range=None):
 def activation_params(a, signed: bool, scheme, activation_range=None, bits: int = 8):
     """(scale, zero) float64 scalars of the activations (activation_bounds), at `bits` bits."""
     lo, hi = activation_bounds(a, scheme, activation_range)
-    if signed and getattr(scheme, "activation_zero_point", 0):   # codes of [0, hi] (scheme.py)
+    if signed and not activation_codes_signed(signed, scheme):   # the zero point -128: [0, hi]
         return quant_params(ops.zeros_like(lo), hi, False)
     return quant_params(lo, hi, signed, activation_levels(signed, bits))
 

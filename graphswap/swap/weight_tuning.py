@@ -330,17 +330,31 @@ def _table_of(arithmetic):
         int(getattr(multiplier, "weight_bits", 8))
 
 
+def code_histogram(x, scheme, signed: bool, activation_bits: int = 8) -> np.ndarray:
+    """Counts of each of the 256 activation codes of the finite values of `x` under `scheme`."""
+    codes, _, _, bad = activation_quantization(x, scheme, signed, activation_bits)
+    codes = codes.reshape(-1) if bad is None else codes[~bad]
+    return np.bincount(codes.reshape(-1), minlength=256)
+
+
+def _tuned_value(operand, scheme, table, counts, *, signed: bool, bits: int,
+                 activation_bits: int = 8):
+    """(the value of the operand's variable with its entries' codes tuned, tune_operand's
+    summary)."""
+    stored = np.array(operand.variable.numpy(), dtype=np.float32)
+    flat = stored.reshape(-1)
+    tuned, summary = tune_operand(flat[operand.entries], scheme, table, counts, signed=signed,
+                                  bits=bits, activation_bits=activation_bits)
+    flat[operand.entries] = tuned
+    return flat.reshape(stored.shape), summary
+
+
 def tuned_operand_values(layer, scheme, counts, activation_signed: bool) -> np.ndarray:
     """The value of `layer`'s one weight variable with its codes tuned for the activation code
     histogram `counts` under `scheme` (a wiring being measured: graphswap.swap.wiring)."""
     (operand,) = weight_operands(layer)
     table, bits = _table_of(layer.arithmetic.wired(scheme))
-    stored = np.array(operand.variable.numpy(), dtype=np.float32)
-    flat = stored.reshape(-1)
-    tuned, _ = tune_operand(flat[operand.entries], scheme, table, counts,
-                            signed=activation_signed, bits=bits)
-    flat[operand.entries] = tuned
-    return flat.reshape(stored.shape)
+    return _tuned_value(operand, scheme, table, counts, signed=activation_signed, bits=bits)[0]
 
 
 @contextlib.contextmanager
@@ -388,9 +402,7 @@ def tune_weights(model, data, *, samples: int = DEFAULT_CALIBRATION_SAMPLES,
             scheme = layer.current_quantization(point)
             if scheme is None or scheme.activation_range is None:
                 return
-            codes, _, _, bad = activation_quantization(x, scheme, signed, activation_bits)
-            codes = codes.reshape(-1) if bad is None else codes[~bad]
-            histograms[point] += np.bincount(codes.reshape(-1), minlength=256)
+            histograms[point] += code_histogram(x, scheme, signed, activation_bits)
 
         with observing([layer], record):
             run_batches(model, inputs, batch_size)
@@ -400,15 +412,10 @@ def tune_weights(model, data, *, samples: int = DEFAULT_CALIBRATION_SAMPLES,
             if not counts.any():
                 continue
             scheme = layer.current_quantization(operand.point)
-            stored = np.array(operand.variable.numpy(), dtype=np.float32)
-            flat = stored.reshape(-1)
-            tuned, summary = tune_operand(flat[operand.entries], scheme, table, counts,
-                                          signed=activation_codes_signed(signed, scheme),
-                                          bits=bits,
-                                          activation_bits=activation_bits)
-            flat[operand.entries] = tuned
-            operand.variable.assign(flat.reshape(stored.shape))
-            summaries[operand.name] = summary
+            value, summaries[operand.name] = _tuned_value(
+                operand, scheme, table, counts, signed=activation_codes_signed(signed, scheme),
+                bits=bits, activation_bits=activation_bits)
+            operand.variable.assign(value)
         if summaries:
             report.layers[path] = summaries
         else:

@@ -43,13 +43,14 @@ several products share one scheme, and one choice for all of them is not a per-p
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import numpy as np
 
 from graphswap.errors import QuantizationError
 from graphswap.kernels import resolve_kernel
-from graphswap.kernels.quantized import LutKernel, activation_quantization
+from graphswap.kernels.quantized import LutKernel
 from graphswap.kernels.scheme import activation_codes_signed, wired_table
 from graphswap.swap.output_calibration import AffineResidual
 from graphswap.swap.calibration import (BATCH_SIZE, calibration_inputs, float_forward,
@@ -92,9 +93,8 @@ def candidates(layer) -> list:
         return []
     # the circuit's own table: the layer may already run a transposed or moved variant
     table = np.asarray(kernel.base.multiplier.table).reshape(256, 256)
-    orders = OPERAND_ORDERS if not np.array_equal(table, table.T) else \
-        (layer.current_quantization().operands,)
     scheme = layer.current_quantization()
+    orders = OPERAND_ORDERS if not np.array_equal(table, table.T) else (scheme.operands,)
     zero_points = (0, -128) if kernel.signed and scheme.activation_range is not None \
         and scheme.activation_range[0] >= 0 and layer.backward != "lut_grad" else (0,)
     wirings = []
@@ -129,25 +129,25 @@ def measure(layer, x, wirings, tuning: bool) -> dict:
     """wiring -> the residual error of `layer`'s product of its observed input `x` wired so
     (module docstring), its weight codes tuned for each wiring when `tuning`."""
     # imported here: weight tuning imports the calibration helpers this module shares
-    from graphswap.swap.weight_tuning import substituted_weights, tuned_operand_values
+    from graphswap.swap.weight_tuning import (code_histogram, substituted_weights,
+                                              tuned_operand_values)
     kernel, scheme = layer.arithmetic, layer.current_quantization()
     if any(wiring[2] for wiring in wirings):    # codes that differ: against the float product
         reference = layer.numpy_product(x, resolve_kernel("exact"))
     else:
         reference = layer.numpy_product(x, kernel.exact_products(), quant=scheme)
+    histograms = {}       # the codes depend on the zero point only, not on the wiring's port
     values = {}
     for wiring in wirings:
         wired = wired_scheme(scheme, wiring)
-        residual = AffineResidual()
+        weights = contextlib.nullcontext()
         if tuning:
-            codes, _, _, bad = activation_quantization(x, wired, kernel.signed)
-            counts = np.bincount((codes if bad is None else codes[~bad]).reshape(-1),
-                                 minlength=256)
-            tuned = tuned_operand_values(layer, wired, counts,
-                                         activation_codes_signed(kernel.signed, wired))
-            with substituted_weights(layer, tuned):
-                residual.update(layer.numpy_product(x, kernel, quant=wired), reference)
-        else:
+            if wiring[2] not in histograms:
+                histograms[wiring[2]] = code_histogram(x, wired, kernel.signed)
+            weights = substituted_weights(layer, tuned_operand_values(
+                layer, wired, histograms[wiring[2]], activation_codes_signed(kernel.signed, wired)))
+        residual = AffineResidual()
+        with weights:
             residual.update(layer.numpy_product(x, kernel, quant=wired), reference)
         values[wiring] = residual.value()
     return values

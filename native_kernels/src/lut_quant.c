@@ -165,12 +165,6 @@ int32_t gs_quant_check(const char *fn, const graphswap_lut_quant *q, gs_qparams 
         return gs_fail(GRAPHSWAP_ERR_INVALID_ARGUMENT,
                        "%s: quant->scheme must be GRAPHSWAP_LUT_UNSIGNED (0), GRAPHSWAP_LUT_SIGNED (1) "
                        "or GRAPHSWAP_LUT_SIGNED_UNSIGNED_ACTIVATIONS (2), got %d", fn, (int)q->scheme);
-    if (q->scheme == GRAPHSWAP_LUT_SIGNED_UNSIGNED_ACTIVATIONS &&
-        (q->activation_mode != GRAPHSWAP_QUANT_STATIC || q->activation_zero_point != 0 ||
-         ((q->weight_bits & 0xffff) != 0 && (q->weight_bits & 0xffff) != 8)))
-        return gs_fail(GRAPHSWAP_ERR_INVALID_ARGUMENT,
-                       "%s: GRAPHSWAP_LUT_SIGNED_UNSIGNED_ACTIVATIONS needs STATIC activations with "
-                       "zero point 0 and 8-bit weights and activations", fn);
     if (q->activation_mode != GRAPHSWAP_QUANT_DYNAMIC && q->activation_mode != GRAPHSWAP_QUANT_STATIC)
         return gs_fail(GRAPHSWAP_ERR_INVALID_ARGUMENT,
                        "%s: quant->activation_mode must be GRAPHSWAP_QUANT_DYNAMIC (0) or "
@@ -193,6 +187,12 @@ int32_t gs_quant_check(const char *fn, const graphswap_lut_quant *q, gs_qparams 
                        "8-bit weights; 1..7, 2..7 for the signed scheme) and the activation width "
                        "in its second byte (0 or 8, or 1..7 / 2..7 when the weights have 8 bits), "
                        "got %d", fn, (int)q->weight_bits);
+    if (q->scheme == GRAPHSWAP_LUT_SIGNED_UNSIGNED_ACTIVATIONS &&
+        (q->activation_mode != GRAPHSWAP_QUANT_STATIC || q->activation_zero_point != 0 ||
+         (wbits != 0 && wbits != 8) || (abits != 0 && abits != 8)))
+        return gs_fail(GRAPHSWAP_ERR_INVALID_ARGUMENT,
+                       "%s: GRAPHSWAP_LUT_SIGNED_UNSIGNED_ACTIVATIONS needs STATIC activations with "
+                       "zero point 0 and 8-bit weights and activations", fn);
     if (q->weight_encoding == GRAPHSWAP_WEIGHTS_SIGN_MAGNITUDE && q->scheme != GRAPHSWAP_LUT_UNSIGNED)
         return gs_fail(GRAPHSWAP_ERR_INVALID_ARGUMENT,
                        "%s: sign-magnitude weights need an unsigned multiplier (scheme "
