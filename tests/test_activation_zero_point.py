@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 
 import graphswap
-from conftest import SAMPLE_MODEL
+from conftest import SAMPLE_MODEL, table_paths
 from graphswap.errors import QuantizationError
 from graphswap.kernels import QuantScheme, device_products, resolve_kernel
 from graphswap.kernels.derivatives import lut_matmul_gradients
@@ -78,7 +78,7 @@ def test_the_wired_table_gives_every_code_a_level():
 
 
 @pytest.mark.parametrize("offset", [0, 4])
-def test_every_path_computes_the_definition(tmp_path, offset):
+def test_every_path_computes_the_definition(tmp_path, offset, each_isa):
     rng = np.random.default_rng(offset)
     table = flooring(8, signed=True) + rng.integers(-40, 40, 65536)
     kernel = resolve_kernel(lut_file(tmp_path, "floor8n", table, True))
@@ -87,8 +87,8 @@ def test_every_path_computes_the_definition(tmp_path, offset):
     b = rng.normal(size=(19, 4)).astype(np.float32)
     scheme = zero_point_scheme(activation_offset=offset)
     expected = reference_matmul(a, b, table, offset)
-    fused = kernel.matmul(a, b, scheme)
-    np.testing.assert_array_equal(fused, expected)
+    for label in table_paths(each_isa):      # every ISA path this CPU runs, factored or not
+        np.testing.assert_array_equal(kernel.matmul(a, b, scheme), expected, err_msg=label)
     kernel._fused = False                                        # the numpy pipeline
     try:
         np.testing.assert_array_equal(kernel.matmul(a, b, scheme), expected)
@@ -104,7 +104,7 @@ def test_every_path_computes_the_definition(tmp_path, offset):
     assert (np.abs(exact - clipped @ b) <= bound + 1e-4).all()
 
 
-def test_a_padded_convolution_agrees_on_every_path(tmp_path):
+def test_a_padded_convolution_agrees_on_every_path(tmp_path, each_isa):
     rng = np.random.default_rng(3)
     table = flooring(8, signed=True) + rng.integers(-40, 40, 65536)
     kernel = resolve_kernel(lut_file(tmp_path, "floor8c", table, True))
@@ -113,6 +113,8 @@ def test_a_padded_convolution_agrees_on_every_path(tmp_path):
     g = conv_geometry(x.shape, w.shape, (1, 1), (1, 1), "same", 1)
     scheme = zero_point_scheme()
     fused = kernel.conv2d(x, w, g, scheme)
+    for label in table_paths(each_isa):
+        np.testing.assert_array_equal(kernel.conv2d(x, w, g, scheme), fused, err_msg=label)
     kernel._fused = False
     try:
         np.testing.assert_array_equal(kernel.conv2d(x, w, g, scheme), fused)
