@@ -2,8 +2,8 @@
 
 Every command parses its options (validation in click types and callbacks), calls the API, and
 prints.  Errors graphswap raises on bad input (GraphswapError) print as one `Error: ...` line with
-exit code 1; usage errors exit 2 (click's convention); anything unexpected prints one line too
-(set GRAPHSWAP_DEBUG=1 for the traceback).
+exit code 1; click's usage errors (unknown option, bad choice, missing argument) exit 1 too;
+anything unexpected prints one line too (set GRAPHSWAP_DEBUG=1 for the traceback).
 
 One file, longer than the package's other modules, because it is nothing but the click
 declarations of every command (options, help texts); all the logic is in the API it calls.
@@ -101,10 +101,13 @@ EXIT_ERROR = 1
 
 
 def report_errors(run):
-    """Run `run()`, turning exceptions into one clear line and a non-zero exit code: graphswap's
-    own errors (bad input) exit 1 with their message; click's usage errors keep exit 2."""
+    """Run `run()`, turning exceptions into one clear line and exit code 1: graphswap's own
+    errors (bad input) with their message; click's usage errors as click shows them, exit 1 too."""
     try:
         return run()
+    except click.UsageError as exc:
+        exc.exit_code = EXIT_ERROR   # every error exits 1 (README), not click's 2
+        raise
     except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort):
         raise
     except GraphswapError as exc:
@@ -127,6 +130,9 @@ def report_errors(run):
 class ReportingGroup(click.Group):
     """A click group whose commands - their option parsing included - report errors in one line
     (see report_errors)."""
+
+    def make_context(self, *args, **kwargs):  # the group's own options: usage errors exit 1
+        return report_errors(lambda: super(ReportingGroup, self).make_context(*args, **kwargs))
 
     def invoke(self, ctx):
         def run():
@@ -768,9 +774,9 @@ def _echo_notes(notes, err=False):
 @click.option("--batch-size", default=DEFAULT_BATCH_SIZE, show_default=True)
 @click.option("--lr", "learning_rate", default=DEFAULT_LEARNING_RATE, show_default=True,
               type=LEARNING_RATE,
-              help="Adam learning rate (the start of the schedule), or 'auto': 1e-4 when the "
-                   "model's training loss at the start shows it still fits its data, 3e-4 when "
-                   "it is within 4x the original float model's, else 1e-3.")
+              help="Adam learning rate (the start of the schedule; 0 to 10), or 'auto': 1e-4 "
+                   "when the model's training loss at the start shows it still fits its data, "
+                   "3e-4 when it is within 4x the original float model's, else 1e-3.")
 @click.option("--schedule", type=click.Choice(list(SCHEDULES)),
               default=DEFAULT_SCHEDULE, show_default=True,
               help="Learning rate over the run: decayed to 0 by a cosine, or constant (the "
@@ -784,7 +790,8 @@ def _echo_notes(notes, err=False):
               help="'mirrored': all local GPUs (or logical CPUs); 'multiworker': the cluster in "
                    "TF_CONFIG (run the same command on every worker).")
 @click.option("--checkpoint-dir", type=click.Path(file_okay=False),
-              help="Write last/best checkpoints and state here after every epoch.")
+              help="Write last/best checkpoints and state here after every epoch (graphswap's "
+                   "own folder: the model, data and -o must lie outside it).")
 @click.option("--resume", is_flag=True,
               help="Continue the run checkpointed in --checkpoint-dir (weights, optimizer, epoch).")
 @click.option("--patience", type=int, default=None,
@@ -1154,9 +1161,9 @@ def trust_list(as_json):
 def _file_state(entry) -> str:
     state = trust_store.file_state(entry)
     return {"same": "same content", "changed": "changed (not trusted)", "missing": "missing",
-            "reads other files": "same content, but refused: it includes headers or needs "
-                                 "libraries from outside the system's ('graphswap trust add "
-                                 "FILE' says which)"}[state]
+            "reads other files": "same content, but refused: it includes headers from outside "
+                                 "the system's, or its library fails graphswap's allowlist "
+                                 "('graphswap trust add FILE' says why)"}[state]
 
 
 @trust_group.command("remove")

@@ -40,6 +40,12 @@ class ShapeError(GraphswapError, ValueError):
     """Operand shapes or a convolution geometry that do not fit together."""
 
 
+class InputFileError(GraphswapError):
+    """An input file graphswap cannot read as what it should be: not a regular file (a FIFO, a
+    socket, a device, a directory), missing, or JSON nested deeper than graphswap reads
+    (graphswap.input_files)."""
+
+
 class ModelLoadError(GraphswapError):
     """A model file could not be loaded (missing, corrupt, weights-only, unsupported format)."""
 
@@ -97,3 +103,8 @@ class TrustStoreError(KernelTrustError):
     def __init__(self, message: str, reason: "str | None" = None):
         super().__init__(message)
         self.reason = reason
+
+
+class TrainingDivergedError(GraphswapError):
+    """Fine-tuning produced a non-finite training loss or non-finite weights (NaN or infinite),
+    or was given a model whose weights already were: the run stops and writes no model."""

@@ -445,3 +445,34 @@ def json_report(output: str):
     import json
 
     return json.JSONDecoder().raw_decode(output[output.index("{"):])[0]
+
+
+def one_error_line(result) -> str:
+    """The one `Error:` line of a CliRunner result that must have failed with exit code 1 and no
+    traceback."""
+    assert result.exit_code == 1, result.output
+    assert "Traceback" not in result.output and "unexpected" not in result.output, result.output
+    lines = [line for line in result.output.splitlines() if line.startswith("Error: ")]
+    assert len(lines) == 1, result.output
+    return lines[0]
+
+
+def tree_snapshot(root: Path) -> dict:
+    """{relative path: what it is} for everything under `root`, links not followed: link targets,
+    folder inodes, files' SHA-256 and inodes - a deleted, rewritten or replaced entry changes it."""
+    import hashlib
+    import stat
+
+    found = {}
+    for parent, folders, files in os.walk(root):
+        for name in folders + files:
+            path = Path(parent) / name
+            info = os.lstat(path)
+            key = str(path.relative_to(root))
+            if stat.S_ISLNK(info.st_mode):
+                found[key] = ("link", os.readlink(path), info.st_ino)
+            elif stat.S_ISDIR(info.st_mode):
+                found[key] = ("dir", None, info.st_ino)
+            else:
+                found[key] = ("file", hashlib.sha256(path.read_bytes()).hexdigest(), info.st_ino)
+    return found

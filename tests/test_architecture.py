@@ -14,6 +14,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "graphswap"
 # The layers, bottom first.  A module may import from its own subpackage and from lower layers.
 LAYERS = [
     {"graphswap.errors", "graphswap.tables", "graphswap._version", "graphswap._quiet_import"},
+    {"graphswap.input_files"},
     {"graphswap.native"},
     {"graphswap.multipliers"},
     {"graphswap.kernels"},

@@ -98,7 +98,7 @@ def test_bad_calibration_input_is_one_error_line(tmp_path, digits):
     for extra, message in usage:
         result = invoke("convert", SAMPLE_MODEL, "-k", "mul8u_drum4", "-o",
                         tmp_path / "out.keras", "--force", *extra)
-        assert result.exit_code == 2 and message in result.output, result.output
+        assert result.exit_code == 1 and message in result.output, result.output
     result = invoke("convert", SAMPLE_MODEL, "-k", "mul8s_drum4", "--weights", "asymmetric", "-o",
                     tmp_path / "out.keras", "--force")
     assert result.exit_code == 1 and "cannot run on a signed (mul8s) multiplier" in result.output

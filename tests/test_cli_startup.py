@@ -78,8 +78,8 @@ def test_help_kernels_and_usage_errors_start_without_tensorflow():
     assert "graphswap, version" in runs[("--version",)]["out"]
     missing, bad_choice = runs[("convert",)], runs[("convert", "m.keras", "--backward",
                                                     "nonsense")]
-    assert missing["code"] == 2 and "Missing argument 'MODEL'" in missing["out"]
-    assert bad_choice["code"] == 2 and "'nonsense' is not one of" in bad_choice["out"]
+    assert missing["code"] == 1 and "Missing argument 'MODEL'" in missing["out"]
+    assert bad_choice["code"] == 1 and "'nonsense' is not one of" in bad_choice["out"]
 
 
 def test_option_values_are_the_apis():

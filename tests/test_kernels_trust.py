@@ -108,27 +108,28 @@ def test_cli_trust_kernel_option(saved_with_user_library, tmp_path):
     assert second.startswith(" 0") and "d " in second
 
 
-def test_tampered_cached_binary_is_rebuilt_not_loaded(tmp_path, monkeypatch):
+def test_tampered_cached_table_is_rebuilt_not_used(tmp_path, monkeypatch):
+    """What the cache keeps of a `.c` is its table (no compiled code); a table replaced there is
+    recomputed from the source, never used."""
     import os
     import stat
 
-    from graphswap import kernels
+    from graphswap import kernels, multipliers, native
 
     monkeypatch.setenv("GRAPHSWAP_CACHE_DIR", str(tmp_path / "cache"))
     source = tmp_path / "mul8u_cached.c"
     source.write_text("#include <stdint.h>\n"
                       "uint16_t mul8u_cached(uint8_t a, uint8_t b) { return (uint16_t)(a * b); }\n")
-    first = kernels.evaluate_anew(str(source))
-    built = [p for p in (tmp_path / "cache").rglob("mul8u_cached-*.so")]
-    assert len(built) == 1
+    graphswap.trust(str(source))
+    first = kernels.resolve_multiplier(str(source))
+    built = list((tmp_path / "cache").rglob("table-*.raw"))
+    assert len(built) == 1 and not list((tmp_path / "cache").rglob("*.so"))
     assert stat.S_IMODE(os.stat(tmp_path / "cache").st_mode) == 0o700
-    # someone replaces the cached binary with another one computing something else
-    evil = compile_library(tmp_path / "evil", "evil", """
-        #include <stdint.h>
-        void graphswap_fill_multiplier_table(int64_t *t) { for (int i = 0; i < 65536; i++) t[i] = 7; }
-    """)
-    built[0].unlink()  # (a new file: overwriting the loaded one in place would crash this process)
-    built[0].write_bytes(evil.read_bytes())
-    second = kernels.evaluate_anew(str(source))
-    np.testing.assert_array_equal(second.table, first.table)  # rebuilt from the source
-    assert built[0].read_bytes() != evil.read_bytes()
+    # someone replaces the cached table with one computing something else
+    evil = np.full(65536, 7, dtype="<u8").tobytes()
+    built[0].unlink()
+    built[0].write_bytes(evil)
+    kernels.clear_cache()
+    second = multipliers.from_file("c", native.read_file(str(source), "kernel file"), (None,))
+    np.testing.assert_array_equal(second.table, first.table)  # recomputed from the source
+    assert built[0].read_bytes() != evil

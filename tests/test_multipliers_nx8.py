@@ -523,7 +523,7 @@ def test_a_model_with_a_declared_4x8_spec_saves_and_reloads_with_its_width(tmp_p
     from graphswap.multipliers import csource
     trust.clear_session_trust()
     built = []
-    monkeypatch.setattr(csource, "built_wrapper", lambda *a, **k: built.append(a))
+    monkeypatch.setattr(csource, "compiled_tables", lambda *a, **k: built.append(a))
     with pytest.raises(KernelTrustError, match=re.escape(str(source.resolve()))):
         graphswap.load_model(path)
     assert not built

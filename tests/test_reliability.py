@@ -288,7 +288,7 @@ def test_check_batch_is_bounded_before_any_work(tmp_path):
             result = runner.invoke(main, [command, str(SAMPLE_MODEL), "--check-batch", value,
                                           "-o", str(tmp_path / "out.onnx" if command == "export"
                                                     else tmp_path / "out.keras")])
-            assert result.exit_code == 2, result.output  # click's usage error
+            assert result.exit_code == 1, result.output  # click's usage error: exit 1 too
             assert f"Invalid value for '--check-batch': {value} is not in the range " \
                    f"{low}<=x<=1024" in result.output
     # the API refuses it before loading anything (the model path does not even exist)

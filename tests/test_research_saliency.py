@@ -171,7 +171,7 @@ def test_cli_errors(runner, tmp_path):
     assert result.exit_code == 1 and "cannot read image" in result.output
     result = runner.invoke(main, ["saliency", str(SAMPLE_MODEL), str(SAMPLE_DATA), "--index", "1",
                                   "--method", "smooth", "-o", str(out)])
-    assert result.exit_code == 2 and "Invalid value for '--method'" in result.output
+    assert result.exit_code == 1 and "Invalid value for '--method'" in result.output
     assert list(tmp_path.iterdir()) == [broken]
 
 

@@ -266,10 +266,22 @@ def honest_c(attacker):
     return source
 
 
+def _resolved_table(source) -> np.ndarray:
+    """The table graphswap resolves for `source` (from its cache when it holds it)."""
+    from graphswap import multipliers
+
+    multipliers.clear_cache()
+    content = native.read_file(str(source), "kernel file")
+    kernel_trust.approve(content)
+    return multipliers.from_file("c", content, (None,)).table.reshape(-1)
+
+
 def _built_multiplier(a, source) -> Path:
-    table = kernels.evaluate_anew(str(source)).table
-    np.testing.assert_array_equal(table.reshape(-1), _exact_table())
-    built = list((a.cache / "multipliers").rglob("mul8u_mine-*.so"))
+    """The cached table of `source` (a C source is compiled and run in the sandbox; what the
+    cache keeps is its table, and no compiled code at all)."""
+    np.testing.assert_array_equal(_resolved_table(source), _exact_table())
+    assert not list((a.cache / "multipliers").rglob("*.so"))
+    built = list((a.cache / "multipliers").rglob("table-*.raw"))
     assert len(built) == 1
     return built[0]
 
@@ -285,18 +297,26 @@ def _forget_records(a) -> None:
     assert forgotten == 1
 
 
+def _plant_table(table: Path) -> None:
+    """The attacker's table (every product 7) under the cached table's name, with a .sha256
+    file beside it."""
+    planted = np.full(65536, 7, dtype="<u8").tobytes()
+    table.unlink()
+    table.write_bytes(planted)
+    table.with_name(table.name + ".sha256").write_text(native.sha256_of(planted))
+
+
 @pytest.mark.parametrize("when", ["swapped in after graphswap built it",
                                   "planted before graphswap built it"])
 def test_a_planted_multiplier_with_its_sha256_file_is_rebuilt(attacker, honest_c, when):
     a = attacker
-    library = _built_multiplier(a, honest_c)
-    _plant(library, a.canary)
+    table = _built_multiplier(a, honest_c)
+    _plant_table(table)
     if when.startswith("planted"):
         _forget_records(a)
-    table = kernels.evaluate_anew(str(honest_c)).table  # evaluated in a child process
-    np.testing.assert_array_equal(table.reshape(-1), _exact_table())  # not the canary's 7s
-    assert library.read_bytes() != a.canary.read_bytes()
-    assert native.recorded_artefact(library).sha256 == _sha(library)
+    np.testing.assert_array_equal(_resolved_table(honest_c), _exact_table())  # not the 7s
+    assert native.recorded_artefact(table).sha256 == _sha(table)
+    assert np.array_equal(np.frombuffer(table.read_bytes(), "<u8"), _exact_table())
 
 
 @pytest.mark.parametrize("entry", ["convert", "graphswap.load_model"])
@@ -305,9 +325,11 @@ def test_a_planted_multiplier_never_loads_in_a_fresh_process(attacker, honest_c,
     model = a.tmp / "tiny-c.keras"
     if entry == "graphswap.load_model":
         _tiny_lut_model(model, kernel=str(honest_c))
-    library = _built_multiplier(a, honest_c)
-    _plant(library, a.canary)
+    table = _built_multiplier(a, honest_c)
+    _plant_table(table)
     _forget_records(a)
+    # and the attacker's library beside it, under the name a compiled multiplier once had
+    shutil.copy(a.canary, table.parent / "mul8u_mine-0000000000000000.so")
     if entry == "convert":
         out = a.tmp / "out.keras"
         result = _run(a, ["convert", str(_tiny_model(a.tmp / "tiny.keras")), "--kernel",
@@ -323,10 +345,10 @@ def test_a_planted_multiplier_never_loads_in_a_fresh_process(attacker, honest_c,
                                      - fc.bias.numpy()).max()))
         """, env={"GRAPHSWAP_TRUSTED_KERNELS": _sha(honest_c)})
         assert result.returncode == 0, result.stderr[-3000:]
-        # the exact product up to 8-bit quantization, not the canary's constant 7s
+        # the exact product up to 8-bit quantization, not the planted constant 7s
         assert float(result.stdout.split("MAX")[1]) < 0.1
     assert not a.marker.exists()
-    assert library.read_bytes() != a.canary.read_bytes()
+    assert np.array_equal(np.frombuffer(table.read_bytes(), "<u8"), _exact_table())
 
 
 # --------------------------------------------------------------------------------------------

@@ -23,9 +23,14 @@ opens such a directory as the Keras model, after checking that its halves agree:
 4. its swapped layers, their kernel records and backward modes, and its input/output names are the
    manifest's (and the export metadata's);
 5. the serving graph passes graphswap.io.savedmodel_program (it may only compute; skipped with
-   safe_mode=False), and then its
-   `serving_default` outputs equal the embedded model's lowered outputs on the manifest's sample
-   batch (swap.sample_inputs) to `RELATIVE_TOLERANCE` of the outputs' scale.
+   safe_mode=False);
+6. before anything of it is run, its `serving_default` is, op for op and weight for weight, what
+   this graphswap exports from the embedded model (graphswap.io.savedmodel_serving: the export is
+   redone in a private temporary directory and both are compared as data) - a graph that answers
+   differently only on some inputs (an exact 0.0, say) passes no check of a sample batch, so none
+   is trusted alone;
+7. its `serving_default` outputs equal the embedded model's lowered outputs on the manifest's
+   sample batch (swap.sample_inputs) to `RELATIVE_TOLERANCE` of the outputs' scale.
 
 Any disagreement is a SavedModelConsistencyError naming the halves that disagree.
 """
@@ -48,8 +53,10 @@ from graphswap.io.export_result import ASSET_NAME
 from graphswap.io.keras3 import MAX_ARCHIVE_JSON_BYTES, check_archive_members, load_keras_file
 from graphswap.io.lowering import lower_model, swapped_layers
 from graphswap.io.savedmodel_program import check_program, private_copy, shown_as
+from graphswap.io.savedmodel_serving import differences, reference_form, serving_form
 from graphswap.io.signatures import signature_names
 from graphswap.swap import MAX_SEQUENCE_LENGTH, compare_outputs, run_model, sample_inputs
+from graphswap.input_files import load_json
 
 EMBED_DIR = "graphswap"
 MODEL_FILE = "model.keras"
@@ -145,8 +152,10 @@ def read_manifest(path) -> dict:
     if not manifest_path.is_file():
         raise _missing(path, f"assets/{EMBED_DIR}/{MANIFEST_FILE}")
     try:
-        manifest = json.loads(read_bounded(manifest_path, path, f"assets/{EMBED_DIR}/"
-                                                                f"{MANIFEST_FILE}"))
+        manifest = load_json(read_bounded(manifest_path, path, f"assets/{EMBED_DIR}/"
+                                                               f"{MANIFEST_FILE}"),
+                             f"{path}: the manifest assets/{EMBED_DIR}/{MANIFEST_FILE}",
+                             SavedModelConsistencyError)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise SavedModelConsistencyError(
             f"{path}: the manifest assets/{EMBED_DIR}/{MANIFEST_FILE} is not readable JSON "
@@ -281,8 +290,9 @@ def _check_layers(path: Path, manifest: dict, model) -> None:
             f"layers ({_first_difference(recorded, actual)}): the manifest or the model was edited. "
             f"Re-export the directory from the model you trust")
     try:
-        metadata = json.loads(read_bounded(path / "assets" / ASSET_NAME, path,
-                                           f"assets/{ASSET_NAME}"))
+        metadata = load_json(read_bounded(path / "assets" / ASSET_NAME, path,
+                                          f"assets/{ASSET_NAME}"),
+                             f"{path}: assets/{ASSET_NAME}", SavedModelConsistencyError)
         exported = _layer_keys(metadata["swapped_layers"])
     except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError):
         exported = None
@@ -331,6 +341,7 @@ def _check_serving(path: Path, manifest: dict, model, safe_mode: bool = True) ->
     batch_size = _check_batch(manifest, path)
     if safe_mode:  # before tf.saved_model.load runs anything of the file's
         check_program(path, own_export=True)
+    _check_serving_form(path, manifest, model)
     try:
         loaded = tf.saved_model.load(str(path))
     except Exception as exc:  # noqa: BLE001 - TensorFlow raises many types; one clear line
@@ -376,3 +387,36 @@ def _check_serving(path: Path, manifest: dict, model, safe_mode: bool = True) ->
             f"{comparison.max_difference:.3g} on the manifest's sample batch of {batch_size} "
             f"(allowed {allowed:.3g}), so one half was replaced or edited (e.g. variables/ copied "
             f"from another export). Re-export the directory from the model you trust")
+
+
+def _check_serving_form(path: Path, manifest: dict, model) -> None:
+    """The serving half is the export of the embedded model, op by op and weight by weight
+    (graphswap.io.savedmodel_serving); SavedModelConsistencyError otherwise."""
+    try:
+        stored = serving_form(path)
+    except ModelLoadError as exc:
+        raise SavedModelConsistencyError(
+            f"{path}: its serving half (saved_model.pb + variables/) cannot be read as graphswap "
+            f"writes it ({str(exc).replace(str(path), '').lstrip(': ')}); it was edited or "
+            f"replaced. Re-export the directory from the model you trust") from None
+    found = differences(stored, reference_form(model))
+    if found is None:
+        return
+    what, kind = found
+    if kind == "weights":
+        raise SavedModelConsistencyError(
+            f"{path}: the serving signature (saved_model.pb + variables/) and the embedded model "
+            f"(assets/{EMBED_DIR}/{MODEL_FILE}, swapped layers lowered) disagree: {what}, so "
+            f"variables/ was replaced or edited (e.g. copied from another export). Re-export the "
+            f"directory from the model you trust")
+    written = (str(manifest.get("graphswap_version")), stored.tensorflow)
+    versions = "" if written == (__version__, tf.__version__) else (
+        f" - or written by another version (graphswap {written[0]}, TensorFlow {written[1]}; "
+        f"this is graphswap {__version__}, TensorFlow {tf.__version__}) whose export differs")
+    raise SavedModelConsistencyError(
+        f"{path}: the serving graph (saved_model.pb) is not what graphswap exports from the "
+        f"embedded model (assets/{EMBED_DIR}/{MODEL_FILE}): its {SIGNATURE} signature {what}. "
+        f"graphswap accepts a serving graph only if it is that export op for op and weight for "
+        f"weight (a check of its outputs on a sample batch cannot show it answers the same on "
+        f"every input), so it was replaced or edited{versions}. Re-export the directory from the "
+        f"model you trust (graphswap export MODEL --format savedmodel)")

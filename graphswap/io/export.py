@@ -28,9 +28,12 @@ asset `assets/graphswap_kernels.json`.  Read them back with `read_metadata(path)
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from graphswap.errors import ExportError, ModelLoadError
+from graphswap.input_files import load_json, read_regular, require_regular
+from graphswap.io.keras3 import MAX_ARCHIVE_JSON_BYTES
 from graphswap.io.export_result import (ASSET_NAME, DEFAULT_OPSET, FORMATS, METADATA_KEY,
                                         ExportResult)
 from graphswap.io.onnx_export import export_onnx
@@ -62,16 +65,33 @@ def read_metadata(path) -> dict:
     path = Path(path)
     if path.is_dir():
         asset = path / "assets" / ASSET_NAME
-        if not asset.is_file():
+        if not os.path.lexists(asset):
             raise ModelLoadError(f"{path} has no graphswap metadata ({asset} is missing)")
-        return json.loads(asset.read_text(encoding="utf-8"))
-    if not path.is_file():
+        return _metadata_json(read_regular(asset, "graphswap metadata", MAX_ARCHIVE_JSON_BYTES,
+                                           ModelLoadError), asset)
+    if not path.exists():
         raise ModelLoadError(f"exported model not found: {path}")
+    require_regular(path, "exported ONNX model", ModelLoadError)  # a FIFO: refused, not waited on
     import onnx
 
     model_proto = onnx.load(str(path), load_external_data=False)
     for entry in model_proto.metadata_props:
         if entry.key == METADATA_KEY:
-            return json.loads(entry.value)
+            return _metadata_json(entry.value, f"{path} (metadata_props {METADATA_KEY!r})")
     raise ModelLoadError(f"{path} has no graphswap metadata (metadata_props key "
                          f"{METADATA_KEY!r} is missing)")
+
+
+def _metadata_json(text, where) -> dict:
+    """The metadata document `text` (bytes or str) of `where`: ModelLoadError for text that is no
+    JSON object, or nests deeper than graphswap writes."""
+    try:
+        document = load_json(text, f"the graphswap metadata {where}", ModelLoadError)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ModelLoadError(f"the graphswap metadata {where} is not JSON ({exc}); it was edited "
+                             f"or damaged: export the model again") from None
+    if not isinstance(document, dict):
+        raise ModelLoadError(f"the graphswap metadata {where} is a JSON "
+                             f"{type(document).__name__}, not the object graphswap writes; it was "
+                             f"edited: export the model again")
+    return document

@@ -33,6 +33,7 @@ import warnings
 from pathlib import Path
 
 from graphswap.errors import GraphswapError, ModelLoadError
+from graphswap.input_files import MAX_MODEL_JSON_DEPTH, load_json
 from graphswap.io.savedmodel_program import (check_keras2_saved_model, private_copy,
                                               shown_as)
 from graphswap.io.legacy_hdf5 import compile_training_config, emit, load_hdf5_model
@@ -90,7 +91,8 @@ def _metadata_records(path) -> list[dict]:
     records = []
     for document in documents:
         try:
-            record = json.loads(document)
+            record = load_json(document, f"{path}: a Keras object's metadata", ModelLoadError,
+                               MAX_MODEL_JSON_DEPTH)
         except json.JSONDecodeError:
             continue
         if isinstance(record, dict):

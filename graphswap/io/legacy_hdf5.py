@@ -18,6 +18,8 @@ import warnings
 
 import keras
 
+from graphswap.errors import ModelLoadError
+from graphswap.input_files import MAX_MODEL_JSON_DEPTH, check_json_depth
 from graphswap.io import legacy_config
 from graphswap.io.keras3 import describe_load_failure, require_built
 from graphswap.io.legacy_reference import check_against_tf_keras
@@ -60,6 +62,10 @@ def load_hdf5_model(path, custom_objects=None, safe_mode: bool = True,
     try:
         with h5py.File(path, "r") as handle:
             version = str(_attribute(handle, "keras_version") or "")
+            config = _attribute(handle, "model_config")   # Keras parses it: depth first
+            if isinstance(config, str):
+                check_json_depth(config, f"{path}: its model_config", ModelLoadError,
+                                 MAX_MODEL_JSON_DEPTH)
             if version.startswith("3"):
                 model = legacy_h5_format.load_model_from_hdf5(
                     handle, custom_objects=custom_objects, compile=compile, safe_mode=safe_mode)

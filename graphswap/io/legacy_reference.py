@@ -29,6 +29,7 @@ import keras
 import numpy as np
 
 from graphswap.errors import GraphswapError, ModelLoadError
+from graphswap.input_files import MAX_MODEL_JSON_DEPTH, load_json
 from graphswap.io.legacy_semantics import keras_version, with_keras2_defaults
 from graphswap.swap.compare import compare_outputs, model_inputs
 
@@ -225,7 +226,8 @@ def _tf_keras_model(tf_keras, path, archive: bool, safe_mode: bool):
         text, version = (handle.attrs.get(name) for name in ("model_config", "keras_version"))
     text, version = (value.decode("utf-8") if hasattr(value, "decode") else value
                      for value in (text, version))
-    config = with_keras2_defaults(json.loads(text), keras_version(version))
+    config = with_keras2_defaults(load_json(text, f"{path}: its model_config", ModelLoadError,
+                                            MAX_MODEL_JSON_DEPTH), keras_version(version))
     original = tf_keras.models.model_from_json(json.dumps(config))
     original.load_weights(str(path))
     return original

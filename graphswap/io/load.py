@@ -13,6 +13,7 @@ import zipfile
 from pathlib import Path
 
 from graphswap.errors import ModelLoadError
+from graphswap.input_files import require_regular
 from graphswap.io import dual_savedmodel, keras2, legacy_archive
 from graphswap.io.keras3 import check_archive_members, load_keras_file
 from graphswap.io.legacy_hdf5 import is_hdf5, load_hdf5_model
@@ -58,6 +59,7 @@ def load_model(path, custom_objects=None, safe_mode: bool = True, compile: bool 
                              f"model file {path} {reason}; expected a .keras or .h5 file")
     if path.is_dir():
         return _load_directory(path, custom_objects, safe_mode, compile)
+    require_regular(path, "model file", ModelLoadError)  # a FIFO, a device: never waited on
     if path.stat().st_size == 0:
         raise ModelLoadError(f"{path} is empty (0 bytes); expected a Keras model (.keras or .h5)")
     if is_hdf5(path):  # by the signature: older Keras wrote HDF5 under any name, .keras included

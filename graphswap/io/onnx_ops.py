@@ -48,7 +48,9 @@ import threading
 
 import numpy as np
 
-from graphswap.errors import GraphswapError, ModelLoadError, QuantizationError
+from graphswap.errors import (GraphswapError, InputFileError, ModelLoadError,
+                              QuantizationError)
+from graphswap.input_files import load_json, read_regular
 from graphswap.kernels import QuantScheme, open_record
 from graphswap.native import conv_geometry
 from graphswap.swap import legacy_scheme
@@ -254,8 +256,8 @@ class _NodeCheck:
 
     def json(self, attribute, text):
         try:
-            return json.loads(text)
-        except (json.JSONDecodeError, RecursionError) as exc:
+            return load_json(text, "it")
+        except (json.JSONDecodeError, RecursionError, InputFileError) as exc:
             raise self.fail(attribute, f"is not valid JSON ({exc}): {text[:80]!r}",
                             "it is the JSON graphswap wrote") from None
 
@@ -313,9 +315,8 @@ def read_checked_model(path):
     import onnx
 
     path = os.fspath(path)
+    data = read_regular(path, "ONNX model", error=ModelLoadError)  # a FIFO: refused, not waited on
     try:
-        with open(path, "rb") as handle:
-            data = handle.read()
         model = onnx.load_model_from_string(data)
     except Exception as exc:  # noqa: BLE001 - onnx raises protobuf/OS errors
         raise ModelLoadError(f"cannot read the ONNX model {path}: {type(exc).__name__}: "

@@ -16,11 +16,11 @@ import tensorflow as tf
 from graphswap.errors import ExportError, ModelLoadError
 from graphswap.io.dual_savedmodel import embed_model
 from graphswap.io.export_result import ASSET_NAME, ExportResult, metadata_document, verify_export
-from graphswap.io.lowering import lower_model
 from graphswap.io.onnx_export import PYTHON_OPS
 from graphswap.io.paths import atomic_output, check_output_path
 from graphswap.io.savedmodel_program import check_program
-from graphswap.io.signatures import feeds, input_specs, serving_function, signature_names
+from graphswap.io.savedmodel_serving import save_serving_module, serving_module
+from graphswap.io.signatures import feeds
 from graphswap.swap import (free_dimension_length, has_free_dimensions, run_model,
                             sample_inputs)
 
@@ -60,13 +60,10 @@ def export_saved_model(model, path, force: bool = False, check_batch: int = 8,
     check_output_path(path, force)
     if check_batch < 1:
         raise ExportError("check_batch must be at least 1: every export is verified")
-    # marked: grouped / channels_first convolutions as plain NHWC Conv2D ops (no XLA function,
-    # runs on CPU); the name scopes are harmless here
-    lowered, records = lower_model(model, marked=True)
-    input_names, output_names = signature_names(model)
-    specs = input_specs(model, input_names)
-    fn = serving_function(lowered, specs, output_names)
-    concrete = fn.get_concrete_function()
+    # the module is built as graphswap rebuilds it to check the directory when it reopens it
+    built = serving_module(model)
+    module, concrete, lowered, records = built.module, built.concrete, built.lowered, built.records
+    input_names, output_names, specs = built.input_names, built.output_names, built.specs
     python_ops = python_ops_in(concrete)
     if python_ops:
         raise ExportError(
@@ -74,15 +71,6 @@ def export_saved_model(model, path, force: bool = False, check_batch: int = 8,
             f"code (tf.numpy_function / tf.py_function), whose body is not serialized into a "
             f"SavedModel, so it would fail when served. Replace that layer with TensorFlow ops, or "
             f"export ONNX instead")
-    module = tf.Module()
-    module.model = lowered
-    module.serve = fn
-    # state that is not a weight - the seed generator of a random layer that stays in the
-    # export (a user's subclass of one; lower_model made the stock ones Identity) - is
-    # reachable from the root only through this list
-    states = [v for v in lowered.variables if all(v is not w for w in lowered.weights)]
-    if states:
-        module.model_states = states
     doc = metadata_document(records, "savedmodel", model.name, input_names, output_names)
     batch = sample_inputs(model, check_batch, sequence_length=sequence_length)
     reference = run_model(lowered, batch)
@@ -92,7 +80,7 @@ def export_saved_model(model, path, force: bool = False, check_batch: int = 8,
         module.graphswap_metadata = tf.saved_model.Asset(str(asset_file))
         with atomic_output(path, force, suffix="") as tmp:
             try:
-                tf.saved_model.save(module, str(tmp), signatures={"serving_default": concrete})
+                save_serving_module(built, tmp)
             except Exception as exc:  # noqa: BLE001 - one clear line
                 first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
                 raise ExportError(f"writing the SavedModel failed: {type(exc).__name__}: "

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 
 from graphswap.errors import ModelLoadError
+from graphswap.input_files import MAX_MODEL_JSON_DEPTH, load_json
 
 KERAS_METADATA = "keras_metadata.pb"
 #: class names of Keras layers/objects that carry Python code
@@ -111,7 +112,8 @@ def keras_metadata_documents(data: bytes, shown) -> list[tuple[str, object]]:
                 elif field == 5 and isinstance(value, bytes):
                     metadata = value.decode("utf-8")
             if metadata:
-                documents.append((node_path, json.loads(metadata)))
+                documents.append((node_path, load_json(metadata, f"node {node_path!r}'s metadata",
+                                                       ModelLoadError, MAX_MODEL_JSON_DEPTH)))
     except (ModelLoadError, ValueError) as exc:  # ValueError: JSON, UTF-8
         raise ModelLoadError(f"{shown}: {KERAS_METADATA} is not readable ({exc}); the file is "
                              f"corrupt") from None
@@ -126,7 +128,9 @@ def object_graph_documents(proto) -> list[tuple[str, object]]:
         for index, node in enumerate(meta_graph.object_graph_def.nodes):
             if node.WhichOneof("kind") == "user_object" and node.user_object.metadata:
                 try:
-                    documents.append((f"node {index}", json.loads(node.user_object.metadata)))
+                    documents.append((f"node {index}", load_json(
+                        node.user_object.metadata, f"the object graph's node {index}",
+                        ModelLoadError, MAX_MODEL_JSON_DEPTH)))
                 except json.JSONDecodeError:
                     continue
     return documents

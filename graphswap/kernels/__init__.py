@@ -23,7 +23,8 @@ from graphswap.kernels.quantized import (LutKernel, activation_quantization, qua
                                          quantize_symmetric, quantize_weights)
 from graphswap.kernels.scheme import (ACTIVATION_MODES, GRANULARITIES, OBSERVERS, WEIGHT_ENCODINGS,
                                       QuantScheme, tfapprox_scheme)
-from graphswap.kernels.registry import (available_kernels, check, clear_cache, evaluate_anew, lut,
+from graphswap.kernels.registry import (available_kernels, check, clear_cache, evaluate_anew,
+                                        evaluate_passes, lut,
                                         metrics, open_record, operand_levels, plot_error_heatmap,
                                         remember_named_file, require_multiplier, resolve_file_named,
                                         resolve_kernel, resolve_multiplier)
@@ -36,7 +37,7 @@ __all__ = ["SchemeBoundKernel", "bind_scheme", "oriented", "DEFAULT_HALF_WIDTH",
            "activation_quantization", "quantize_weights", "tfapprox_scheme",
            "OperandRoundingKernel", "available_kernels", "builtin_names", "check", "check_kernel",
            "clear_cache", "format_check_result",
-           "evaluate_anew", "lut", "metrics", "open_record", "operand_levels", "parse_file_spec",
+           "evaluate_anew", "evaluate_passes", "lut", "metrics", "open_record", "operand_levels", "parse_file_spec",
            "plot_error_heatmap", "quantize_asymmetric", "quantize_symmetric",
            "remember_named_file", "require_multiplier", "resolve_file_named", "resolve_kernel",
            "resolve_multiplier", "round_to_bfloat16", "trust", "trust_file", "truncate_mantissa",

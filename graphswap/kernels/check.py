@@ -33,8 +33,9 @@ from graphswap.kernels.fp8 import parse_fp8_spec
 from graphswap.kernels.fp8_check import check_fp8
 from graphswap.kernels.specs import parse_file_spec
 from graphswap.native import conv_geometry
+from graphswap.native.sandbox import isolated_environment, isolated_workdir
 from graphswap.kernels.quantized import LutKernel
-from graphswap.kernels.registry import (evaluate_anew, file_not_found_message, resolve_kernel,
+from graphswap.kernels.registry import (evaluate_passes, file_not_found_message, resolve_kernel,
                                         resolve_multiplier)
 
 GUARD_FLOATS = 1024
@@ -227,24 +228,20 @@ def _multiplier_checks(spec, multiplier, add) -> dict:
         bits = sum(int(part) for part in width.split("x"))
         add(f"results are {width}-bit products", True,
             f"every result fits the {bits}-bit range of its signedness at its declared width")
-        # The table above came from a fresh child process; these evaluations run here, one after
-        # the other, so state the function keeps between calls shows up as a difference.
-        _stage("determinism")
-        again = [evaluate_anew(spec).table for _ in range(2)]
-        same = all(np.array_equal(t, table) for t in again)
+        # The table above came from a fresh process; these evaluations run in one process of
+        # their own (the sandbox's for a C source), three passes one after the other, so state
+        # the function keeps between calls shows up as a difference, then four threads at once,
+        # each at other operands than the others at any moment.
+        _stage("determinism and concurrent evaluation")
+        every_row = list(range(256))
+        orders = [[(start + i) % 256 for i in range(256)] for start in (0, 64, 128, 192)]
+        tables = [m.table for m in evaluate_passes(spec, [every_row] * 2, orders)]
+        same = all(np.array_equal(t, table) for t in tables[:2])
         add("deterministic (table evaluated three times)", same,
             "bit-identical" if same else
             "evaluations of the same operands gave different tables: the function has state or "
             "is random")
-        _stage("concurrent evaluation")
-        tables = {}
-
-        def evaluate(start):  # each thread at other operands than the others at any moment
-            order = [(start + i) % 256 for i in range(256)]
-            tables[start] = evaluate_anew(spec, row_order=order).table
-
-        _run_concurrently([lambda start=start: evaluate(start) for start in (0, 64, 128, 192)])
-        same = len(tables) == 4 and all(np.array_equal(t, table) for t in tables.values())
+        same = len(tables) == 6 and all(np.array_equal(t, table) for t in tables[2:])
         add("re-entrant (concurrent evaluation)", same,
             "equal" if same else "concurrent evaluations differ: the function is not re-entrant")
     _stage("NaN/Inf inputs through the quantized kernel")
@@ -346,18 +343,37 @@ def check_kernel(spec: str, plot: str | None = None, timeout: float = 120.0) -> 
     elif not os.path.isfile(file_spec.path):
         raise KernelSpecError(file_not_found_message(file_spec, os.path.abspath(file_spec.path)))
 
-    # the directory holding the graphswap package (graphswap/kernels/check.py -> three up)
+    # The child runs isolated: `python -I` in a private folder, a clean environment; the package
+    # it imports is this one, the spec's file path absolute.
     package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    env["PYTHONPATH"] = os.pathsep.join([package_root, env.get("PYTHONPATH", "")]).rstrip(
-        os.pathsep)
-    command = [sys.executable, "-m", "graphswap.kernels.check", spec]
+    command = [sys.executable, "-I", "-c", _CHILD_BOOTSTRAP, package_root,
+               _absolute_spec(spec, fp8_spec or file_spec)]
     if plot:
         command += ["--plot", os.path.abspath(plot)]
-    # its own session, so that a timeout kills the whole group (a multiplier's evaluating child
-    # included), not only the checking process
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               env=env, start_new_session=True)
+    with isolated_workdir("graphswap-check-") as workdir:
+        # its own session: a timeout kills the whole group (a multiplier's evaluating child too)
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   text=True, cwd=workdir, start_new_session=True,
+                                   env=isolated_environment(TF_CPP_MIN_LOG_LEVEL="3"))
+        return _answer(process, spec, timeout)
+
+
+#: the isolated child: the package from the folder the parent names (argv: -c, folder, spec...)
+_CHILD_BOOTSTRAP = ("import sys; sys.path.insert(0, sys.argv.pop(1)); "
+                    "from graphswap.kernels.check import _main; sys.exit(_main(sys.argv[1:]))")
+
+
+def _absolute_spec(spec: str, parsed) -> str:
+    """`spec` with its file path made absolute (the child runs in a folder of its own)."""
+    path = getattr(parsed, "path", None)
+    spec = spec.strip()
+    if not path or os.path.isabs(path) or path not in spec:
+        return spec
+    return spec.replace(path, os.path.abspath(path), 1)
+
+
+def _answer(process, spec: str, timeout: float) -> dict:
+    """The check result the child printed, or a failed check naming its crash or hang."""
     try:
         stdout, stderr = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -368,7 +384,7 @@ def check_kernel(spec: str, plot: str | None = None, timeout: float = 120.0) -> 
         stdout, stderr = process.communicate()
         return _failure(spec, _last_stage(stderr),
                         f"no answer within {timeout:g} s: the kernel hangs (killed)")
-    completed = subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+    completed = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
     stage = _last_stage(completed.stderr)
     for line in completed.stdout.splitlines():
         if line.startswith(RESULT_PREFIX):

@@ -270,16 +270,23 @@ def clear_cache() -> None:
     multipliers.clear_cache()
 
 
-def evaluate_anew(spec, row_order=None) -> multipliers.Multiplier:
+def evaluate_passes(spec, passes, concurrent=()) -> list[multipliers.Multiplier]:
     """Evaluate the table of a user-named multiplier file (.c, lib.so:symbol) again, bypassing
-    every cache, in this process, rows in `row_order`: what `kernels check` (itself a child
-    process) compares to test determinism and re-entrancy."""
+    every cache: one table per row order in `passes` (one after the other in one process), then
+    one per order in `concurrent` (threads at once) - what `kernels check` compares to test
+    determinism and re-entrancy (graphswap.multipliers.evaluate_passes)."""
     file_spec = parse_file_spec(spec.strip())
     if file_spec is None or file_spec.kind not in ("c", "so"):
         raise KernelSpecError(f"{spec!r} is not a multiplier in C or in a shared library")
     content = native.read_file(os.path.abspath(file_spec.path), file_spec.what)
     trust.approve(content)
-    return multipliers.evaluate_anew(file_spec.kind, content, file_spec.extra, row_order)
+    return multipliers.evaluate_passes(file_spec.kind, content, file_spec.extra, passes,
+                                       concurrent)
+
+
+def evaluate_anew(spec) -> multipliers.Multiplier:
+    """The table of a user-named multiplier file evaluated again, bypassing every cache."""
+    return evaluate_passes(spec, [range(256)])[0]
 
 
 def lut(spec):

@@ -28,9 +28,10 @@ Trust sources (any one suffices; trust is always of a content hash, so editing a
   refused: it would name another file in every folder a command runs in.
 
 Trust is of a file's own bytes, so a kernel must not read other files that could change without
-changing them: a C source may include only system headers, a library may need only system
-libraries (graphswap.native.dependencies; `trust` refuses such a file at once, the compile and
-the load check what they use again).
+changing them: a C source is compiled and run in a sandbox that lets it read nothing but its own
+bytes and the system's files (graphswap.native.sandbox), and a library must pass the allowlist of
+graphswap.native.elf_policy, needing only root's system libraries; `trust` refuses a source
+including another header, or a library failing the allowlist, at once.
 
 Multiplier tables (.lut/.bin) are data, not code: they need no trust, but they pass the same
 record checks and their hash must match.
@@ -50,8 +51,8 @@ import threading
 from pathlib import Path
 
 from graphswap.errors import KernelTrustError, TrustStoreError
-from graphswap.native import compiler
-from graphswap.native.dependencies import check_library_dependencies, check_source_reads
+from graphswap.multipliers.c_tables import check_headers
+from graphswap.native.dependencies import check_library_dependencies
 from graphswap.native.files import FileContent, read_file
 
 ENV_VAR = "GRAPHSWAP_TRUSTED_KERNELS"
@@ -262,12 +263,7 @@ def check_reads(content: FileContent) -> None:
     system headers, a library (.so) needing one from outside the system library directories.
     Compiling and loading check what they use again; this is the early, same answer."""
     if content.path.endswith(".c"):
-        try:
-            listed = compiler.list_dependencies(content.path)
-            system = compiler.system_include_dirs()
-        except compiler.CompilerError:
-            return   # no compiler, or no valid C: said when it is compiled
-        check_source_reads(listed, [content.path], content.path, system, "kernel source")
+        check_headers(content, "kernel source")   # the preprocessor alone, in the sandbox
     elif _LIBRARY.search(content.path):
         check_library_dependencies(content, "kernel library")
 

@@ -80,7 +80,7 @@ graphswap.kernels (kernels.lut(spec), kernels.metrics(spec), ...).
 from graphswap.multipliers.builtins import DRUM_RANGE, TRUNC_RANGE, builtin_multipliers, looks_like_builtin
 from graphswap.multipliers.checks import (check, check_entry, format_check, format_check_lines,
                                           verdict)
-from graphswap.multipliers.loading import FILE_KINDS, builtin, clear_cache, evaluate_anew, from_file
+from graphswap.multipliers.loading import FILE_KINDS, builtin, clear_cache, evaluate_passes, from_file
 from graphswap.multipliers.metrics import (HEADER_KEYS, agrees_with_header, lut, metrics,
                                           operand_levels, parse_header_metrics)
 from graphswap.multipliers.plots import plot_error_heatmap
@@ -89,6 +89,6 @@ from graphswap.multipliers.table_files import write_lut
 
 __all__ = ["DRUM_RANGE", "FILE_KINDS", "HEADER_KEYS", "TABLE_SIZE", "TRUNC_RANGE", "Multiplier",
            "agrees_with_header", "builtin", "builtin_multipliers", "check", "check_entry", "clear_cache",
-           "evaluate_anew", "format_check", "format_check_lines", "from_file",
+           "evaluate_passes", "format_check", "format_check_lines", "from_file",
            "looks_like_builtin", "lut", "metrics", "operand_levels", "operand_values",
            "parse_header_metrics", "plot_error_heatmap", "verdict", "write_lut"]

@@ -1,7 +1,6 @@
 """Multipliers written in C (EvoApproxLib style): find the function and its signature by parsing
-the source, generate a wrapper that fills the table, compile both into the per-user cache (keyed
-by the source's hash; a cached binary is reused only if its hash matches the record graphswap wrote
-when it built it, native.cache), evaluate.
+the source, generate a wrapper that fills the table, compile and evaluate both in the sandbox
+(graphswap.multipliers.c_tables: only the table comes back, cached by the source's hash).
 
 Signature generations understood (see graphswap.multipliers for the rules):
   legacy   uint64_t mul8u_X(const uint64_t B, const uint64_t A)  (order B, A)
@@ -19,23 +18,17 @@ Signature generations understood (see graphswap.multipliers for the rules):
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
 import re
-import tempfile
-from pathlib import Path
 
 from graphswap.errors import KernelSpecError
-from graphswap.multipliers.evaluation import (EvaluationPlan, ResultType, evaluate_in_process,
-                                              evaluate_isolated, table_from_raw)
+from graphswap.multipliers.c_tables import compiled_tables, source_copy_name
+from graphswap.multipliers.evaluation import ResultType, table_from_raw
 from graphswap.multipliers.metrics import parse_header_metrics
 from graphswap.multipliers.record import Multiplier
 from graphswap.multipliers.widths import (NAMED_WIDTHS, WIDTH_DECLARATION, Widths, narrow_table,
                                          operand_widths)
-from graphswap.native import (FileContent, cache_dir, compiler, owner_only_directory,
-                              record_artefact, recorded_artefact, remove_stale,
-                              write_atomically)
-from graphswap.native.dependencies import check_source_reads
+from graphswap.native import FileContent
 
 _C_TYPES = {
     "uint8_t": (8, False), "unsigned char": (8, False), "int8_t": (8, True), "signed char": (8, True),
@@ -178,7 +171,7 @@ def _classify(fn: _CFunction, path: str, widths: Widths | None = None) -> _Signa
     return _Signature(signed, arg_type, swap, result, generation, tuple(notes))
 
 
-_WRAPPER_VERSION = "4"  # 2: portable (no -march=native); 3: 8xN; 4: from one checked .i
+_WRAPPER_VERSION_COMMENT = "/* wrapper 5: compiled in the sandbox */\n"
 
 
 def _wrapper_source(fn: _CFunction, sig: _Signature, include_name: str,
@@ -214,105 +207,26 @@ def _wrapper_source(fn: _CFunction, sig: _Signature, include_name: str,
         "}\n")
 
 
-def compile_error(path: str, exc: Exception, copied: Path, what: str = "multiplier",
-                   instead: str = "a prebuilt 'lib.so:symbol' or a .lut table") -> KernelSpecError:
-    """The compiler's whole output, with the private copy's name replaced by the user's file."""
-    output = re.sub(r"(\.c)\.\w+\.i\b", r"\1", str(exc))   # a unit: named by its source
-    output = output.replace(str(copied), path)
-    output = re.sub(r"\S*/wrapper-(?:fp8-)?[0-9a-f]+\.c", "graphswap's generated wrapper", output)
+def compile_error(path: str, output: str, what: str = "multiplier",
+                  instead: str = "a prebuilt 'lib.so:symbol' or a .lut table") -> KernelSpecError:
+    """The compiler's whole output (the private copy already named by the user's file)."""
     return KernelSpecError(f"cannot compile {what} {path}: {output}\nFix the C source (it "
                            f"must compile with 'cc -c'), or pass {instead}")
 
 
-def private_source_copy(content: FileContent) -> tuple[Path, Path]:
-    """(the owner-only cache folder of these source bytes, the private copy of exactly those
-    bytes in it): the compiler sees the copy, never the user's file."""
-    # per-user cache: nobody else may plant binaries in it
-    workdir = owner_only_directory(owner_only_directory(cache_dir() / "multipliers")
-                                   / content.sha256[:24])
-    copied = workdir / ("source_" + re.sub(r"[^A-Za-z0-9_.-]", "_", os.path.basename(content.path)))
-    write_atomically(copied, content.data)  # a rename replaces whatever was there
-    return workdir, copied
-
-
-def checked_unit(source_file: Path, workdir: Path, content: FileContent, copied: Path,
-                 failed, what: str = "multiplier source") -> Path:
-    """The translation unit (.i, in `workdir`; the caller compiles and removes it) of
-    `source_file` - graphswap's wrapper, or the private copy itself - from one preprocessor run,
-    after checking every file that run read: the private copy, the wrapper and the compiler's
-    system headers only (native.dependencies: a KernelTrustError naming any other header, or one
-    not found, before anything is compiled).  The unit is compiled without opening a header
-    again, so what was checked is what is compiled.  `failed(exc)` is the error a compiler
-    failure raises."""
-    fd, name = tempfile.mkstemp(prefix=source_file.name + ".", suffix=".i", dir=workdir)
-    os.close(fd)
-    unit = Path(name)
-    own = [source_file, copied]
-    try:
-        try:
-            # portable: the table is filled once, and a cache shared by machines (a home
-            # directory on a cluster) must not hold code another CPU cannot run
-            read = compiler.preprocess(source_file, unit, include_dirs=[workdir], portable=True)
-        except compiler.CompilerError as exc:
-            try:   # a header that is not there (one beside the user's file): say so
-                listed = compiler.list_dependencies(source_file, [workdir])
-            except compiler.CompilerError:
-                listed = []
-            check_source_reads(listed, own, content.path, compiler.system_include_dirs(), what)
-            raise failed(exc) from None
-        check_source_reads(read, own, content.path, compiler.system_include_dirs(), what)
-    except BaseException:
-        unit.unlink(missing_ok=True)
-        raise
-    return unit
-
-
-def compile_checked(unit: Path, output: Path, failed) -> None:
-    """Compile a unit from checked_unit() into `output`, then remove the unit; `failed(exc)` is
-    the error a compiler failure raises."""
-    try:
-        compiler.compile_unit(unit, output, portable=True)
-    except compiler.CompilerError as exc:
-        raise failed(exc) from None
-    finally:
-        unit.unlink(missing_ok=True)
-
-
-def built_wrapper(workdir: Path, wrapper: str, wrapper_name: str, library_path: Path,
-                  compile_error, content: FileContent, copied: Path,
-                  what: str = "multiplier source"):
-    """The recorded artefact of `wrapper` (which includes `copied`, the private copy of
-    `content`) compiled into `library_path` (closed; its sha256 is what the evaluating process
-    checks).  What the wrapper reads is checked first, every time (checked_unit); the artefact is
-    reused only if it is the binary graphswap built (its hash matches graphswap's record in the
-    cache; a planted file, or a `.sha256` file beside one, counts for nothing), else rebuilt;
-    `compile_error(exc)` is the error a failed build raises."""
-    wrapper_path = workdir / wrapper_name
-    write_atomically(wrapper_path, wrapper.encode())
-    unit = checked_unit(wrapper_path, workdir, content, copied, compile_error, what)
-    checked = recorded_artefact(library_path)
-    if checked is None:
-        remove_stale(library_path)
-        compile_checked(unit, library_path, compile_error)
-        checked = record_artefact(library_path)
-    unit.unlink(missing_ok=True)
-    checked.close()
-    return checked
-
-
-def from_c_source(content: FileContent, function: str | None, isolated: bool = True,
-                  row_order=None) -> Multiplier:
+def from_c_source(content: FileContent, function: str | None, passes=None,
+                  concurrent=()) -> Multiplier | list[Multiplier]:
     """Compile and evaluate the multiplier in a C source whose bytes were read (and checked) once.
 
-    The compiler sees a copy of exactly `content.data` in the owner-only cache, never the file.
-    The table is evaluated in a child process (`isolated`, graphswap.multipliers.evaluation), or
-    in this one with the rows in `row_order` (kernels check's re-entrancy check)."""
+    Compiled and evaluated in the sandbox from a private copy of exactly `content.data`
+    (graphswap.multipliers.c_tables); only the table comes back.  With `passes` / `concurrent`
+    (row orders: kernels check's determinism and re-entrancy checks), every table evaluated in
+    that one process, as a list of multipliers."""
     path = content.path
     sha = content.sha256
     source = content.data.decode("utf-8", "replace")
     header, header_text = parse_header_metrics(source, path)   # refused before any compiling
-    workdir, copied = private_source_copy(content)
-    include_name = copied.name
+    include_name = source_copy_name(path)
 
     functions = [f for f in _find_functions(source) if len(f.params) == 2]
     declared = None
@@ -330,11 +244,11 @@ def from_c_source(content: FileContent, function: str | None, isolated: bool = T
                   or NAMED_WIDTHS.match(f.name)] or functions
     if not chosen:
         # Maybe the source does not even compile: the compiler's message is the useful one then.
-        def failed(exc):
-            return compile_error(path, exc, copied)
-
-        compile_checked(checked_unit(copied, workdir, content, copied, failed),
-                        workdir / "syntax-check.so", failed)
+        probe = (f'#include "{include_name}"\n__attribute__((visibility("default"))) void '
+                 f'graphswap_fill_multiplier_row(unsigned x, unsigned long *raw) {{ (void)x; '
+                 f'(void)raw; }}\n')
+        compiled_tables(content, probe, "syntax check", False, "multiplier source",
+                        lambda output: compile_error(path, output), passes=[[]])
         found = [f"{f.ret} {f.name}({', '.join(' '.join(p) for p in f.params)})"
                  for f in _find_functions(source)]
         raise KernelSpecError(
@@ -350,27 +264,24 @@ def from_c_source(content: FileContent, function: str | None, isolated: bool = T
     activation_bits = 8 if widths is None else widths.activation_bits
     sig = _classify(fn, path, widths)
     wrapper = _wrapper_source(fn, sig, include_name, weight_bits, activation_bits)
-    key = hashlib.sha256((sha + fn.name + _WRAPPER_VERSION + wrapper).encode()).hexdigest()[:16]
-    library_path = workdir / f"{fn.name}-{key}.so"
-    checked = built_wrapper(workdir, wrapper, f"wrapper-{key}.c", library_path,
-                            lambda exc: compile_error(path, exc, copied), content, copied)
-    # the evaluating process loads it only with this hash, checked on the descriptor it loads from
-    plan = EvaluationPlan(source=path, name=fn.name, library=str(library_path),
-                          sha256=checked.sha256, mode="wrapper")
-    if isolated:
-        raw = evaluate_isolated(plan, sig.signed)
-    else:
-        raw = evaluate_in_process(plan, row_order)
-    if widths is None:
-        table = table_from_raw(raw, sig.result, path, fn.name)
-    else:
-        table = narrow_table(raw, sig.result, weight_bits, path, fn.name, activation_bits)
-    absolute = path
-    spec = absolute + (f":{function}" if function else f":{declared}" if declared else "")
-    kind = "signed" if sig.signed else "unsigned"
-    return Multiplier(spec=spec, name=fn.name, signed=sig.signed, table=table,
-                      description=f"{kind} multiplier {fn.name} from {os.path.basename(path)} "
-                                  f"({sig.generation})",
-                      kind="c", path=absolute, sha256=sha, header_metrics=header,
-                      header_metrics_text=header_text, notes=sig.notes, weight_bits=weight_bits,
-                      activation_bits=activation_bits)
+    raws = compiled_tables(content, wrapper + _WRAPPER_VERSION_COMMENT, fn.name, sig.signed,
+                           "multiplier source", lambda output: compile_error(path, output),
+                           passes=passes, concurrent=concurrent)
+
+    def multiplier(raw):
+        if widths is None:
+            table = table_from_raw(raw, sig.result, path, fn.name)
+        else:
+            table = narrow_table(raw, sig.result, weight_bits, path, fn.name, activation_bits)
+        spec = path + (f":{function}" if function else f":{declared}" if declared else "")
+        kind = "signed" if sig.signed else "unsigned"
+        return Multiplier(spec=spec, name=fn.name, signed=sig.signed, table=table,
+                          description=f"{kind} multiplier {fn.name} from "
+                                      f"{os.path.basename(path)} ({sig.generation})",
+                          kind="c", path=path, sha256=sha, header_metrics=header,
+                          header_metrics_text=header_text, notes=sig.notes,
+                          weight_bits=weight_bits, activation_bits=activation_bits)
+
+    if passes is None and not concurrent:
+        return multiplier(raws[0])
+    return [multiplier(raw) for raw in raws]

@@ -30,6 +30,7 @@ from graphswap.errors import (KernelCrashError, KernelSpecError, KernelTrustErro
                               MultiplierRangeError)
 from graphswap.multipliers import table_child
 from graphswap.multipliers.record import TABLE_SIZE
+from graphswap.native.sandbox import isolated_environment, isolated_workdir
 
 CHILD_SCRIPT = os.path.abspath(table_child.__file__)
 #: seconds a multiplier may take to fill its table before it is taken to hang
@@ -115,10 +116,22 @@ def evaluate_isolated(plan: EvaluationPlan, signed: bool,
     """The raw results evaluated in a child process (see the module docstring); raises
     KernelCrashError when the multiplier crashes there, or hangs past `timeout` seconds
     (default EVALUATION_TIMEOUT)."""
+    with isolated_workdir() as workdir:
+        body = run_row_child([sys.executable, "-I", "-S", CHILD_SCRIPT, plan.to_json()], plan,
+                             signed, table_child.ROW, workdir, isolated_environment(), timeout)
+    return np.frombuffer(body, dtype="<u8").astype(np.uint64)
+
+
+def run_row_child(command: list, plan: EvaluationPlan, signed: bool, rows: int, cwd: str,
+                  env: dict, timeout: float | None = None, refusal=None) -> bytes:
+    """The rows (`rows` of them, raw little-endian uint64) a child process that writes
+    table_child's protocol sends back: LOADED, then the rows.  A crash, a hang past `timeout`
+    seconds, or a refusal before loading becomes the error naming the multiplier and the stage;
+    `refusal(report)` turns the child's JSON report of a refusal into the error to raise (else
+    the plan's own kinds: hash, symbol, load)."""
     timeout = EVALUATION_TIMEOUT if timeout is None else timeout
-    command = [sys.executable, "-I", "-S", CHILD_SCRIPT, plan.to_json()]
     process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE)
+                               stderr=subprocess.PIPE, cwd=cwd, env=env)
     hung = False
     try:
         stdout, stderr = process.communicate(timeout=timeout)
@@ -129,10 +142,24 @@ def evaluate_isolated(plan: EvaluationPlan, signed: bool,
     loaded = stdout[:1] == table_child.LOADED
     body = stdout[1:] if loaded else b""
     done = len(body) // ROW_BYTES
-    if hung or process.returncode != 0 or done != table_child.ROW:
-        raise _failure(plan, signed, process.returncode, hung, loaded, done, timeout,
-                       stderr.decode("utf-8", "replace"))
-    return np.frombuffer(body, dtype="<u8").astype(np.uint64)
+    text = stderr.decode("utf-8", "replace")
+    if not hung and process.returncode == 3 and not loaded and refusal is not None:
+        report = _report(text)
+        if report is not None:
+            raise refusal(report)
+    if hung or process.returncode != 0 or done != rows:
+        raise _failure(plan, signed, process.returncode, hung, loaded, min(done, table_child.ROW),
+                       timeout, text)
+    return body
+
+
+def _report(stderr: str) -> dict | None:
+    """The child's JSON report of why it stopped before loading (its last line), if any."""
+    try:
+        report = json.loads(stderr.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return None
+    return report if isinstance(report, dict) and "error" in report else None
 
 
 def _failure(plan, signed, code, hung, loaded, done, timeout, stderr) -> Exception:

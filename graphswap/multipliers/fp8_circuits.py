@@ -21,20 +21,19 @@ every output that depends on a non-finite input NaN), so they may hold anything.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import re
 
 import numpy as np
 
 from graphswap.errors import KernelSpecError
-from graphswap.multipliers.evaluation import EvaluationPlan, evaluate_isolated
+from graphswap.multipliers.c_tables import compiled_tables, source_copy_name
+from graphswap.multipliers.csource import compile_error
 from graphswap.multipliers.metrics import parse_header_metrics
-from graphswap.multipliers.csource import built_wrapper, compile_error, private_source_copy
 from graphswap.native import FileContent
 
 TABLE_SHAPE = (256, 256)
-_WRAPPER_VERSION = "fp8-2"  # 2: compiled from one checked .i
+_WRAPPER_VERSION_COMMENT = "/* fp8 wrapper 3: compiled in the sandbox */\n"
 _OPERAND = r"(?:const\s+)?(?:uint8_t|unsigned\s+char)\s+(?:const\s+)?\w+"
 _FP8_FUNCTION = re.compile(
     r"(?:^|[;}\s])(?:(?:static|inline|extern)\s+)*(?P<ret>float|double)\s+(?P<name>[A-Za-z_]\w*)"
@@ -84,25 +83,28 @@ def _wrapper_source(name: str, include_name: str) -> str:
 
 def table_from_c(content: FileContent, function: str | None) -> tuple[np.ndarray, str, dict]:
     """(float32 table (256, 256), function name, header figures) of an FP8 multiplier in C whose
-    bytes were read (and checked) once; compiled from a private copy, evaluated in a child."""
+    bytes were read (and checked) once; compiled and evaluated in the sandbox from a private
+    copy (graphswap.multipliers.c_tables)."""
+    tables, name, header = tables_from_c(content, function)
+    return tables[0], name, header
+
+
+def tables_from_c(content: FileContent, function: str | None,
+                  passes=None) -> tuple[list[np.ndarray], str, dict]:
+    """table_from_c(), with `passes` (row orders): that many tables evaluated one after the
+    other in one sandboxed process, bypassing the cache (kernels check's determinism check)."""
     path = content.path
     source = content.data.decode("utf-8", "replace")
     name = _choose_function(source, path, function)
     header, _ = parse_header_metrics(source, path)   # refused before any compiling
-    workdir, copied = private_source_copy(content)
-    wrapper = _wrapper_source(name, copied.name)
-    key = hashlib.sha256((content.sha256 + name + _WRAPPER_VERSION + wrapper).encode()) \
-        .hexdigest()[:16]
-    library_path = workdir / f"fp8-{name}-{key}.so"
-    checked = built_wrapper(workdir, wrapper, f"wrapper-fp8-{key}.c", library_path,
-                            lambda exc: compile_error(path, exc, copied, "FP8 multiplier",
-                                                      "a .npy table"),
-                            content, copied, "FP8 multiplier source")
-    plan = EvaluationPlan(source=path, name=name, library=str(library_path),
-                          sha256=checked.sha256, mode="wrapper")
-    raw = evaluate_isolated(plan, False)
-    table = (raw & np.uint64(0xFFFFFFFF)).astype(np.uint32).view(np.float32).reshape(TABLE_SHAPE)
-    return np.ascontiguousarray(table), name, header
+    wrapper = _wrapper_source(name, source_copy_name(path))
+    raws = compiled_tables(content, wrapper + _WRAPPER_VERSION_COMMENT, name, False,
+                           "FP8 multiplier source",
+                           lambda output: compile_error(path, output, "FP8 multiplier",
+                                                        "a .npy table"), passes=passes)
+    tables = [np.ascontiguousarray((raw & np.uint64(0xFFFFFFFF)).astype(np.uint32)
+                                   .view(np.float32).reshape(TABLE_SHAPE)) for raw in raws]
+    return tables, name, header
 
 
 def table_from_npy(content: FileContent) -> np.ndarray:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 
+from graphswap.errors import KernelSpecError
 from graphswap.multipliers.builtins import builtin_multiplier
 from graphswap.multipliers.csource import from_c_source
 from graphswap.multipliers.record import Multiplier
@@ -34,15 +35,31 @@ def from_file(kind: str, content: FileContent, extra: tuple = ()) -> Multiplier:
     return _cached((kind, content.path, content.sha256, tuple(extra)), builders[kind])
 
 
-def evaluate_anew(kind: str, content: FileContent, extra: tuple = (), row_order=None) -> Multiplier:
-    """Evaluate a multiplier file again, bypassing the cache, in this process with the table's
-    rows in `row_order` (kernels check's determinism and re-entrancy checks, which run in a child
-    process of their own; everything else evaluates in a child process)."""
+def evaluate_passes(kind: str, content: FileContent, extra: tuple, passes,
+                    concurrent=()) -> list[Multiplier]:
+    """Evaluate a multiplier file again, bypassing the cache: one table per row order in
+    `passes`, evaluated one after the other in one process, then one per order in `concurrent`,
+    evaluated by as many threads at once (kernels check's determinism and re-entrancy checks).
+    A C source runs in the sandbox's process; a shared library in this one (kernels check's own
+    child process)."""
     if kind == "c":
-        return from_c_source(content, *extra, isolated=False, row_order=row_order)
-    if kind == "so":
-        return from_shared_library(content, *extra, isolated=False, row_order=row_order)
-    return from_file(kind, content, extra)
+        return from_c_source(content, *extra, passes=passes, concurrent=concurrent)
+    if kind != "so":
+        raise KernelSpecError(f"only C and shared-library multipliers are evaluated anew, not {kind}")
+    tables = [from_shared_library(content, *extra, isolated=False, row_order=order)
+              for order in passes]
+    results: dict = {}
+
+    def evaluate(index, order):
+        results[index] = from_shared_library(content, *extra, isolated=False, row_order=order)
+
+    threads = [threading.Thread(target=evaluate, args=(i, order))
+               for i, order in enumerate(concurrent)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return tables + [results[i] for i in range(len(concurrent)) if i in results]
 
 
 def _cached(key, build) -> Multiplier:

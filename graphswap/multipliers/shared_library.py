@@ -3,8 +3,11 @@
 The C signature of a compiled function is not visible, so it comes from OPTS or the name prefix;
 return values are read through ctypes with exactly the declared width (a uint16_t return read
 through a wider restype would pick up undefined upper register bits) and range-checked
-(graphswap.multipliers.evaluation).  The library is loaded from a private copy of the bytes that
-were checked, in a child process.
+(graphswap.multipliers.evaluation).  The library is loaded only once its ELF file passed the
+allowlist of graphswap.native.elf_policy and every library it needs resolved to root's system
+libraries (native.check_library_dependencies), from a private owner-only copy of the bytes that
+were checked (native.private_copy, loaded through the descriptor it is hashed on), in a child
+process (`kernels check`: in its own child process) - never from the user's file by its path.
 """
 
 from __future__ import annotations
@@ -85,7 +88,8 @@ def from_shared_library(content: FileContent, symbol: str, options: str | None,
     arg_type, ret_type, signed, c_return = _SO_SIGNATURES[signature]
     if widths is not None:
         signed = widths.signed
-    # what the loader would load with it must be the system's: nothing unpinned runs
+    # its ELF file must pass the allowlist and what the loader would load with it must be root's
+    # system libraries: nothing unpinned runs (before the private copy is even made)
     check_library_dependencies(content, "multiplier library")
     copy = private_copy(content.data, content.sha256, os.path.basename(path))
     plan = EvaluationPlan(source=path, name=symbol, library=str(copy), sha256=content.sha256,

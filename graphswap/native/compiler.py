@@ -68,8 +68,9 @@ def _compile_atomically(command: list[str], sources: list[Path], output: Path) -
     fd, tmp_name = tempfile.mkstemp(prefix=output.name + ".", suffix=".tmp", dir=output.parent)
     os.close(fd)
     try:
+        # in the output's folder: nothing of the user's current folder is read
         result = subprocess.run([*command, "-o", tmp_name], capture_output=True, text=True,
-                                timeout=600)
+                                timeout=600, cwd=output.parent)
         if result.returncode != 0:
             raise CompilerError(
                 f"compiling {', '.join(str(s) for s in sources)} failed "
@@ -98,40 +99,12 @@ def compile_shared(sources: list[Path], output: Path, include_dirs: list[Path] =
 
 
 # --------------------------------------------------------------------------------------------
-# users' C sources: preprocessed once, what was read listed, compiled from that translation unit
+# users' C sources are compiled in the sandbox (graphswap/native/sandbox_child.py); here: the
+# compiler's own header folders, which a source may include from
 # --------------------------------------------------------------------------------------------
 
-_TARGET = "graphswap-unit"
 #: variables that add folders to the compiler's header search: left out when asking for its own
 _SEARCH_VARIABLES = ("CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH", "OBJC_INCLUDE_PATH")
-
-
-def parse_dependency_rule(text: str) -> list[str]:
-    """The files of a make rule written by `cc -M` / `-MD` (target, colon, files separated by
-    blanks and escaped newlines), unescaped: a backslash before a blank or '#', and '$$', are the
-    compiler's escapes."""
-    _, _, rest = text.replace("\\\n", " ").partition(":")
-    files, current, index = [], [], 0
-    while index < len(rest):
-        char = rest[index]
-        if char == "\\" and index + 1 < len(rest) and rest[index + 1] in " \t#":
-            current.append(rest[index + 1])
-            index += 2
-            continue
-        if char == "$" and rest[index + 1:index + 2] == "$":
-            current.append("$")
-            index += 2
-            continue
-        if char.isspace():
-            if current:
-                files.append("".join(current))
-            current = []
-        else:
-            current.append(char)
-        index += 1
-    if current:
-        files.append("".join(current))
-    return files
 
 
 def _run(command: list[str], what: str, env=None, input_text=None) -> subprocess.CompletedProcess:
@@ -167,58 +140,6 @@ def _system_include_dirs(compiler: str) -> tuple[str, ...]:
                 listed.append(os.path.realpath(line.strip().split(" (")[0]))
         _include_dirs_cache[compiler] = tuple(listed)
     return _include_dirs_cache[compiler]
-
-
-def list_dependencies(source: Path, include_dirs: list[Path] = (),
-                      portable: bool | None = True) -> list[str]:
-    """Every file the preprocessor reads for `source` (`cc -M -MG`: headers it cannot find are
-    listed as written, e.g. "helper.h"), without compiling anything."""
-    command = [find_compiler(), *optimisation_flags(portable), *(f"-I{d}" for d in include_dirs),
-               "-M", "-MG", "-MT", _TARGET, str(source)]
-    return parse_dependency_rule(_run(command, f"listing the headers of {source}").stdout)
-
-
-def preprocess(source: Path, unit: Path, include_dirs: list[Path] = (),
-               portable: bool | None = None) -> list[str]:
-    """Run the preprocessor alone on `source`: its translation unit into `unit` (a .i file, which
-    compile_unit() compiles without opening any header again) and the list of every file this one
-    run read (the compiler's own -MD listing), so what is checked is what is compiled."""
-    unit = Path(unit)
-    fd, rule = tempfile.mkstemp(prefix=unit.name + ".", suffix=".d", dir=unit.parent)
-    os.close(fd)
-    try:
-        command = [find_compiler(), *optimisation_flags(portable),
-                   *(f"-I{d}" for d in include_dirs), "-E", "-MD", "-MF", rule, "-MT", _TARGET,
-                   str(source), "-o", str(unit)]
-        _run(command, f"compiling {source}")
-        with open(rule, encoding="utf-8", errors="surrogateescape") as handle:
-            return parse_dependency_rule(handle.read())
-    finally:
-        Path(rule).unlink(missing_ok=True)
-
-
-INLINE_ASSEMBLY = ("it contains inline assembly (an asm statement): the assembler can read files "
-                   "(.incbin, .include) that no check of the source covers, so graphswap compiles "
-                   "C sources without inline assembly")
-
-
-def compile_unit(unit: Path, output: Path, portable: bool | None = None) -> Path:
-    """Compile a translation unit from preprocess() into the shared library `output`: to assembly
-    first, refused (CompilerError) when it holds inline assembly, then assembled and linked
-    (temp file, then rename)."""
-    output = Path(output)
-    fd, assembly = tempfile.mkstemp(prefix=output.name + ".", suffix=".s", dir=output.parent)
-    os.close(fd)
-    try:
-        _run([find_compiler(), *optimisation_flags(portable), "-S", str(unit), "-o", assembly],
-             f"compiling {unit}")
-        with open(assembly, encoding="utf-8", errors="replace") as handle:
-            if any(line.strip() == "#APP" for line in handle):
-                raise CompilerError(INLINE_ASSEMBLY)
-        return _compile_atomically([find_compiler(), "-shared", "-fPIC", assembly],
-                                   [Path(unit)], output)
-    finally:
-        Path(assembly).unlink(missing_ok=True)   # the compiler removes it when it fails
 
 
 def compile_cxx_shared(source: Path, output: Path, flags: list[str]) -> Path:

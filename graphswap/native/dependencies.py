@@ -6,25 +6,35 @@ changing that hash:
 * a C source may include only the compiler's system headers (the folders `cc -E -v` lists, with
   $CPATH / $C_INCLUDE_PATH left out); every file one preprocessing run read is checked, and the
   translation unit of exactly that run is what is compiled (graphswap.multipliers.csource);
-* a shared library may need only libraries the dynamic loader takes from the system library
-  directories (/lib, /usr/lib and the folders of /etc/ld.so.conf): its DT_NEEDED names are looked
-  up as the loader looks them up - DT_RPATH (of the library and of the libraries that need it,
-  unless it has a DT_RUNPATH), $LD_LIBRARY_PATH, DT_RUNPATH, $ORIGIN as the library's folder - and
-  one found anywhere else is refused, before anything is loaded.
+* a shared library is loaded only if its ELF file passes an allowlist (graphswap.native.elf_policy:
+  nothing in its dynamic section beyond what graphswap knows to be safe - no DT_RPATH /
+  DT_RUNPATH, no filtees, no audit libraries, one string table, DT_NEEDED only of plain names),
+  and every library it needs, and every library those need in turn, is taken from the root-owned
+  system library directories (/lib, /usr/lib and the folders of /etc/ld.so.conf): each file the
+  loader could take for a needed name there must be owned by root and writable by root only, as
+  must every folder on the way to it.  $LD_LIBRARY_PATH is searched before them: a needed name
+  found in one of its folders outside the system library directories is refused, naming the
+  variable.  Nothing is loaded before that.
 
-The folders of the Python interpreter's own RPATH are not looked at: what the interpreter loads
-from there is as trusted as the interpreter.
+Not looked at: the RPATH of the Python interpreter and of the object that calls dlopen (what the
+interpreter loads from there is as trusted as the interpreter), and the RPATH / RUNPATH of the
+system's own libraries (root's configuration; their needs are looked up in the system library
+directories and $LD_LIBRARY_PATH).
 """
 
 from __future__ import annotations
 
+import collections
 import glob
-import io
 import os
+import re
+import stat
+import sys
 import sysconfig
 
 from graphswap.errors import KernelTrustError
-from graphswap.native.elf import DynamicSection, read_dynamic_section
+from graphswap.native.elf import ElfFormatError, read_dynamic_section
+from graphswap.native.elf_policy import ALLOWED_SUMMARY, check_library
 from graphswap.native.files import FileContent
 
 _LOADER_DEFAULTS = ("/lib", "/lib64", "/lib32", "/usr/lib", "/usr/lib64", "/usr/lib32")
@@ -33,6 +43,9 @@ _MAX_OBJECTS = 256
 #: platform ones of glibc before 2.37
 _SUBFOLDERS = ("glibc-hwcaps/*", "tls", "tls/*", "tls/*/*", os.uname().machine,
                f"*/{os.uname().machine}", "haswell", "xeon_phi", "avx512_1")
+#: $-tokens of $LD_LIBRARY_PATH entries
+_ORIGIN = re.compile(r"\$(?:\{ORIGIN\}|ORIGIN(?![A-Za-z0-9_]))")
+_ANY_FOLDER = re.compile(r"\$(?:\{(?:LIB|PLATFORM)\}|(?:LIB|PLATFORM)(?![A-Za-z0-9_]))")
 
 
 def _within(path: str, folders) -> bool:
@@ -107,107 +120,143 @@ def _outermost(folders) -> list[str]:
     return [f for f in folders if not _within(f, [o for o in folders if o != f])]
 
 
-class _Search:
-    """Looks names up as the dynamic loader would, for one library and what it needs."""
+def _env_folders() -> list[tuple[str, str]]:
+    """[(folder, how)] of $LD_LIBRARY_PATH as the loader reads it: entries separated by ':' or
+    ';', an empty one the current folder, $ORIGIN the interpreter's folder, $LIB / $PLATFORM any
+    folder there (globbed), another $-token kept as written."""
+    variable = os.environ.get("LD_LIBRARY_PATH", "")
+    if not variable:
+        return []
+    executable = os.path.realpath("/proc/self/exe") if os.path.exists("/proc/self/exe") \
+        else os.path.realpath(sys.executable)
+    folders = []
+    for entry in re.split("[:;]", variable):
+        expanded = _ORIGIN.sub(lambda _: os.path.dirname(executable), entry)
+        parts = _ANY_FOLDER.split(expanded)
+        matches = sorted(glob.glob("*".join(glob.escape(p) for p in parts))) \
+            if len(parts) > 1 else [expanded]
+        for folder in matches:
+            folder = os.path.abspath(folder or ".")
+            shown = f" (= {folder})" if entry != folder else ""
+            folders.append((folder, f"its $LD_LIBRARY_PATH entry {entry!r}{shown}"))
+    return folders
 
-    def __init__(self, library: str, what: str):
-        self.library, self.what = library, what
-        self.system = system_library_dirs()
-        variable = os.environ.get("LD_LIBRARY_PATH", "")
-        self.env_dirs = self._entries(variable.replace(";", ":").split(":") if variable else (),
-                                      None, "$LD_LIBRARY_PATH")
 
-    def _entries(self, entries, origin: str | None, how: str) -> list[tuple[str, str]]:
-        """[(folder, how it is searched)] of RPATH / RUNPATH / $LD_LIBRARY_PATH entries."""
-        folders = []
-        for entry in entries:
-            if origin is None and "$" in entry:
-                continue   # $ORIGIN in $LD_LIBRARY_PATH: the interpreter's own folder
-            expanded = entry.replace("${ORIGIN}", origin or "").replace("$ORIGIN", origin or "")
-            if "$" in expanded:
-                raise KernelTrustError(
-                    f"the {self.what} {self.library} looks for libraries in {entry!r}, whose "
-                    f"$-token graphswap cannot expand ($ORIGIN only); graphswap checks every "
-                    f"library a kernel library needs before loading it. Rebuild it without "
-                    f"$LIB / $PLATFORM in its RPATH / RUNPATH")
-            folder = os.path.abspath(expanded or ".")
-            folders.append((folder, f"{how} {entry}" + (f" (= {folder})" if entry != folder
-                                                        else "")))
-        return folders
+def _candidates(folder: str, name: str, subfolders: dict) -> list[str]:
+    """The files the loader could take for `name` in `folder` (the folder, its hwcaps ones;
+    `subfolders` caches which of those exist, per folder)."""
+    if folder not in subfolders:
+        subfolders[folder] = [folder] + sorted(
+            path for sub in _SUBFOLDERS
+            for path in glob.glob(os.path.join(glob.escape(folder), sub)) if os.path.isdir(path))
+    found = (os.path.join(where, name) for where in subfolders[folder])
+    return [path for path in found if os.path.isfile(path)]
 
-    def folders(self, section: DynamicSection, origin: str, inherited: list):
-        """([(folder, how)] searched before the loader's cache, in the loader's order; the RPATH
-        folders the libraries this one needs inherit)."""
-        own = self._entries(section.rpath or (), origin, "its RPATH entry")
-        rpath = [] if section.runpath is not None else own + inherited
-        order = rpath + self.env_dirs
-        order += self._entries(section.runpath or (), origin, "its RUNPATH entry")
-        return order, (own + inherited if section.runpath is None else inherited)
 
-    def find(self, name: str, order) -> tuple[str, str] | None:
-        """(path, how) of the file the loader would take for DT_NEEDED `name`: from the search
-        folders, else from the system's (the loader's cache and default folders); None when it
-        is nowhere (the load fails)."""
-        if "/" in name:
-            return os.path.abspath(name), "a path in its DT_NEEDED entry"
-        order = list(order) + [(folder, "the system library directories")
-                               for folder in self.system]
-        for folder, how in order:
-            candidates = [os.path.join(folder, name)]
-            if not _within(os.path.realpath(folder), self.system):
-                for sub in _SUBFOLDERS:
-                    candidates += sorted(glob.glob(os.path.join(glob.escape(folder), sub,
-                                                                glob.escape(name))))
-            for candidate in candidates:
-                if os.path.isfile(candidate):
-                    return candidate, how
-        return None
+def _not_roots(path: str, system, examined: dict) -> str | None:
+    """Why the file at `path` (in a system library directory) could change without root: a
+    symbolic link out of those directories, or the file, a folder on the way to it or to a link
+    on the way, owned by someone else or writable by group or others.  None: root's alone."""
+    real = os.path.realpath(path)
+    if not _within(real, system):
+        return f"it is a link to {real}, outside them"
+    folders, hop = [os.path.dirname(real)], os.path.abspath(path)
+    for _ in range(40):   # every link followed: the folder it is in could retarget it
+        folders.append(os.path.realpath(os.path.dirname(hop)))
+        if not os.path.islink(hop):
+            break
+        hop = os.path.normpath(os.path.join(os.path.dirname(hop), os.readlink(hop)))
+    chain = [real]
+    for folder in folders:
+        while folder not in chain:
+            chain.append(folder)
+            folder = os.path.dirname(folder)
+    for item in chain:
+        if item not in examined:
+            try:
+                info = os.stat(item)
+            except OSError as exc:
+                examined[item] = f"{item} cannot be examined ({exc.strerror or exc})"
+                continue
+            writers = info.st_mode & 0o022
+            examined[item] = (
+                f"{item} belongs to uid {info.st_uid}, not root" if info.st_uid != 0 else
+                f"{item} may be written by its group or by others (permissions "
+                f"{stat.S_IMODE(info.st_mode):04o})" if writers else None)
+        if examined[item]:
+            return examined[item]
+    return None
 
-    def refuse(self, needed_by: str, name: str, path: str, how: str) -> KernelTrustError:
-        chain = "" if needed_by == self.library else f" (needed by {needed_by})"
-        return KernelTrustError(
-            f"the {self.what} {self.library} needs {name}{chain}, which the dynamic loader would "
-            f"load from {path} (found through {how}), outside the system library directories "
-            f"({', '.join(_outermost(self.system))}); graphswap trusts a library by the hash of "
-            f"its own bytes, and the loader reads what it needs from disk unchecked, so a changed "
-            f"{os.path.basename(path)} would run without approval. Nothing was loaded. Link that "
-            f"code into the library itself (one shared library from all its sources, or the "
-            f"dependency linked statically), or install the dependency in a system library "
-            f"directory")
+
+def _needs_of(path: str) -> tuple[str, ...]:
+    """The DT_NEEDED names of a system library (none when it cannot be read: the loader says)."""
+    try:
+        with open(path, "rb") as handle:
+            section = read_dynamic_section(handle, path)
+    except (OSError, ElfFormatError):
+        return ()
+    return section.needed if section is not None else ()
+
+
+def _refusal(path: str, what: str, reason: str) -> KernelTrustError:
+    return KernelTrustError(
+        f"the {what} {path} is refused: {reason}. graphswap loads a shared library only if it is "
+        f"{ALLOWED_SUMMARY}, so that nothing but its approved bytes and root's system libraries "
+        f"loads with it. Nothing was loaded. Rebuild it as an ordinary shared library with "
+        f"`cc -shared -fPIC ...` (no -Wl,-rpath, no filters, no audit libraries), link other "
+        f"code into it statically, or install the libraries it needs in a system library "
+        f"directory")
 
 
 def check_library_dependencies(content: FileContent, what: str = "kernel library") -> None:
-    """Refuse (KernelTrustError naming the library, the dependency and where it would come from)
-    a library - the bytes in `content` - any of whose dependencies, direct or through the
-    libraries it needs, the dynamic loader would take from outside the system library
-    directories.  $ORIGIN is the folder of `content.path`.  Nothing is loaded."""
-    section = read_dynamic_section(io.BytesIO(content.data), content.path)
-    if section is None or not section.needed:
-        return
-    search = _Search(content.path, what)
-    queue = [(content.path, section, [])]
-    seen: set = set()
+    """Refuse (KernelTrustError naming the library, what is wrong, what is allowed and what to do)
+    a library - the bytes in `content` - whose ELF file does not pass the allowlist of
+    graphswap.native.elf_policy, or any of whose dependencies, direct or through the libraries it
+    needs, the dynamic loader could take from a file that someone other than root can change.
+    Nothing is loaded."""
+    try:
+        allowed = check_library(content.data)
+    except ElfFormatError as exc:
+        raise _refusal(content.path, what, str(exc)) from None
+    system = system_library_dirs()
+    order = _env_folders() + [(folder, "the system library directories") for folder in system]
+    shown = ", ".join(_outermost(system))
+    queue = collections.deque([(content.path, allowed.needed)])
+    seen: set[str] = set()
+    examined: dict = {}
+    subfolders: dict = {}
     while queue:
-        path, section, inherited = queue.pop()
-        order, passed_on = search.folders(section, os.path.dirname(path), inherited)
-        # folders outside the system ones where what a system library needs could be found
-        elsewhere = [f for f, _ in passed_on + search.env_dirs
-                     if not _within(os.path.realpath(f), search.system)]
-        for name in section.needed:
-            found = search.find(name, order)
-            if found is None:
-                continue   # nowhere: the loader says so
-            dependency, how = found
-            if not _within(os.path.realpath(dependency), search.system):
-                raise search.refuse(path, name, dependency, how)
-            key = (os.path.realpath(dependency), tuple(f for f, _ in passed_on))
-            if elsewhere and key not in seen and len(seen) < _MAX_OBJECTS:
-                # a system library's own needs are looked up in the folders this one passes on
+        needed_by, names = queue.popleft()
+        chain = "" if needed_by == content.path else f" (needed by {needed_by})"
+        for name in names:
+            first = None
+            for folder, how in order:
+                for candidate in _candidates(folder, name, subfolders):
+                    if not _within(os.path.realpath(folder), system):
+                        raise KernelTrustError(
+                            f"the {what} {content.path} needs {name}{chain}, which the dynamic "
+                            f"loader would load from {candidate} (found through {how}), outside "
+                            f"the system library directories ({shown}); graphswap trusts a "
+                            f"library by the hash of its own bytes, and the loader reads what it "
+                            f"needs from disk unchecked, so a changed "
+                            f"{os.path.basename(candidate)} would run without approval. Nothing "
+                            f"was loaded. Link that code into the library itself (one shared "
+                            f"library from all its sources, or the dependency linked "
+                            f"statically), install the dependency in a system library "
+                            f"directory, or take that folder out of $LD_LIBRARY_PATH")
+                    reason = _not_roots(candidate, system, examined)
+                    if reason:
+                        raise KernelTrustError(
+                            f"the {what} {content.path} needs {name}{chain}, which the dynamic "
+                            f"loader could load from {candidate} in the system library "
+                            f"directories ({shown}), but {reason}: it could change without "
+                            f"the library's hash changing, and the loader reads it unchecked. "
+                            f"Nothing was loaded. Have the administrator make it and its "
+                            f"folders root's and writable by root only, or link that code into "
+                            f"the library itself (the dependency linked statically)")
+                    first = first or candidate
+            # nowhere: the load fails (or the process has it loaded already: nothing is read)
+            key = os.path.realpath(first) if first else None
+            if key and key not in seen and len(seen) < _MAX_OBJECTS:
                 seen.add(key)
-                try:
-                    with open(dependency, "rb") as handle:
-                        child = read_dynamic_section(handle, dependency)
-                except OSError:
-                    child = None
-                if child is not None and child.needed:
-                    queue.append((dependency, child, passed_on))
+                queue.append((first, _needs_of(first)))

@@ -25,6 +25,7 @@ import stat
 from pathlib import Path
 
 from graphswap.errors import CheckpointError
+from graphswap.input_files import MAX_JSON_DEPTH, json_depth
 
 CHECKPOINT_STATE = "state.json"
 CHECKPOINT_LAST = "last.keras"
@@ -121,7 +122,12 @@ def _parse(path: Path):
                 return None, "it is not a plain file"
             if info.st_size > 256 * 1024 * 1024:
                 return None, "it is larger than any state graphswap writes"
-            state = json.loads(handle.read().decode("utf-8"))
+            text = handle.read().decode("utf-8")
+        depth = json_depth(text)   # 100,000 nested brackets: refused, not a RecursionError
+        if depth > MAX_JSON_DEPTH:
+            return None, (f"its JSON nests {depth:,} levels deep, more than the "
+                          f"{MAX_JSON_DEPTH} graphswap reads")
+        state = json.loads(text)
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         return None, f"{type(exc).__name__}: {exc}"
     if not isinstance(state, dict):

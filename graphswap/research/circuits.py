@@ -22,11 +22,13 @@ import csv
 import dataclasses
 import hashlib
 import json
+import math
 import os
 from pathlib import Path
 
 from graphswap import multipliers
 from graphswap.errors import GraphswapError
+from graphswap.input_files import load_json, read_regular
 from graphswap.kernels import parse_file_spec, resolve_kernel, resolve_multiplier
 from graphswap.research.sweeping import EXACT_POWER_SIGNED_MW, EXACT_POWER_UNSIGNED_MW
 
@@ -34,6 +36,8 @@ OBJECTIVES = {"power": "PDK45_PWR", "area": "PDK45_AREA", "delay": "PDK45_DELAY"
 UNITS = {"power": "mW", "area": "um2", "delay": "ns"}
 CIRCUIT_SUFFIXES = (".c", ".lut", ".bin")
 EXACT = "exact"
+#: largest metrics table graphswap reads (one row per circuit: kilobytes)
+MAX_METRICS_TABLE_BYTES = 64 * 1024 * 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,14 +107,15 @@ def read_metrics_table(path) -> dict:
     """{name: {"power", "area", "delay"}} from a CSV (header name,power,area,delay) or a JSON
     object {name: {...}} file; names are matched against a circuit's name, file name or spec."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise GraphswapError(f"cannot read the metrics table {path}: {exc.strerror}") from None
+    try:  # a FIFO, a device: refused by what they are, never waited on
+        text = read_regular(path, "metrics table", limit=MAX_METRICS_TABLE_BYTES).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise GraphswapError(f"the metrics table {path} is not UTF-8 text ({exc.reason} at byte "
+                             f"{exc.start}); save it as UTF-8") from None
     rows = {}
     if path.suffix.lower() == ".json":
         try:
-            document = json.loads(text)
+            document = load_json(text, f"the metrics table {path}")
         except json.JSONDecodeError as exc:
             raise GraphswapError(f"metrics table {path} is not valid JSON: {exc}") from None
         if not isinstance(document, dict):
@@ -136,8 +141,11 @@ def read_metrics_table(path) -> dict:
             except (TypeError, ValueError):
                 raise GraphswapError(f"metrics table {path}: {name!r} has {key} {value!r}, not a "
                                      f"number") from None
-            if not figures[key] >= 0:
-                raise GraphswapError(f"metrics table {path}: {name!r} has a negative {key}")
+            if not (math.isfinite(figures[key]) and figures[key] >= 0):
+                raise GraphswapError(
+                    f"metrics table {path}: entry {name!r} has {key} {value!r}; a {key} is a "
+                    f"finite number >= 0 ({UNITS[key]}): correct the entry (or leave it empty if "
+                    f"the figure is unknown)")
         rows[str(name).strip()] = figures
     return rows
 

@@ -37,6 +37,9 @@ from graphswap.research.recovery import (AUTO_LEARNING_RATE, DEFAULT_BATCH_SIZE,
                                          DEFAULT_LEARNING_RATE, original_float_model,
                                          DEFAULT_SCHEDULE, auto_learning_rate, loss_name,
                                          make_optimizer, recalibrate_batchnorm)
+from graphswap.research.finetune_checks import (DivergenceGuard, check_finite_weights,
+                                                check_learning_rate, check_run_paths,
+                                                check_start_weights)
 from graphswap.research.checkpoints import (CheckpointTracker, clear_checkpoint,
                                             latest_checkpoint, lock_checkpoint_directory,
                                             releases_checkpoint_locks)
@@ -148,22 +151,6 @@ class _Notes(list):
             self.append(note)
 
 
-def check_learning_rate(value):
-    """A learning rate argument: "auto", None (the optimizer's own), or a number >= 0 (0 freezes
-    the weights); numbers given as text (the CLI's) become floats."""
-    if value is None or value == AUTO_LEARNING_RATE:
-        return value
-    try:
-        rate = float(value)
-    except (TypeError, ValueError):
-        raise GraphswapError(f"learning rate must be a number or {AUTO_LEARNING_RATE!r}, got "
-                             f"{value!r}") from None
-    if not rate >= 0:   # also refuses NaN
-        raise GraphswapError(f"learning rate must be positive (or 0 to freeze the weights), got "
-                             f"{value}")
-    return rate
-
-
 @releases_checkpoint_locks   # the lock on checkpoint_dir is held while finetune runs
 def finetune(model, data, *, val_data=None, val_split: float | None = None, epochs: int = 1,
              batch_size: int = DEFAULT_BATCH_SIZE,
@@ -189,14 +176,15 @@ def finetune(model, data, *, val_data=None, val_split: float | None = None, epoc
       learning_rate / optimizer / schedule: a fresh optimizer for an un-resumed run - the default
         recipe is Adam decayed by a cosine to 0 over the run (schedule "cosine"; or "constant"),
         learning rate "auto": 1e-4 when the start's training loss shows it still fits its
-        training data, else 1e-3 (graphswap.research.auto_learning_rate; a number fixes it);
+        training data, else 1e-3 (graphswap.research.auto_learning_rate; a number 0..10 fixes it);
         see graphswap.research.recovery and docs/RECOVERY.md.
       recalibrate_bn: re-estimate the BatchNormalization statistics with the approximate forward
         (no gradient steps) before and after training; None (default): after training, for
         models that have BatchNormalization.  With epochs=0 only the re-estimation runs.
       strategy: None, "mirrored", "multiworker" or a tf.distribute.Strategy.
       checkpoint_dir: write last/best checkpoints and state each epoch; `resume=True` continues
-        from them (weights, optimizer state, epoch count, best value).
+        from them (weights, optimizer state, epoch count, best value); inputs and output lie
+        outside it (graphswap.research.finetune_checks).
       patience: stop when the monitor has not improved for this many epochs.
       monitor: metric deciding the best epoch [default: val accuracy, else val_loss, else the
         training accuracy/loss]; restore_best returns the best epoch's weights.
@@ -233,6 +221,9 @@ def finetune(model, data, *, val_data=None, val_split: float | None = None, epoc
         raise GraphswapError("pass either validation data or a validation split, not both")
     if patience is not None and patience < 1:
         raise GraphswapError(f"patience must be at least 1 epoch, got {patience}")
+    # inputs and output apart from the checkpoint directory, before anything is read or cleared
+    check_run_paths(checkpoint_dir, output, model=model, teacher=teacher, data=data,
+                    val_data=val_data)
     if output is not None:
         output = check_model_output_path(output, force, inputs=[model] if isinstance(
             model, (str, os.PathLike)) else [])
@@ -316,6 +307,7 @@ def finetune(model, data, *, val_data=None, val_split: float | None = None, epoc
                 notes.append(settings.note)
             trained = copy_model(source_model)
             rate = learning_rate   # the run's fingerprint keeps what was asked ("auto")
+            allowed = check_start_weights(trained)  # NaN/inf trainable weights: refused
             if rate == AUTO_LEARNING_RATE:
                 offset = target_entropy(task, train) if teacher is not None else 0.0
                 # labels: the start's loss is judged against the original float model's
@@ -331,6 +323,8 @@ def finetune(model, data, *, val_data=None, val_split: float | None = None, epoc
                          if schedule == "cosine" and steps else "")
                 notes.append(f"optimizer {type(trained.optimizer).__name__}, learning rate "
                              f"{rate:g}{decay}")
+    if state is not None:
+        allowed, rate = check_start_weights(trained), learning_rate
     swapped = swapped_layers(trained)
     if swapped:
         kernels = sorted(set(swapped.values()))
@@ -382,7 +376,8 @@ def finetune(model, data, *, val_data=None, val_split: float | None = None, epoc
         with translate_errors(train, validation):
             trained.fit(train_ds, validation_data=val_ds, epochs=epochs,
                         initial_epoch=initial_epoch, steps_per_epoch=steps,
-                        callbacks=[tracker, *callbacks], shuffle=False, verbose=verbose)
+                        callbacks=[DivergenceGuard(allowed, rate, directory), tracker,
+                                   *callbacks], shuffle=False, verbose=verbose)
         if not tracker.epochs_run:
             raise DataError("training ran no epoch: the training data produced no batches")
     restored = False
@@ -411,6 +406,7 @@ def finetune(model, data, *, val_data=None, val_split: float | None = None, epoc
         final = task.evaluate(outputs, labelled.labels(), None) if labelled is not None else \
             task.evaluate(outputs, None, scored.labels())
         final_data += "" if labelled is not None else ", against the teacher's outputs"
+    check_finite_weights(trained, allowed, rate)   # NaN/inf weights are never saved
     if output is not None and chief:
         save_model(trained, output, force=force)
     return FinetuneResult(

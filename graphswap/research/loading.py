@@ -13,6 +13,7 @@ import numpy as np
 import tensorflow as tf
 
 from graphswap.errors import DataError
+from graphswap.input_files import require_regular
 from graphswap.native import missing_reason
 from graphswap.research.data import (SPLITS, Data, ModelExpectation,
                                      model_expectation, parse_scale)
@@ -156,6 +157,7 @@ def load_data(source, model, split: str | None = None, resize: bool = False, pad
             raise DataError(f"data not found: {path} (expected a .npz file or an image directory)"
                             if reason == "does not exist" else f"data {path} {reason}; expected "
                             f"a .npz file or an image directory")
+        require_regular(path, "data file", DataError)   # a FIFO, a device: never waited on
         if path.suffix == TEXT_SUFFIX and expect.takes_strings:  # one text per line, no labels
             return from_string_arrays(read_text_lines(path, label), None, str(path), expect,
                                       scale, label, task, labels)

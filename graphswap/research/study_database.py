@@ -15,7 +15,8 @@ import uuid
 
 import numpy as np
 
-from graphswap.errors import GraphswapError
+from graphswap.errors import GraphswapError, InputFileError
+from graphswap.input_files import load_json
 from graphswap.research.study_files import (  # noqa: F401 - the study file's check, as before
     OPTUNA_TABLES, STUDY_DIALECTS, STUDY_NAME, check_study_file, study_storage)
 
@@ -272,8 +273,8 @@ class Study:
             if not key.startswith("estimate:"):
                 continue
             try:
-                layer, name = json.loads(key[len("estimate:"):])
-            except (ValueError, TypeError):
+                layer, name = load_json(key[len("estimate:"):], "an estimate's key")
+            except (ValueError, TypeError, InputFileError):
                 raise self._tampered("an estimate's key", key, 'estimate:["layer", "circuit"]') \
                     from None
             self._check_estimates({layer: {name: value}})

@@ -1,16 +1,20 @@
 """The --study file of an exploration, checked before optuna opens it: a SQLite file must be new
-or a graphswap study (optuna's tables and their indexes, graphswap's study, no trigger or view:
-`check_study_file`, read-only), an optuna storage URL must name a database `study_storage`
-knows, its password never shown."""
+or a graphswap study (optuna's tables and their indexes, each defined exactly as optuna defines
+it - `reference_schema` -, graphswap's study, no trigger or view, no value nested deeper than
+graphswap writes: `check_study_file`, read-only), an optuna storage URL must name a database
+`study_storage` knows, its password never shown."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import sqlite3
+import tempfile
+import threading
 from urllib.parse import quote as urllib_quote
 
 from graphswap.errors import GraphswapError
+from graphswap.input_files import MAX_JSON_DEPTH, json_depth
 
 #: the tables optuna's RDB storage creates (optuna 2.x - 4.x); a study file holds no others
 OPTUNA_TABLES = frozenset({
@@ -44,12 +48,14 @@ def check_study_file(path) -> None:
     for mode in ("ro", "rw"):   # a hot journal (a killed writer's) rolls back only in "rw"
         try:
             with contextlib.closing(sqlite3.connect(uri + mode, uri=True)) as connection:
-                schema = list(connection.execute(
-                    "SELECT type, name, tbl_name FROM sqlite_master"))
+                definitions = list(connection.execute(
+                    "SELECT type, name, tbl_name, sql FROM sqlite_master"))
+                schema = [row[:3] for row in definitions]
                 tables = {name for kind, name, _ in schema
                           if kind == "table" and not name.startswith("sqlite_")}
                 studies = ({row[0] for row in connection.execute(
                     "SELECT study_name FROM studies")} if "studies" in tables else set())
+                deepest = _deepest_value(connection, tables)
             break
         except sqlite3.Error as exc:
             if mode == "ro" and os.path.exists(text + "-journal"):
@@ -72,6 +78,25 @@ def check_study_file(path) -> None:
         raise GraphswapError(
             f"the study {text} is an SQLite database with tables of its own ({shown}), not a "
             f"graphswap study; graphswap would add optuna's tables to it. {new_file.capitalize()}")
+    # a table or index defined otherwise than optuna defines it: a constraint changed to ON
+    # CONFLICT REPLACE (or a column's default or type) would let optuna's writes destroy results
+    reference = reference_schema()
+    changed = sorted(f"{kind} {name}" for kind, name, table, sql in definitions
+                     if not name.startswith("sqlite_")
+                     and reference.get((kind, name)) != (table, _normal(sql)))
+    if changed:
+        shown = ", ".join(changed[:6]) + (", ..." if len(changed) > 6 else "")
+        raise GraphswapError(
+            f"the study {text} defines {shown} otherwise than graphswap creates it (with optuna "
+            f"{_optuna_version()}): a changed constraint (ON CONFLICT REPLACE, ...) or column "
+            f"would let the next write replace or lose measured results. It was edited, or "
+            f"written by another optuna version; {new_file}, or open it with the optuna that "
+            f"wrote it")
+    if deepest is not None:
+        raise GraphswapError(
+            f"the study {text} holds a value nested {deepest[1]:,} levels deep in its table "
+            f"{deepest[0]}, more than the {MAX_JSON_DEPTH} graphswap reads (graphswap writes "
+            f"numbers, names and small objects); it was edited. {new_file.capitalize()}")
     # an optuna database with no study at all is one another worker is creating now
     if studies and STUDY_NAME not in studies:
         shown = ", ".join(sorted(map(str, studies))[:6]) or "none"
@@ -79,6 +104,60 @@ def check_study_file(path) -> None:
             f"the study {text} is an optuna database without graphswap's study "
             f"{STUDY_NAME!r} (its studies: {shown}); graphswap would add its study to it. "
             f"{new_file.capitalize()}")
+
+
+#: the JSON columns of optuna's tables: values optuna parses when it reads the study
+JSON_COLUMNS = (("study_user_attributes", "value_json"), ("study_system_attributes", "value_json"),
+                ("trial_user_attributes", "value_json"), ("trial_system_attributes", "value_json"),
+                ("trial_params", "distribution_json"))
+
+
+def _deepest_value(connection, tables) -> tuple[str, int] | None:
+    """(table, depth) of the first JSON value nested deeper than MAX_JSON_DEPTH, or None."""
+    for table, column in JSON_COLUMNS:
+        try:
+            values = connection.execute(f"SELECT {column} FROM {table}") if table in tables \
+                else ()
+            for (value,) in values:
+                depth = json_depth(value) if isinstance(value, (str, bytes)) else 0
+                if depth > MAX_JSON_DEPTH:
+                    return table, depth
+        except sqlite3.Error:  # a table without the column: its definition is refused
+            continue
+    return None
+
+
+def _normal(sql) -> str | None:
+    return None if sql is None else " ".join(sql.split())
+
+
+_reference: dict = {}
+_reference_lock = threading.Lock()
+
+
+def _optuna_version() -> str:
+    import optuna
+
+    return optuna.__version__
+
+
+def reference_schema() -> dict:
+    """{(type, name): (table, sql)} of the SQLite schema optuna creates for a study, with the
+    optuna and SQLAlchemy installed: made once per process, in a temporary folder."""
+    with _reference_lock:
+        if not _reference:
+            import optuna
+
+            optuna.logging.set_verbosity(optuna.logging.WARNING)
+            with tempfile.TemporaryDirectory(prefix="graphswap-study-") as folder:
+                path = os.path.join(folder, "reference.db")
+                storage = optuna.storages.RDBStorage(f"sqlite:///{path}")
+                storage.engine.dispose()
+                with contextlib.closing(sqlite3.connect(path)) as connection:
+                    _reference.update({(kind, name): (table, _normal(sql)) for kind, name, table,
+                                       sql in connection.execute(
+                                           "SELECT type, name, tbl_name, sql FROM sqlite_master")})
+        return dict(_reference)
 
 
 def study_storage(study) -> tuple[str | None, str | None]:

@@ -20,6 +20,7 @@ import keras
 import numpy as np
 
 from graphswap.errors import GraphswapError, QuantizationError
+from graphswap.input_files import load_json, read_regular
 from graphswap.kernels import Kernel, QuantScheme, resolve_file_named, resolve_kernel
 from graphswap.swap import ops
 from graphswap.swap.calibration import (DEFAULT_CALIBRATION_METHOD, DEFAULT_CALIBRATION_SAMPLES,
@@ -91,11 +92,9 @@ def load_kernel_map(source) -> dict:
         mapping = source
     else:
         path, index = split_map_source(source)
-        try:
-            with open(path, encoding="utf-8") as handle:
-                mapping = json.load(handle)
-        except OSError as exc:
-            raise GraphswapError(f"cannot read kernel map {path}: {exc.strerror}") from None
+        try:  # a FIFO, a device: refused unread; JSON nested deeper than a map: refused unparsed
+            text = read_regular(path, "kernel map", limit=256 << 20).decode("utf-8")
+            mapping = load_json(text, f"the kernel map {path}")
         except json.JSONDecodeError as exc:
             raise GraphswapError(f"kernel map {path} is not valid JSON: {exc}") from None
         except UnicodeDecodeError as exc:
@@ -103,9 +102,6 @@ def load_kernel_map(source) -> dict:
                 f"kernel map {path} is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at "
                 f"offset {exc.start}; a file saved as Latin-1 or another legacy encoding?); JSON "
                 f"is UTF-8: save it again as UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
-        except RecursionError:
-            raise GraphswapError(f"kernel map {path} nests too deeply to be a kernel map; it is "
-                                 f'{{"layer name or glob": "kernel spec" or null}}') from None
         front = mapping.get("front") if isinstance(mapping, dict) else None
         if isinstance(front, list):
             if index is None:
