@@ -482,7 +482,10 @@ def _load(path, custom_objects=None, unsafe=False):
 
 @click.group(cls=ReportingGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "--version", prog_name="graphswap")
-def main():
+@click.option("--compile-c-unsandboxed", is_flag=True,
+              help="On a kernel without Landlock: compile and run .c multipliers unconfined "
+                   "(what they make the compiler read is then not covered by your trust).")
+def main(compile_c_unsandboxed):
     """Rewrite Keras models so their layers' forward products run your C arithmetic.
 
     Typical session:
@@ -492,6 +495,8 @@ def main():
       graphswap finetune model.swapped.keras --data train.npz
       graphswap evaluate model.keras --data test.npz --kernel exact --kernel mul8u_drum4
     """
+    if compile_c_unsandboxed:   # read where the source is compiled (graphswap.native.sandbox)
+        os.environ["GRAPHSWAP_UNSANDBOXED_COMPILE"] = "1"
 
 
 @main.command()

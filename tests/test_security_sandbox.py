@@ -198,7 +198,14 @@ def test_without_a_sandbox_a_c_source_is_refused_unless_the_user_accepts_the_ris
     assert f"{sandbox.UNSANDBOXED_VARIABLE}=1" in message and ".lut" in message
     assert not (tmp_path / "cache" / "multipliers").exists() or \
         not list((tmp_path / "cache" / "multipliers").rglob("table-*"))
-    monkeypatch.setenv(sandbox.UNSANDBOXED_VARIABLE, "1")
+    assert "graphswap --compile-c-unsandboxed" in message
+    # the command line's option says it for the command it runs
+    monkeypatch.setenv(sandbox.UNSANDBOXED_VARIABLE, "0")
+    from click.testing import CliRunner
+
+    from graphswap.cli import main
+    assert CliRunner().invoke(main, ["--compile-c-unsandboxed", "kernels"]).exit_code == 0
+    assert os.environ[sandbox.UNSANDBOXED_VARIABLE] == "1"
     monkeypatch.setattr(sandbox, "_warned", False)
     with pytest.warns(RuntimeWarning, match="compiles and runs C sources unconfined"):
         table = multipliers.evaluate_passes("c", content, (None,), [range(256)])[0].table

@@ -5,7 +5,8 @@ they can write is one private folder.  Only the table comes back, as data.
 
 graphswap never compiles a file-named C source unconfined without being told to: where the
 kernel offers no Landlock (Linux before 5.13, or Landlock disabled at boot), it refuses, unless
-the environment variable GRAPHSWAP_UNSANDBOXED_COMPILE=1 says the user accepts the risk; then the
+the environment variable GRAPHSWAP_UNSANDBOXED_COMPILE=1 (`graphswap --compile-c-unsandboxed`)
+says the user accepts the risk; then the
 same child runs unconfined (still isolated: `python -I -S`, its own folder, a clean environment)
 and a warning says so.
 
@@ -78,8 +79,8 @@ def confinement(path: str, what: str) -> bool:
         f"sandbox (so the compiler and the code read nothing but the approved source and system "
         f"files), and this kernel offers none (Landlock needs Linux 5.13 or later with Landlock "
         f"enabled, and the landlockpy package). Nothing was compiled. Give the multiplier as a "
-        f".lut table or a trusted 'lib.so:SYMBOL' instead, or set {UNSANDBOXED_VARIABLE}=1 to "
-        f"accept compiling it unconfined")
+        f".lut table or a trusted 'lib.so:SYMBOL' instead, or accept compiling it unconfined: "
+        f"{UNSANDBOXED_VARIABLE}=1 (graphswap --compile-c-unsandboxed COMMAND ...)")
 
 
 def _system_owned(path: str) -> bool:
