@@ -30,6 +30,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import hashlib
+import re
 import tempfile
 from collections import Counter
 from pathlib import Path
@@ -127,7 +128,9 @@ class _Hasher:
             if key.startswith("_") or key in VOLATILE_ATTRS:
                 continue
             value = attr_map[key]
-            if value.HasField("func"):
+            if key == "shared_name":   # numbered per export: the numbers left out (aliases: below)
+                parts.append((key, re.sub(rb"\d+", b"#", value.s)))
+            elif value.HasField("func"):
                 parts.append((key, self.function(value.func.name), self.attrs(value.func.attr)))
             elif value.list.func:
                 parts.append((key, [(self.function(f.name), self.attrs(f.attr))
@@ -242,10 +245,12 @@ def _signature_function(meta_graph) -> tuple[str, list[int]]:
     return name, list(graph.concrete_functions[name].bound_inputs)
 
 
-def _checkpoint_values(directory: Path, node_ids: list[int],
+def _checkpoint_values(directory: Path, meta_graph, hasher, node_ids: list[int],
                        names: list[str]) -> list[tuple[str, np.ndarray]]:
-    """(name, value) of the variables at `node_ids` of the object graph, read from variables/
-    (the checkpoint's object graph numbers its nodes as the SavedModel's does)."""
+    """(name, value) of the objects at `node_ids` of the object graph: a variable's value read
+    from variables/ (the checkpoint's object graph numbers its nodes as the SavedModel's does);
+    a resource's (a lookup table's) digest of its saved state, the functions that create and
+    fill it and the asset files they read, as bytes."""
     from tensorflow.core.protobuf import trackable_object_graph_pb2
 
     reader = tf.train.load_checkpoint(str(directory / "variables" / "variables"))
@@ -256,13 +261,53 @@ def _checkpoint_values(directory: Path, node_ids: list[int],
         if not 0 <= node_id < len(graph.nodes):
             raise ModelLoadError(f"its signature captures object {node_id}, which variables/ "
                                  f"does not hold")
-        keys = [a.checkpoint_key for a in graph.nodes[node_id].attributes
-                if a.name == "VARIABLE_VALUE"]
-        if len(keys) != 1:
-            raise ModelLoadError(f"its signature captures object {node_id}, which is no "
-                                 f"variable of variables/")
-        values.append((name or keys[0], np.asarray(reader.get_tensor(keys[0]))))
+        attributes = graph.nodes[node_id].attributes
+        keys = [a.checkpoint_key for a in attributes if a.name == "VARIABLE_VALUE"]
+        if len(keys) == 1:
+            values.append((name or keys[0], np.asarray(reader.get_tensor(keys[0]))))
+            continue
+        state = [(a.name, np.asarray(reader.get_tensor(a.checkpoint_key)).tobytes())
+                 for a in sorted(attributes, key=lambda a: a.name)]
+        digest = _resource_digest(directory, meta_graph, hasher, node_id, keys, state)
+        values.append((name or f"resource {node_id}", np.frombuffer(digest, np.uint8)))
     return values
+
+
+def _resource_digest(directory: Path, meta_graph, hasher, node_id: int, keys, state) -> bytes:
+    nodes = meta_graph.object_graph_def.nodes
+    kind = nodes[node_id].WhichOneof("kind") if node_id < len(nodes) else None
+    if kind == "constant" and not keys:   # a captured tensor: its value, in the graph
+        operation = nodes[node_id].constant.operation
+        found = [n for n in meta_graph.graph_def.node if n.name == operation]
+        if len(found) != 1:
+            raise ModelLoadError(f"its signature captures constant {operation!r}, which its "
+                                 f"graph does not hold")
+        return _digest("constant", found[0].op, hasher.attrs(found[0].attr))
+    if keys or kind not in ("resource", "user_object"):
+        raise ModelLoadError(f"its signature captures object {node_id}, which is no variable "
+                             f"of variables/ and no resource (a {kind})")
+    functions = meta_graph.object_graph_def.concrete_functions
+    parts = [kind, state]
+    for child in sorted(nodes[node_id].children, key=lambda c: c.local_name):
+        node = nodes[child.node_id]
+        names = ([node.bare_concrete_function.concrete_function_name]
+                 if node.WhichOneof("kind") == "bare_concrete_function" else
+                 list(node.function.concrete_functions) if node.WhichOneof("kind") == "function"
+                 else [])
+        for name in names:
+            bound = list(functions[name].bound_inputs) if name in functions else []
+            parts.append((child.local_name, hasher.function(name),
+                          [_bound_digest(directory, meta_graph, i) for i in bound]))
+    return _digest(*parts)
+
+
+def _bound_digest(directory: Path, meta_graph, node_id: int) -> bytes:
+    """What an object a resource's function captures stands for: an asset file's bytes."""
+    node = meta_graph.object_graph_def.nodes[node_id]
+    if node.WhichOneof("kind") == "asset":
+        name = meta_graph.asset_file_def[node.asset.asset_file_def_index].filename
+        return _digest("asset", (directory / "assets" / name).read_bytes())
+    return _digest(node.WhichOneof("kind"))
 
 
 def serving_form(directory) -> ServingForm:
@@ -316,10 +361,24 @@ def serving_form(directory) -> ServingForm:
                                            infos[key].SerializeToString(deterministic=True)
                                            if placeholder else infos[key].dtype)
     structure["signature_def"] = _digest(sorted(tensors.items()), signature.method_name)
+    structure["aliases"] = _digest(_aliased_resources(meta_graph))
     objects = meta_graph.object_graph_def.nodes
     names = [objects[i].variable.name if 0 <= i < len(objects) else "" for i in bound]
-    return ServingForm(structure, hasher.ops, _checkpoint_values(directory, bound, names),
+    return ServingForm(structure, hasher.ops,
+                       _checkpoint_values(directory, meta_graph, hasher, bound, names),
                        meta_graph.meta_info_def.tensorflow_version)
+
+
+def _aliased_resources(meta_graph) -> int:
+    """How many resource nodes share another's shared_name (the same resource under two nodes):
+    the hashes leave the export's numbering of shared names out, so this keeps which nodes
+    alias which in what is compared."""
+    names = [node.attr["shared_name"].s for node in meta_graph.graph_def.node
+             if node.attr["shared_name"].s]
+    for function in meta_graph.graph_def.library.function:
+        names += [node.attr["shared_name"].s for node in function.node_def
+                  if node.attr["shared_name"].s]
+    return len(names) - len(set(names))
 
 
 def _reference_form(model) -> ServingForm:
@@ -351,7 +410,8 @@ def differences(stored: ServingForm, reference: ServingForm) -> tuple[str, str] 
     if stored.structure != reference.structure:
         where = " and ".join(
             {"function": "in the function tf.saved_model.load runs",
-             "signature_def": "in the graph TensorFlow Serving runs (its signature_def)"}[part]
+             "signature_def": "in the graph TensorFlow Serving runs (its signature_def)",
+             "aliases": "in which of its nodes share one resource (shared_name)"}[part]
             for part in stored.structure if stored.structure[part] != reference.structure.get(part))
         added, removed = stored.ops - reference.ops, reference.ops - stored.ops
         shown = "; ".join(f"{label}: {_counted(ops)}"
