@@ -17,8 +17,8 @@ from click.testing import CliRunner
 import graphswap
 from graphswap.cli import main
 from graphswap.errors import GraphswapError
-from graphswap.research.exploration import design_space
-from graphswap.research.exploration.study_files import check_study_file
+from graphswap.research import design_space
+from graphswap.research.study_files import check_study_file
 
 REPO = Path(graphswap.__file__).resolve().parent.parent
 LAYERS, CHOICES = ["out"], ["exact", "mul8u_drum4"]
