@@ -15,6 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 import graphswap
+from conftest import one_error_line
 from graphswap.cli import main
 from graphswap.errors import GraphswapError
 from graphswap.research import design_space
@@ -24,14 +25,6 @@ REPO = Path(graphswap.__file__).resolve().parent.parent
 LAYERS, CHOICES = ["out"], ["exact", "mul8u_drum4"]
 FINGERPRINT = {"model": "m", "data": "d"}
 METRICS = {"accuracy": 0.75, "loss": 0.5, "agreement": 0.9, "drop": 0.05}
-
-
-def _error_line(result) -> str:
-    assert result.exit_code == 1, result.output
-    assert "Traceback" not in result.output and "unexpected" not in result.output, result.output
-    lines = [line for line in result.output.splitlines() if line.startswith("Error: ")]
-    assert len(lines) == 1, result.output
-    return lines[0]
 
 
 # --------------------------------------------------------------------------------------------
@@ -121,7 +114,7 @@ def test_explore_refuses_a_study_with_on_conflict_replace_in_one_line(tmp_path):
     _edit_schema(study, "trial_values", "UNIQUE (trial_id, objective)",
                  "UNIQUE (trial_id, objective) ON CONFLICT REPLACE")
     before = study.read_bytes()
-    line = _error_line(CliRunner().invoke(main, [str(a) for a in args + ["-o",
+    line = one_error_line(CliRunner().invoke(main, [str(a) for a in args + ["-o",
                                                                           tmp_path / "b.json"]]))
     assert "defines table trial_values otherwise than graphswap creates it" in line
     assert study.read_bytes() == before and not (tmp_path / "b.json").exists()
@@ -143,7 +136,7 @@ def test_explore_refuses_a_study_with_on_conflict_replace_in_one_line(tmp_path):
 ])
 def test_usage_errors_exit_1_with_one_error_line(args, message):
     result = CliRunner().invoke(main, args, prog_name="graphswap")
-    line = _error_line(result)
+    line = one_error_line(result)
     assert message in line, result.output
     assert "for help" in result.output   # click's pointer to --help is kept
 
