@@ -21,8 +21,8 @@ import time
 from graphswap import kernels
 from graphswap.io import load_model
 from graphswap.research import DEFAULT_BIAS_CORRECTION, calibration_arrays, finetune, load_data
-from graphswap.research.scoring import predict
-from graphswap.research.task import derive_task
+from graphswap.research.data.scoring import predict
+from graphswap.research.data.task import derive_task
 from graphswap.swap import rewrite_model
 
 MODEL = "sample_models/lenet5.keras"

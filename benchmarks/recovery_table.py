@@ -63,7 +63,7 @@ import numpy as np  # noqa: E402
 
 import graphswap  # noqa: E402
 from graphswap import kernels, swap  # noqa: E402
-from graphswap.research import recovery  # noqa: E402
+from graphswap.research.training import recovery  # noqa: E402
 from graphswap.swap.recipe import has_batchnorm  # noqa: E402
 
 MODELS = ("lenet5", "cnn_bn")

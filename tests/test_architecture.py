@@ -26,6 +26,11 @@ LAYERS = [
 ]
 MAX_LINES = 450
 
+# Inside graphswap.research, its subpackages are floors, bottom first: a module imports only its
+# own floor and the floors below it (graphswap/research/__init__.py re-exports the public API).
+RESEARCH_FLOORS = ["graphswap.research.data", "graphswap.research.training",
+                   "graphswap.research.analysis", "graphswap.research.exploration"]
+
 
 def _module_name(path: Path) -> str:
     parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
@@ -86,6 +91,29 @@ def test_imports_only_go_down():
                              f"(layer {_layer(imported)})")
     assert not wrong, "\n".join(wrong)
 
+
+
+def _research_floor(module: str) -> int:
+    for index, floor in enumerate(RESEARCH_FLOORS):
+        if module == floor or module.startswith(floor + "."):
+            return index
+    raise AssertionError(f"{module} is in no floor of RESEARCH_FLOORS: add it to one")
+
+
+def test_research_floors_only_go_down():
+    wrong = []
+    for module in MODULES:
+        if not module.startswith("graphswap.research."):
+            continue
+        _research_floor(module)     # every research module sits on a floor
+        for imported in _imports(module):
+            if imported == "graphswap.research":
+                wrong.append(f"{module} imports graphswap.research, the floors' top")
+            elif imported.startswith("graphswap.research.") \
+                    and _research_floor(imported) > _research_floor(module):
+                wrong.append(f"{module} (floor {_research_floor(module)}) imports {imported} "
+                             f"(floor {_research_floor(imported)})")
+    assert not wrong, "\n".join(wrong)
 
 def test_no_import_cycles():
     graph = {module: _imports(module) for module in MODULES}

@@ -16,7 +16,7 @@ import reference
 from graphswap import SwappedConv2DTranspose
 from graphswap.kernels import resolve_multiplier
 from graphswap.native import conv_geometry, flipped_filter, insert_zeros, transposed_conv
-from graphswap.native.library import Conv2DParams
+from graphswap.native.abi import Conv2DParams
 
 RNG = np.random.default_rng(37)
 

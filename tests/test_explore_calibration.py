@@ -18,7 +18,8 @@ import graphswap
 from conftest import SAMPLE_DATA
 from graphswap.cli import main
 from graphswap.errors import GraphswapError
-from graphswap.research import design_space, explore
+from graphswap.research import explore
+from graphswap.research.exploration import design_space
 
 CIRCUITS = ["mul8u_drum4", "mul8u_drum3"]
 POWER = {"exact": 0.40, "mul8u_drum4": 0.20, "mul8u_drum3": 0.12}

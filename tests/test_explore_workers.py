@@ -25,14 +25,14 @@ from conftest import SAMPLE_DATA
 from graphswap.cli import main
 from graphswap.errors import GraphswapError
 from graphswap.research import explore
-from graphswap.research.study_database import study_storage
+from graphswap.research.exploration.study_database import study_storage
 
 CIRCUITS = ["mul8u_trunc4", "mul8u_drum4", "mul8u_drum3"]
 POWER = {"exact": 0.40, "mul8u_trunc4": 0.33, "mul8u_drum4": 0.20, "mul8u_drum3": 0.12}
 WORKER = textwrap.dedent("""
     import json, sys
     import graphswap
-    from graphswap.research import design_space
+    from graphswap.research.exploration import design_space
     model, data, table, study, log, front = sys.argv[1:7]
     measure = design_space.Evaluator.measure
     def logging_measure(self, assignment):
@@ -197,7 +197,7 @@ def test_two_workers_on_a_postgresql_study(dense, tmp_path):
 OPENER = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from graphswap.research.study_database import Study
+    from graphswap.research.exploration.study_database import Study
     path, folder, count = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
     (folder / f"ready{time.time_ns()}").touch()   # imports done: wait for the others
     while len(list(folder.glob("ready*"))) < count:
@@ -229,7 +229,7 @@ def test_a_claim_whose_owner_is_not_yet_written_is_not_taken_over_at_once(tmp_pa
     (CI, two workers on PostgreSQL, a loaded machine).  It is stale only after claim_timeout."""
     import time
 
-    from graphswap.research.study_database import Study
+    from graphswap.research.exploration.study_database import Study
 
     path = str(tmp_path / "claims.db")
     first = Study(path, {"model": "m"}, ["a"], [["exact", "x"]], claim_timeout=0.5)

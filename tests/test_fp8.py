@@ -393,7 +393,7 @@ def test_a_model_naming_an_untrusted_or_changed_fp8_source_is_refused(tmp_path, 
 
 def test_explore_chooses_among_fp8_circuits_and_refuses_mixed_families(tmp_path):
     from graphswap.errors import GraphswapError
-    from graphswap.research.circuits import load_library
+    from graphswap.research.exploration.circuits import load_library
 
     values = E5M2.values.astype(np.float64)
     coarse = np.multiply.outer(values, values)

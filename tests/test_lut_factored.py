@@ -199,7 +199,7 @@ def test_fused_products_are_the_reference_and_the_table_kernels(name, library):
 
 def test_bias_is_added_after_the_factored_sums(library):
     """The fused call's bias: float32(scale * sum) + bias, as the table kernels' epilogue."""
-    from graphswap.native.library import LutQuant
+    from graphswap.native.abi import LutQuant
     table = resolve_multiplier("mul8u_drum4").table
     a = RNG.normal(0.2, 1.0, (50, 40)).astype(np.float32)
     b = RNG.normal(0, 0.3, (40, 11)).astype(np.float32)

@@ -4,7 +4,7 @@ Layer state that is not a weight - a TextVectorization's vocabulary, a StringLoo
 Normalization's adapted statistics - survives rewrite_model, saving, reloading and the SavedModel
 export (graphswap/swap/layer_state.py); a copy that lost it is refused naming the layer.  String
 data (.npz unicode arrays, .txt files) feeds convert --calibrate, evaluate and finetune
-(graphswap/research/text_data.py), and convert's check of a string model runs on its calibration
+(graphswap/research/data/text_data.py), and convert's check of a string model runs on its calibration
 data or on short texts of its own vocabulary (graphswap/swap/text_inputs.py)."""
 
 from __future__ import annotations

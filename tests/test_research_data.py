@@ -8,8 +8,8 @@ import tensorflow as tf
 
 from conftest import SAMPLE_DATA
 from graphswap.research import load_data
-from graphswap.research.data import (Data, find_input_rescaling, model_expectation, parse_scale,
-                                     translate_errors)
+from graphswap.research.data.data import (Data, find_input_rescaling, model_expectation,
+                                          parse_scale, translate_errors)
 from graphswap.errors import DataError
 
 

@@ -13,8 +13,8 @@ from click.testing import CliRunner
 from graphswap.cli import main
 from graphswap.errors import GraphswapError
 from graphswap.research import finetune, load_data
-from graphswap.research.distillation import distillation_data, resolve_teacher
-from graphswap.research.task import derive_task
+from graphswap.research.training.distillation import distillation_data, resolve_teacher
+from graphswap.research.data.task import derive_task
 from graphswap.swap import rewrite_model
 
 COARSE = "fp32_m2"   # float products with a 2-bit mantissa: far from the teacher

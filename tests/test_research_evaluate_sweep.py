@@ -14,12 +14,12 @@ from conftest import SAMPLE_DATA, SAMPLE_MODEL
 from graphswap import io as gsio
 from graphswap.cli import main
 from graphswap.errors import GraphswapError, OutputPathError
-from graphswap.research.evaluation import EVALUATE_SCHEMA, evaluate
+from graphswap.research.analysis.evaluation import EVALUATE_SCHEMA, evaluate
 from graphswap.kernels import resolve_kernel
 from graphswap.swap import layer_macs, load_kernel_map, rewrite_model
-from graphswap.research.sweeping import (EXACT_POWER_SIGNED_MW, EXACT_POWER_UNSIGNED_MW, SWEEP_SCHEMA,
-                             kernel_power, parse_power_options, reference_power_for,
-                             relative_energy, sweep)
+from graphswap.research.analysis.sweeping import (EXACT_POWER_SIGNED_MW, EXACT_POWER_UNSIGNED_MW,
+                                                  SWEEP_SCHEMA, kernel_power, parse_power_options,
+                                                  reference_power_for, relative_energy, sweep)
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -304,12 +304,12 @@ def test_cli_evaluate_json_option_prints_or_writes(tmp_path):
 def test_evaluate_checks_finetune_settings_before_evaluating(monkeypatch):
     from conftest import SAMPLE_DATA, SAMPLE_MODEL
     from graphswap.errors import GraphswapError
-    from graphswap.research.evaluation import evaluate as evaluate_function
+    from graphswap.research.analysis.evaluation import evaluate as evaluate_function
 
     def no_loading(*args, **kwargs):
         raise AssertionError("data was loaded before the settings were checked")
 
-    monkeypatch.setattr("graphswap.research.evaluation.load_data", no_loading)
+    monkeypatch.setattr("graphswap.research.analysis.evaluation.load_data", no_loading)
     with pytest.raises(GraphswapError, match="learning rate must be positive"):
         evaluate_function(str(SAMPLE_MODEL), str(SAMPLE_DATA), ["exact"],
                                  finetune_data=str(SAMPLE_DATA), learning_rate=-1.0)

@@ -22,7 +22,8 @@ import graphswap
 from conftest import SAMPLE_DATA
 from graphswap.cli import main
 from graphswap.errors import GraphswapError
-from graphswap.research import design_space, explore, load_library
+from graphswap.research import explore, load_library
+from graphswap.research.exploration import design_space
 
 CIRCUITS = ["mul8u_trunc4", "mul8u_drum4", "mul8u_drum3"]
 POWER = {"exact": 0.40, "mul8u_trunc4": 0.33, "mul8u_drum4": 0.20, "mul8u_drum3": 0.12}
@@ -149,7 +150,7 @@ def test_interrupted_study_resumes_without_measuring_again(small, tmp_path):
     script = textwrap.dedent(f"""
         import os, signal
         import graphswap
-        from graphswap.research import design_space
+        from graphswap.research.exploration import design_space
         calls = {{"n": 0}}
         measure = design_space.Evaluator.measure
         def killing_measure(self, assignment):

@@ -19,10 +19,11 @@ from conftest import SAMPLE_DATA, SAMPLE_MODEL, run_python, small_data, small_mo
 from graphswap import io as gsio
 from graphswap.cli import main
 from graphswap.errors import DataError, GraphswapError, OutputPathError
-from graphswap.research.scoring import classification_metrics, predict
+from graphswap.research.data.scoring import classification_metrics, predict
 from graphswap.research import load_data
 from graphswap.swap import rewrite_model
-from graphswap.research.finetuning import compile_settings, finetune, format_history, swapped_layers
+from graphswap.research.training.finetuning import (compile_settings, finetune, format_history,
+                                                    swapped_layers)
 
 APPROXIMATE = "mul8u_drum4"  # costs the sample LeNet-5 about 15 points of accuracy
 
@@ -75,7 +76,7 @@ def test_compile_defaults_are_stated_for_models_saved_without_a_loss():
     logits = compile_settings(small_model(compiled=False, softmax=False), "one_hot")
     assert type(logits.loss).__name__ == "CategoricalCrossentropy"
     assert logits.loss.get_config()["from_logits"] is True
-    # the saved loss decides: one-hot labels are converted for it (graphswap.research.task),
+    # the saved loss decides: one-hot labels are converted for it (graphswap.research.data.task),
     # not refused
     saved = compile_settings(small_model(), "one_hot")
     assert saved.loss_name == "sparse_categorical_crossentropy"
@@ -243,7 +244,7 @@ MIRRORED_SCRIPT = """
     sys.path.insert(0, "tests")
     from conftest import small_data, small_model
     from graphswap.swap import rewrite_model
-    from graphswap.research.finetuning import finetune
+    from graphswap.research.training.finetuning import finetune
     x, y = small_data()
     model = rewrite_model(small_model(), kernel="fp32_m3")
     mirrored = finetune(model, (x, y), epochs=2, batch_size=8, learning_rate=1e-2,
@@ -279,7 +280,7 @@ WORKER_SCRIPT = """
     import json, os, sys
     import numpy as np
     from graphswap import io as gsio
-    from graphswap.research.finetuning import finetune
+    from graphswap.research.training.finetuning import finetune
     model_path, data_path, output = sys.argv[1:4]
     result = finetune(model_path, data_path, epochs=2, batch_size=8, learning_rate=1e-2,
                       strategy="multiworker", verbose=0, seed=0)
@@ -408,7 +409,7 @@ KILLED_RUN_SCRIPT = """
     import keras
     import numpy as np
     import tensorflow as tf
-    from graphswap.research.finetuning import finetune
+    from graphswap.research.training.finetuning import finetune
 
     model_path, data_path, checkpoint_dir, mode, kind, out = sys.argv[1:7]
     with np.load(data_path) as arrays:
@@ -467,7 +468,7 @@ def test_a_run_killed_mid_epoch_resumes_to_the_uninterrupted_run_bit_for_bit(tmp
     assert state["epoch"] == 1 and state["rng"]["seed_generators"]  # the Dropout's state is kept
     import shutil
 
-    from graphswap.research.checkpoint_state import seal
+    from graphswap.research.training.checkpoint_state import seal
 
     # the copy keeps the checkpoint's own links (state.json -> current/state.json, current ->
     # epoch-N), as graphswap wrote them; the state is re-sealed as the writing version sealed it
@@ -532,7 +533,7 @@ def test_auto_learning_rate_reads_the_starts_training_loss():
     """learning_rate="auto" (the default): the shipped LeNet-5 fits its training data (loss about
     2e-4), so it gets the small rate; an untrained model (loss about ln 3) the large one; the
     measured loss is the mean over the training examples, computed independently here."""
-    from graphswap.research import recovery
+    from graphswap.research.training import recovery
 
     fitted = gsio.load_model(SAMPLE_MODEL)
     train = load_data(SAMPLE_DATA, fitted, split="train")
@@ -557,7 +558,7 @@ def test_auto_learning_rate_reads_the_starts_training_loss():
 
 
 def test_auto_learning_rate_outside_cross_entropy_and_fixed_rates():
-    from graphswap.research import recovery
+    from graphswap.research.training import recovery
 
     x, y = small_data()
     model = small_model(compiled=False)

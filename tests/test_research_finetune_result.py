@@ -18,8 +18,8 @@ from conftest import REPO, SAMPLE_DATA
 
 CNN_BN = REPO / "sample_models" / "cnn_bn.keras"
 from graphswap.cli import main
-from graphswap.research.output_task import ThresholdedBinaryAccuracy
-from graphswap.research.task import derive_task
+from graphswap.research.data.output_task import ThresholdedBinaryAccuracy
+from graphswap.research.data.task import derive_task
 
 
 def test_the_printed_final_metrics_are_the_saved_models(tmp_path):
@@ -94,8 +94,8 @@ def test_auto_learning_rate_judges_the_start_against_the_original_models_fit():
     one beyond it the large rate; both losses are measured on the same examples, and the
     original is the swapped model lowered back to float."""
     from conftest import small_data, small_model
-    from graphswap.research import recovery
-    from graphswap.research.loading import load_data as read
+    from graphswap.research.training import recovery
+    from graphswap.research.data.loading import load_data as read
 
     x, y = small_data(n=96)
     model = small_model(seed=1)

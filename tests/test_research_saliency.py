@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 import graphswap
 from graphswap import gradients as gg
-from graphswap.research import saliency as sal
+from graphswap.research.analysis import saliency as sal
 from graphswap.cli import main
 from graphswap.errors import DataError, GraphswapError
 

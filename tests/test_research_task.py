@@ -1,4 +1,4 @@
-"""One task description (graphswap.research.task) for every command: binary sigmoid classifiers
+"""One task description (graphswap.research.data.task) for every command: binary sigmoid classifiers
 with (N,) and (N, 1) labels, class indices converted for a categorical loss, regression and
 reconstruction (metrics against numpy), calibration from inputs alone, multi-output models,
 --loss / --metrics overrides, and label-free fine-tuning by distillation (API and CLI)."""
@@ -14,9 +14,9 @@ from click.testing import CliRunner
 from graphswap.cli import main
 from graphswap.errors import DataError, GraphswapError
 from graphswap.research import evaluate, finetune, load_data, sweep
-from graphswap.research.distillation import distillation_data, resolve_teacher
-from graphswap.research.scoring import predict
-from graphswap.research.task import derive_task
+from graphswap.research.training.distillation import distillation_data, resolve_teacher
+from graphswap.research.data.scoring import predict
+from graphswap.research.data.task import derive_task
 from graphswap.swap import rewrite_model
 
 APPROXIMATE = "mul8u_drum4"

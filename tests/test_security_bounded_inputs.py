@@ -32,8 +32,9 @@ from conftest import one_error_line
 from graphswap.cli import main
 from graphswap.errors import (CheckpointError, DataError, GraphswapError, InputFileError,
                               ModelLoadError)
-from graphswap.research import circuits, load_data
-from graphswap.research.checkpoints import read_checkpoint_state
+from graphswap.research import load_data
+from graphswap.research.exploration import circuits
+from graphswap.research.training.checkpoints import read_checkpoint_state
 
 DEEP = "[" * 100000 + "]" * 100000
 X = np.random.default_rng(0).standard_normal((12, 4)).astype(np.float32)

@@ -226,7 +226,7 @@ def test_a_planted_shipped_library_is_rebuilt_never_loaded(attacker, monkeypatch
     (with its `.sha256` file), it is rebuilt (a fake build copying graphswap's own, for speed).
     The source-checkout path is taken whatever the layout this suite runs from (an installed
     graphswap, as in .ci/run, has no native_kernels/ beside it and ships its library)."""
-    from graphswap.native import compiler, library
+    from graphswap.native import compiler, shipped as library
 
     a = attacker
     honest = native.shipped_library_path()          # this process's, as graphswap built it

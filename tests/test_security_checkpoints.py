@@ -24,8 +24,8 @@ from click.testing import CliRunner
 from conftest import run_python
 from graphswap.cli import main
 from graphswap.errors import CheckpointError, OutputPathError
-from graphswap.research import checkpoints
-from graphswap.research.finetuning import finetune
+from graphswap.research.training import checkpoints
+from graphswap.research.training.finetuning import finetune
 from test_security_outputs import restore, snapshots_of_every_step
 
 SETTINGS = dict(epochs=2, batch_size=8, learning_rate=1e-2, verbose=0, restore_best=False,
@@ -100,8 +100,8 @@ KILL_SCRIPT = """
     import numpy as np
     sys.path.insert(0, "tests")
     from test_security_checkpoints import SETTINGS, data, dropout_model
-    from graphswap.research import checkpoints
-    from graphswap.research.finetuning import finetune
+    from graphswap.research.training import checkpoints
+    from graphswap.research.training.finetuning import finetune
 
     directory, mode, out = sys.argv[1:4]
     if mode == "kill":   # os._exit (no clean-up at all) at the rename of epoch 2's directory

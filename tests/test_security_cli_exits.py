@@ -18,8 +18,8 @@ import graphswap
 from conftest import one_error_line
 from graphswap.cli import main
 from graphswap.errors import GraphswapError
-from graphswap.research import design_space
-from graphswap.research.study_files import check_study_file
+from graphswap.research.exploration import design_space
+from graphswap.research.exploration.study_files import check_study_file
 
 REPO = Path(graphswap.__file__).resolve().parent.parent
 LAYERS, CHOICES = ["out"], ["exact", "mul8u_drum4"]

@@ -24,7 +24,7 @@ from click.testing import CliRunner
 from conftest import one_error_line, tree_snapshot
 from graphswap.cli import main
 from graphswap.errors import GraphswapError, OutputPathError, TrainingDivergedError
-from graphswap.research.finetuning import finetune
+from graphswap.research.training.finetuning import finetune
 
 FAST = dict(epochs=1, batch_size=8, learning_rate=1e-2, verbose=0, seed=0)
 
@@ -167,7 +167,7 @@ def test_a_non_finite_or_absurd_learning_rate_is_refused_up_front(tmp_path, monk
     def no_loading(*args, **kwargs):
         raise AssertionError("data was loaded before the learning rate was checked")
 
-    monkeypatch.setattr("graphswap.research.finetuning.load_data", no_loading)
+    monkeypatch.setattr("graphswap.research.training.finetuning.load_data", no_loading)
     with pytest.raises(GraphswapError, match=r"learning rate must be positive \(or 0 to freeze "
                                              r"the weights\) and at most 10, got "):
         finetune(classifier(), classes(), learning_rate=rate, output=tmp_path / "out.keras")

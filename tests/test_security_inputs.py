@@ -22,7 +22,9 @@ from numpy.lib import format as npy_format
 import graphswap
 from graphswap.cli import main
 from graphswap.errors import DataError, GraphswapError
-from graphswap.research import datafiles, design_space, load_data
+from graphswap.research import load_data
+from graphswap.research.data import datafiles
+from graphswap.research.exploration import design_space
 
 X = np.random.default_rng(0).standard_normal((12, 4)).astype(np.float32)
 Y = np.arange(12) % 3
@@ -381,7 +383,7 @@ def test_explore_refuses_a_foreign_or_tampered_study_in_one_line(dense, tmp_path
 
 KILLED_WRITER = """
 import sys
-from graphswap.research import design_space
+from graphswap.research.exploration import design_space
 study = design_space.Study(sys.argv[1], {"model": "m", "data": "d"}, ["out"],
                            ["exact", "mul8u_drum4"])
 for i in range(100000):
@@ -469,7 +471,7 @@ def test_saliency_reads_an_npz_sample_through_the_checked_reader(tmp_path):
     reader as every other command: the eight damaged archives whose inputs cannot be read are
     named in one line (it used plain np.load: a 10^12-element header was a MemoryError), and a
     0-d input is refused by name."""
-    from graphswap.research import saliency
+    from graphswap.research.analysis import saliency
     image_model = keras.Sequential([keras.Input((12, 4, 1)), keras.layers.Flatten(),
                                     keras.layers.Dense(3, activation="softmax")])
     model_path = tmp_path / "image.keras"

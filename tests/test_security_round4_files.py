@@ -45,9 +45,11 @@ from graphswap.cli import main
 from graphswap.errors import CheckpointError, DataError, GraphswapError, ModelLoadError
 from graphswap.io import atomic, paths
 from graphswap.io import savedmodel_program as program
-from graphswap.research import checkpoints, datafiles, load_data
-from graphswap.research.finetuning import finetune
-from graphswap.research.study_database import check_study_file
+from graphswap.research import load_data
+from graphswap.research.data import datafiles
+from graphswap.research.training import checkpoints
+from graphswap.research.training.finetuning import finetune
+from graphswap.research.exploration.study_database import check_study_file
 from test_security_checkpoints import SETTINGS, data, dropout_model
 
 MULTIPLIER_SOURCE = Path(__file__).resolve().parent.parent / "sample_models" / "multipliers" / \

@@ -336,7 +336,7 @@ def test_a_negative_or_nan_hardware_figure_in_a_header_is_refused(tmp_path, monk
         f"for explore)")
     assert not list((tmp_path / "cache").rglob("*.so"))   # refused when the header is read
     # a study over a circuit library names the file and the value (it used to say "None")
-    from graphswap.research import circuits
+    from graphswap.research.exploration import circuits
 
     with pytest.raises(graphswap.GraphswapError, match=f"PDK45_PWR = {value}'"):
         circuits.load_library([str(source)])

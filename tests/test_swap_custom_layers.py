@@ -231,7 +231,7 @@ def test_a_run_fingerprint_tells_apart_the_kernels_inside_a_block():
     """Resuming a fine-tune checks the model's kernels: those of layers inside a custom layer
     are not in the model's config, and the fingerprint used to walk only the top-level layers,
     so a checkpoint of block/ff2 on mul8u_drum4 resumed on fp32_m3 without a word."""
-    from graphswap.research.fingerprints import differences, model_fingerprint
+    from graphswap.research.training.fingerprints import differences, model_fingerprint
     model = transformer_model()
     on_drum = rewrite_model(model, kernel=None, kernel_map={"block/ff2": "mul8u_drum4"})
     on_fp = rewrite_model(model, kernel=None, kernel_map={"block/ff2": "fp32_m3"})

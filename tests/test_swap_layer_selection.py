@@ -14,7 +14,7 @@ from conftest import small_data, small_model
 from graphswap.cli import main
 from graphswap.errors import GraphswapError
 from graphswap.io import export_onnx
-from graphswap.research.sweeping import LABEL_TOP, labelled_layers
+from graphswap.research.analysis.sweeping import LABEL_TOP, labelled_layers
 from graphswap.swap.catalog import RECURRENT_TYPES
 
 RNG = np.random.default_rng(23)

@@ -23,12 +23,11 @@ from graphswap.native.cache import (cache_dir, configured_cache_root, owner_only
 from graphswap.native.files import (CheckedFile, FileContent, file_sha256, missing_reason,
                                     open_checked, read_file, sha256_of)
 from graphswap.native.geometry import ConvGeometry, conv_geometry
-from graphswap.native.library import (ABI_VERSION, ISA_PATHS, LUT_SIGNED, LUT_SIGNED_UNSIGNED_ACTIVATIONS,
-                                      LUT_UNSIGNED,
-                                      QUANT_DYNAMIC, QUANT_PER_CHANNEL, QUANT_PER_TENSOR,
-                                      QUANT_STATIC, WEIGHTS_DEFAULT, WEIGHTS_SIGN_MAGNITUDE,
-                                      KernelLibrary, LutQuant, load_library,
-                                      shipped_library, shipped_library_path)
+from graphswap.native.abi import (ABI_VERSION, ISA_PATHS, LUT_SIGNED, LUT_SIGNED_UNSIGNED_ACTIVATIONS,
+                                  LUT_UNSIGNED, QUANT_DYNAMIC, QUANT_PER_CHANNEL, QUANT_PER_TENSOR,
+                                  QUANT_STATIC, WEIGHTS_DEFAULT, WEIGHTS_SIGN_MAGNITUDE, LutQuant)
+from graphswap.native.library import KernelLibrary, load_library
+from graphswap.native.shipped import shipped_library, shipped_library_path
 from graphswap.native.einsum import EinsumPlan, einsum_plan
 from graphswap.native.lowering import col2im, conv_gradients_via_matmul, conv_via_matmul, im2col
 from graphswap.native.transpose import (TransposedConv, flipped_filter, insert_zeros,

@@ -1,35 +1,42 @@
 """Research workflows on top of the rest: data, fine-tuning with the kernels in the loop
 (strategies, checkpoints), evaluation of kernels side by side, the per-layer sensitivity sweep,
-and saliency maps.
+saliency maps and design-space exploration.
 
-Modules: data (what a model expects, the Data container), loading (reading .npz / image folders /
-tf.data / arrays), recovery (calibration data, BN re-estimation, bias compensation, the fine-tuning
-recipe), task and output_task (what a model is for, derived once from its saved loss: labels,
-metrics, score), distillation (fine-tuning without labels), scoring, strategies, checkpoints,
-finetuning, evaluation, sweeping, circuits, design_space and exploration (design-space
-exploration over a library of circuits), saliency (it reads images and writes PNGs, so it sits
-here rather than in surgery/, whose `override` it uses).
+The modules sit on four floors, one subpackage each, bottom first; a floor imports only its own
+modules and the floors below it (tests/test_architecture.py):
+
+    data/         what a model is fed and what it is for: data, datafiles, dataset_labels,
+                  text_data, loading, task, output_task, scoring
+    training/     fine-tuning with the kernels in the loop: recovery, distillation,
+                  finetune_checks, checkpoint_state, checkpoint_lock, checkpoints, fingerprints,
+                  strategies, finetuning
+    analysis/     measuring kernels on a model: evaluation, sweeping, saliency
+    exploration/  design-space exploration over a library of circuits: circuits, design_space,
+                  study_files, study_database, explore_search, explore_result, exploration
+
+This package re-exports the public API; the command line reaches research only through it.
 """
 
-from graphswap.research.circuits import Circuit, CircuitLibrary, load_library
-from graphswap.research.data import Data, ModelExpectation, model_expectation
-from graphswap.research.evaluation import EvaluationResult, evaluate
-from graphswap.research.exploration import explore
-from graphswap.research.explore_result import ExploreResult
-from graphswap.research.finetuning import (CompileSettings, FinetuneResult, check_learning_rate,
-                                         compile_settings, finetune, format_final, format_history,
-                                         swapped_layers)
-from graphswap.research.loading import load_data
-from graphswap.research.recovery import (AUTO_LEARNING_RATE, DEFAULT_BATCH_SIZE,
-                                         DEFAULT_BIAS_CORRECTION,
-                                         DEFAULT_LEARNING_RATE, DEFAULT_SCHEDULE, SCHEDULES,
-                                         auto_learning_rate, calibration_arrays, compensate_bias,
-                                         make_optimizer, recalibrate_batchnorm)
-from graphswap.research.saliency import (SaliencyResult, input_gradients, load_sample,
-                                         saliency_map, write_saliency_png)
-from graphswap.research.strategies import STRATEGIES, is_chief, resolve_strategy
-from graphswap.research.sweeping import SweepResult, parse_power_options, sweep
-from graphswap.research.task import Task, derive_task
+from graphswap.research.analysis.evaluation import EvaluationResult, evaluate
+from graphswap.research.analysis.saliency import (SaliencyResult, input_gradients, load_sample,
+                                                  saliency_map, write_saliency_png)
+from graphswap.research.analysis.sweeping import SweepResult, parse_power_options, sweep
+from graphswap.research.data.data import Data, ModelExpectation, model_expectation
+from graphswap.research.data.loading import load_data
+from graphswap.research.data.task import Task, derive_task
+from graphswap.research.exploration.circuits import Circuit, CircuitLibrary, load_library
+from graphswap.research.exploration.exploration import explore
+from graphswap.research.exploration.explore_result import ExploreResult
+from graphswap.research.training.finetuning import (CompileSettings, FinetuneResult,
+                                                    check_learning_rate, compile_settings,
+                                                    finetune, format_final, format_history,
+                                                    swapped_layers)
+from graphswap.research.training.recovery import (AUTO_LEARNING_RATE, DEFAULT_BATCH_SIZE,
+                                                  DEFAULT_BIAS_CORRECTION, DEFAULT_LEARNING_RATE,
+                                                  DEFAULT_SCHEDULE, SCHEDULES, auto_learning_rate,
+                                                  calibration_arrays, compensate_bias,
+                                                  make_optimizer, recalibrate_batchnorm)
+from graphswap.research.training.strategies import STRATEGIES, is_chief, resolve_strategy
 
 __all__ = ["Circuit", "CircuitLibrary", "ExploreResult", "explore", "load_library",
            "AUTO_LEARNING_RATE", "DEFAULT_BIAS_CORRECTION", "DEFAULT_LEARNING_RATE",

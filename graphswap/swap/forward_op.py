@@ -39,7 +39,7 @@ from graphswap.kernels.base import SchemeBoundKernel, oriented
 from graphswap.kernels.float_kernels import LibraryKernel
 from graphswap.kernels.quantized import LutKernel, fused_quant
 from graphswap.native import compiler
-from graphswap.native.library import Conv2DParams, LutQuant
+from graphswap.native.abi import Conv2DParams, LutQuant
 
 SOURCE = Path(__file__).resolve().parent.parent / "native" / "tf_op" / "forward_op.cc"
 BRIDGE_MODES = ("auto", "op", "numpy", "xla")
