@@ -18,7 +18,8 @@ from graphswap.swap.calibration import (CALIBRATION_METHODS, CALIBRATION_SOURCES
                                         DEFAULT_CALIBRATION_METHOD, DEFAULT_CALIBRATION_SAMPLES,
                                         DEFAULT_CALIBRATION_SOURCE, MIN_CALIBRATION_SAMPLES,
                                         CalibrationReport, calibrate, calibration_inputs)
-from graphswap.swap.catalog import LAYER_TYPES, SWAPPED_CLASSES, is_swapped, stock_class, type_name
+from graphswap.swap.catalog import (LAYER_TYPES, SWAPPABLE_TYPES, SWAPPED_CLASSES, is_swapped,
+                                    stock_class, type_name)
 from graphswap.swap.clone import (check_cloneable, clone_layer, copy_model, is_functional,
                                   iter_layers, transform_model)
 from graphswap.swap.compare import (DEFAULT_SEQUENCE_LENGTH, MAX_CHECK_BATCH,
@@ -46,8 +47,9 @@ from graphswap.swap.layers_wrapped import SwappedTimeDistributed
 from graphswap.swap.ops import BACKWARD_MODES, check_backward_mode, swapped_conv2d, swapped_matmul
 from graphswap.swap.report import LayerReport, RewriteReport, counting_length, layer_macs
 from graphswap.swap.quantstate import legacy_scheme
-from graphswap.swap.rewrite import (SWAPPABLE_TYPES, check_layer_types, load_kernel_map, plan,
-                                    resolve_kernel_map, rewrite_model)
+from graphswap.swap.rewrite import plan, rewrite_model
+from graphswap.swap.selection import (LayerSelection, check_layer_types, load_kernel_map,
+                                      resolve_kernel_map)
 
 __all__ = ["LAYER_TYPES", "SWAPPED_CLASSES", "SwappedConv1D", "SwappedConv2DTranspose",
            "SwappedDepthwiseConv2D", "SwappedEinsumDense", "SwappedMultiHeadAttention",

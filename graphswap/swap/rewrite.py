@@ -1,144 +1,37 @@
-"""`rewrite_model`: a copy of a model whose selected layers (graphswap.swap.catalog: Dense,
-Conv2D, DepthwiseConv2D, SeparableConv2D, Conv1D, Conv2DTranspose, EinsumDense,
-MultiHeadAttention) run a kernel.
+"""`rewrite_model`: a copy of a model whose selected layers (every type in
+graphswap.swap.catalog.LAYER_TYPES) run a kernel.
 
-Selection: layer types, include/exclude regular expressions over names and nested paths, and a
-kernel map {name, path or glob: kernel spec | None}.  Each kernel spec is resolved once, here, to
-a Kernel (graphswap.kernels) and handed to the swapped layers.  The clone-and-replace machinery is
-graphswap.swap.clone; the report is graphswap.swap.report.
+The route of a kernel spec, in reading order: LayerSelection.from_arguments resolves it once to a
+Kernel (graphswap.swap.selection, graphswap.kernels); LayerSwapper.replace gives each selected
+layer that Kernel and its QuantScheme; catalog.swapped_from builds the swapped layer, whose call
+runs the Kernel's ops (graphswap.swap.ops -> graphswap.native).  The clone-and-replace machinery
+is graphswap.swap.clone; the report is graphswap.swap.report.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import fnmatch
-import json
-import os
-import re
-
 import keras
 import numpy as np
 
-from graphswap.errors import GraphswapError, QuantizationError
-from graphswap.input_files import load_json, read_regular
-from graphswap.kernels import Kernel, QuantScheme, resolve_file_named, resolve_kernel
+from graphswap.errors import GraphswapError
 from graphswap.swap import ops
 from graphswap.swap.calibration import (DEFAULT_CALIBRATION_METHOD, DEFAULT_CALIBRATION_SAMPLES,
                                         DEFAULT_CALIBRATION_SOURCE, calibration_inputs,
                                         check_method, product_layers)
-from graphswap.swap.catalog import (LAYER_TYPES, SWAPPABLE_TYPES, float_wrapper_reason,
-                                    is_swappable_family, is_swapped, refusal, swapped_from,
-                                    type_name)
+from graphswap.swap.catalog import float_wrapper_reason, swapped_from
 from graphswap.swap.clone import copy_compile_config, transform_model
 from graphswap.swap.compensation import calibrate_and_compensate
-from graphswap.swap.recipe import (DEFAULT_RECIPE, QUANTIZATION_PRESETS, fallback_wanted,
+from graphswap.swap.recipe import (DEFAULT_RECIPE, fallback_wanted,
                                    has_batchnorm, operands_default, quantization_request,
                                    recipe_defaults, recipe_note)
 from graphswap.swap.fallback import choose_conversion
 from graphswap.swap.folding import fold_batchnorm as fold_pairs
+from graphswap.swap.selection import LayerSelection
 from graphswap.swap.report import (LayerReport, RewriteReport, assumed_length, attention_macs,
                                    layer_macs, quantization_line)
 from graphswap.swap.subclassed import (copy_custom_layer, copy_subclassed, held_layers,
                                        is_custom_container, is_custom_layer, is_subclassed,
                                        layer_paths, mark_swapped, own_weights, swap_layers)
-
-
-def _as_patterns(value) -> list[str]:
-    if value is None:
-        return []
-    if isinstance(value, str):
-        return [value]
-    return list(value)
-
-
-def _matches(patterns: list[str], path: str, name: str) -> bool:
-    for pattern in patterns:
-        try:
-            if re.search(pattern, name) or re.search(pattern, path):
-                return True
-        except re.error as exc:
-            raise GraphswapError(f"invalid regular expression {pattern!r}: {exc}") from None
-    return False
-
-
-def _map_lookup(kernel_map: dict, path: str, name: str):
-    """A kernel_map entry for this layer: exact name/path first, then glob patterns."""
-    for key in (path, name):
-        if key in kernel_map:
-            return True, kernel_map[key]
-    for key, value in kernel_map.items():
-        if fnmatch.fnmatchcase(name, key) or fnmatch.fnmatchcase(path, key):
-            return True, value
-    return False, None
-
-
-def split_map_source(source):
-    """(file path, front index or None) of a kernel map source "PATH" or "PATH#INDEX"."""
-    text = os.fspath(source)
-    path, hash_sign, index = text.rpartition("#")
-    if hash_sign and index.isdigit() and not os.path.exists(text):
-        return path, int(index)
-    return text, None
-
-
-def load_kernel_map(source) -> dict:
-    """A kernel map from a dict or a JSON file: {"layer name or glob": "kernel spec" | null}.
-
-    A JSON file may also wrap it as {"kernel_map": {...}} (what `graphswap sweep` writes), or be
-    an exploration front {"front": [{"kernel_map": {...}}, ...]} (what `graphswap explore`
-    writes), from which "PATH#INDEX" picks one point.
-    """
-    if isinstance(source, dict):
-        mapping = source
-    else:
-        path, index = split_map_source(source)
-        try:  # a FIFO, a device: refused unread; JSON nested deeper than a map: refused unparsed
-            text = read_regular(path, "kernel map", limit=256 << 20).decode("utf-8")
-            mapping = load_json(text, f"the kernel map {path}")
-        except json.JSONDecodeError as exc:
-            raise GraphswapError(f"kernel map {path} is not valid JSON: {exc}") from None
-        except UnicodeDecodeError as exc:
-            raise GraphswapError(
-                f"kernel map {path} is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at "
-                f"offset {exc.start}; a file saved as Latin-1 or another legacy encoding?); JSON "
-                f"is UTF-8: save it again as UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
-        front = mapping.get("front") if isinstance(mapping, dict) else None
-        if isinstance(front, list):
-            if index is None:
-                raise GraphswapError(
-                    f"{path} is an exploration front of {len(front)} kernel maps; pick one with "
-                    f"{path}#INDEX (0..{len(front) - 1})")
-            if not 0 <= index < len(front) or not isinstance(front[index], dict):
-                raise GraphswapError(f"{path} has front points 0..{len(front) - 1}, not {index}")
-            mapping = front[index]
-        elif index is not None:
-            raise GraphswapError(f"{path} is a single kernel map; #{index} selects a point of an "
-                                 f"exploration front only")
-    if isinstance(mapping, dict) and isinstance(mapping.get("kernel_map"), dict):
-        mapping = mapping["kernel_map"]
-    if not isinstance(mapping, dict) or not all(
-            isinstance(k, str) and (v is None or isinstance(v, (str, dict, Kernel)))
-            for k, v in mapping.items()):
-        raise GraphswapError(
-            'a kernel map must be a JSON object {"layer name or glob": "kernel spec" or null}')
-    return mapping
-
-
-def resolve_kernel_map(source) -> dict:
-    """{"layer name or glob": Kernel | None} of a kernel map (see load_kernel_map).
-
-    In a dict (the caller's own code) the specs are named by the user.  In a JSON file they are
-    named by a file: built-ins, records, or file specs relative to the map's folder whose content
-    is already trusted - a kernel map never adds trust (see graphswap.kernel_trust).
-    """
-    mapping = load_kernel_map(source)
-    if isinstance(source, dict):
-        return {key: None if spec is None else resolve_kernel(spec)
-                for key, spec in mapping.items()}
-    base_dir = os.path.dirname(os.path.abspath(split_map_source(source)[0]))
-    return {key: None if spec is None else resolve_file_named(
-                spec, base_dir, f"kernel map {source}, entry {key!r}")
-            for key, spec in mapping.items()}
 
 
 def rewrite_model(model, kernel="exact", include=None, exclude=None, kernel_map=None,
@@ -164,9 +57,8 @@ def rewrite_model(model, kernel="exact", include=None, exclude=None, kernel_map=
         None) and no exclude.
       kernel_map: {layer name, path or glob: kernel spec, or None to keep the layer}, or a JSON
         file path; entries override `kernel` for the layers they name.
-      layer_types: which of graphswap.swap.LAYER_TYPES to swap ("Dense", "Conv2D",
-        "DepthwiseConv2D", "SeparableConv2D", "Conv1D", "Conv2DTranspose", "EinsumDense",
-        "MultiHeadAttention"); None (the default) swaps every one of them.
+      layer_types: which of graphswap.swap.LAYER_TYPES to swap (e.g. ("Dense", "Conv2D"));
+        None (the default) swaps every one of them.
       backward: "native" (TensorFlow's gradients, straight-through) or "kernel" (backward
         products through the kernel as well).
       return_report: also return a RewriteReport.
@@ -221,10 +113,6 @@ def rewrite_model(model, kernel="exact", include=None, exclude=None, kernel_map=
         check_method(calibration_method, calibration_source)
         calibration_inputs(model, calibration_data, calibration_samples)
 
-    def layer_scheme(kernel) -> dict:
-        scheme = scheme_for(kernel)   # static ones are created dynamic, calibrated after the clone
-        return (scheme.dynamic() if scheme.activation_range is None else scheme).to_config()
-
     notes = []
     source_model = model
     if fold_batchnorm:
@@ -232,89 +120,19 @@ def rewrite_model(model, kernel="exact", include=None, exclude=None, kernel_map=
         notes.extend(fold_report.lines())
         if bn_by_default:   # re-estimated by default only where a BatchNorm is left unfolded
             recalibrate_bn = recalibrate_bn and has_batchnorm(source_model)
-    include_patterns = _as_patterns(include)
-    exclude_patterns = _as_patterns(exclude)
-    mapping = resolve_kernel_map(kernel_map) if kernel_map is not None else {}
-    selected_types = check_layer_types(layer_types)
-    if kernel is not None:
-        kernel = resolve_kernel(kernel)  # resolved once, here: a bad spec fails before cloning
-    entries: list[LayerReport] = []
-
-    def decide(path, layer):
-        """(spec or None, reason) for one layer."""
-        if isinstance(layer, keras.Model):
-            return None, "nested model (its layers are listed below)"
-        if not is_swappable_family(layer):
-            return None, ""
-        if is_swapped(layer):
-            return None, f"already swapped ({layer.arithmetic.spec})"
-        if type_name(layer) is None:
-            return None, f"subclass {type(layer).__name__} of a swappable layer: not swapped"
-        why_not = refusal(layer)
-        if why_not:
-            return None, f"not swappable: {why_not}"
-        found, spec = _map_lookup(mapping, path, layer.name)
-        if found:
-            return spec, "kernel map" if spec is not None else "kernel map: keep"
-        if type_name(layer) not in selected_types:
-            return None, "layer type not selected"
-        if include_patterns and not _matches(include_patterns, path, layer.name):
-            return None, "not matched by include"
-        if exclude_patterns and _matches(exclude_patterns, path, layer.name):
-            return None, "matched by exclude"
-        if kernel is None:
-            return None, "not in kernel map"
-        return kernel, ""
-
-    def replace(path, layer):
-        spec, reason = decide(path, layer)
-        if spec is None and not reason and entering and is_custom_container(layer):
-            return enter_custom_layer(path, layer)
-        entry = describe(path, layer, "kept", reason)
-        entries.append(entry)
-        if spec is None:
-            return None
-        new_layer = swapped_from(layer, spec, backward, layer_scheme(spec))
-        entry.action, entry.kernel = "swapped", spec.spec
-        return new_layer
-
-    def enter_custom_layer(path, layer):
-        """A swapped copy of a custom layer of a functional model (None: keep it as it is)."""
-        entry = describe(path, layer, "kept", "custom layer")
-        entries.append(entry)
-        before = len(entries)
-        try:
-            copy = copy_custom_layer(layer)
-            swaps = swap_layers(copy, built_replacement(replace), prefix=path + "/",
-                                paths=layer_paths(layer, path + "/"))
-        except GraphswapError as exc:
-            del entries[before:]
-            entries.extend(describe(f"{path}/{inner_path}", inner, "kept",
-                                    f"inside custom layer {layer.name!r}, not entered: {exc}")
-                           for inner_path, inner in inner_layers(layer))
-            entry.reason = f"custom layer, not entered: {exc}"
-            return None
-        if not swaps:
-            entry.reason = "custom layer: no layer inside it swapped"
-            return None
-        mark_swapped(copy, swaps)
-        swapped_inside = sum(1 for e in entries[before:] if e.action == "swapped")
-        entry.reason = f"custom layer: {swapped_inside} layer(s) inside swapped (listed below)"
-        return copy
-
-    entering = not is_subclassed(source_model)
+    selection = LayerSelection.from_arguments(kernel, include, exclude, kernel_map, layer_types)
+    swapper = LayerSwapper(selection, backward, scheme_for,
+                           enter_custom_layers=not is_subclassed(source_model))
     if is_subclassed(source_model):
-        new_model = _rewrite_subclassed(source_model, replace, inplace, notes)
+        new_model = _rewrite_subclassed(source_model, swapper.replace, inplace, notes)
     else:
         if inplace:
             raise GraphswapError(
                 f"inplace=True is for subclassed models; {model.name!r} is a "
                 f"{type(model).__name__} model, which rewrite_model copies (never modifies)")
-        new_model, _ = transform_model(source_model, replace)
-    unmatched = [key for key in mapping
-                 if not any(e.path == key or e.path.split("/")[-1] == key
-                            or fnmatch.fnmatchcase(e.path.split("/")[-1], key)
-                            or fnmatch.fnmatchcase(e.path, key) for e in entries)]
+        new_model, _ = transform_model(source_model, swapper.replace)
+    entries = swapper.entries
+    unmatched = selection.unmatched_map_keys(e.path for e in entries)
     if unmatched:
         raise GraphswapError(
             f"kernel map names layer(s) not in model {model.name!r}: {', '.join(unmatched)}; "
@@ -357,6 +175,64 @@ def rewrite_model(model, kernel="exact", include=None, exclude=None, kernel_map=
                      "multiplier kernel): nothing calibrated")
     report = RewriteReport(model.name, entries, notes)
     return (new_model, report) if return_report else new_model
+
+
+class LayerSwapper:
+    """transform_model's `replace(path, layer)` for one rewrite: each layer's Kernel from the
+    selection, its QuantScheme from `scheme_for(kernel)` (graphswap.swap.recipe), the swapped
+    layer from graphswap.swap.catalog.swapped_from; one report entry per layer seen
+    (`entries`).  A custom layer of a functional model is entered: the layers it holds are
+    swapped on a copy of it."""
+
+    def __init__(self, selection: LayerSelection, backward: str, scheme_for,
+                 enter_custom_layers: bool):
+        self.selection, self.backward, self.scheme_for = selection, backward, scheme_for
+        self.enter_custom_layers = enter_custom_layers
+        self.entries: list[LayerReport] = []
+
+    def layer_quantization(self, kernel) -> dict:
+        """The QuantScheme config a layer running `kernel` is created with: a static scheme is
+        created dynamic and calibrated after the clone."""
+        scheme = self.scheme_for(kernel)
+        return (scheme.dynamic() if scheme.activation_range is None else scheme).to_config()
+
+    def replace(self, path, layer):
+        kernel, reason = self.selection.decide(path, layer)
+        if kernel is None and not reason and self.enter_custom_layers \
+                and is_custom_container(layer):
+            return self.enter_custom_layer(path, layer)
+        entry = describe(path, layer, "kept", reason)
+        self.entries.append(entry)
+        if kernel is None:
+            return None
+        new_layer = swapped_from(layer, kernel, self.backward, self.layer_quantization(kernel))
+        entry.action, entry.kernel = "swapped", kernel.spec
+        return new_layer
+
+    def enter_custom_layer(self, path, layer):
+        """A swapped copy of a custom layer of a functional model (None: keep it as it is)."""
+        entry = describe(path, layer, "kept", "custom layer")
+        self.entries.append(entry)
+        before = len(self.entries)
+        try:
+            copy = copy_custom_layer(layer)
+            swaps = swap_layers(copy, built_replacement(self.replace), prefix=path + "/",
+                                paths=layer_paths(layer, path + "/"))
+        except GraphswapError as exc:
+            del self.entries[before:]
+            self.entries.extend(
+                describe(f"{path}/{inner_path}", inner, "kept",
+                         f"inside custom layer {layer.name!r}, not entered: {exc}")
+                for inner_path, inner in inner_layers(layer))
+            entry.reason = f"custom layer, not entered: {exc}"
+            return None
+        if not swaps:
+            entry.reason = "custom layer: no layer inside it swapped"
+            return None
+        mark_swapped(copy, swaps)
+        swapped_inside = sum(1 for e in self.entries[before:] if e.action == "swapped")
+        entry.reason = f"custom layer: {swapped_inside} layer(s) inside swapped (listed below)"
+        return copy
 
 
 def inner_layers(layer, prefix: str = ""):
@@ -408,20 +284,6 @@ def _rewrite_subclassed(model, replace, inplace, notes):
         notes.append(f"subclassed model {model.name!r}: swapped on a copy made through "
                      f"{type(model).__name__}.get_config/from_config")
     return target
-
-
-def check_layer_types(layer_types) -> tuple[str, ...]:
-    """The selected type names (None: all of LAYER_TYPES); GraphswapError for unknown names."""
-    if layer_types is None:
-        return LAYER_TYPES
-    if isinstance(layer_types, str):
-        layer_types = (layer_types,)
-    unknown = [t for t in layer_types if t not in SWAPPABLE_TYPES]
-    if unknown:
-        raise GraphswapError(
-            f"unknown layer type(s) {', '.join(map(repr, unknown))}; allowed: "
-            f"{', '.join(LAYER_TYPES)}")
-    return tuple(layer_types)
 
 
 def describe(path, layer, action, reason="") -> LayerReport:
