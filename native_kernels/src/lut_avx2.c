@@ -10,6 +10,8 @@
  * The expansion costs 256 * KB * NB table reads per block, amortised over the block's rows.
  * Requires t->kblock >= KB (gs_lut_run falls back to the scalar kernel otherwise).
  */
+/* x86 only (GS_LUT_X86): elsewhere the dispatch has the scalar path alone. */
+#if defined(__x86_64__) || defined(__i386__)
 #pragma GCC target("avx2,fma")
 
 #include <immintrin.h>
@@ -527,3 +529,5 @@ int gs_quantize_map_avx2(const float *src, int64_t n, double scale, double recip
     }
     return bad != 0;
 }
+
+#endif /* x86 */

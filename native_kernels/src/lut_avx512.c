@@ -20,6 +20,8 @@
  * or - when code 0 adds nothing (t->zero_code_free) - only the k with a nonzero code, which halves
  * the work of sign-magnitude weights (each magnitude sits in one of two columns, 0 in the other).
  */
+/* x86 only (GS_LUT_X86): elsewhere the dispatch has the scalar path alone. */
+#if defined(__x86_64__) || defined(__i386__)
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vbmi,avx2,fma")
 
 #include <immintrin.h>
@@ -464,16 +466,17 @@ void gs_epilogue_rows_avx512(const gs_epilogue *e, const int64_t *acc, int pairs
 
 /* ---- factored tables: quantize and map, and the epilogue row, 16 lanes at a time ----
  * gs_quantize_map_avx2's computation (lut_avx2.c) on 16 lanes: the same float32 fast path and the
- * same clipping; a vector with a lane next to a half-integer (or a reciprocal that is not a
- * normal float32), and the tail, go to gs_quantize_map_avx2 itself - so the codes are its codes. */
+ * same clipping.  A vector with a lane next to a half-integer (every vector, when the reciprocal
+ * is not a normal float32) takes quant16_avx512's float64 formula and the tail gs_quant itself:
+ * gs_quant's codes, as gs_quantize_map_avx2 gives, so the codes are its codes. */
 int gs_quantize_map_avx512(const float *src, int64_t n, double scale, double recip, int32_t zero, int is_signed,
                            const float *mapped, float *out, uint8_t *codes)
 {
     const float r32 = (float)recip;
-    if (!(recip == recip && r32 > 1e-30f && r32 < 1e30f))
-        return gs_quantize_map_avx2(src, n, scale, recip, zero, is_signed, mapped, out, codes);
+    const int fast = recip == recip && r32 > 1e-30f && r32 < 1e30f; /* a normal float32 reciprocal */
     int bad = 0;
     int64_t i = 0;
+    const __m512d s = _mm512_set1_pd(scale), r = _mm512_set1_pd(recip), zd = _mm512_set1_pd((double)zero);
     const __m512i z32 = _mm512_set1_epi32(zero), low_byte = _mm512_set1_epi32(0xff);
     const __m512 rf = _mm512_set1_ps(r32), zf = _mm512_set1_ps((float)zero);
     const __m512 lo = _mm512_set1_ps(is_signed ? -127.0f : 0.0f), hi = _mm512_set1_ps(is_signed ? 127.0f : 255.0f);
@@ -490,9 +493,12 @@ int gs_quantize_map_avx512(const float *src, int64_t n, double scale, double rec
         const __m512 gap = _mm512_abs_ps(_mm512_sub_ps(half, frac));
         const __mmask16 near = _mm512_cmp_ps_mask(gap, _mm512_mul_ps(av, tolscale), _CMP_LE_OQ) &
                                _mm512_cmp_ps_mask(av, far, _CMP_LT_OQ);
-        if (near) {
-            bad |= gs_quantize_map_avx2(src + i, 16, scale, recip, zero, is_signed, mapped, out + i,
-                                        codes ? codes + i : NULL);
+        if (!fast || near) {
+            __mmask16 b = 0;
+            const __m128i bytes = quant16_avx512(x, s, s, r, r, zd, zd, z32, is_signed, &b);
+            bad |= b != 0;
+            _mm512_storeu_ps(out + i, _mm512_i32gather_ps(_mm512_cvtepu8_epi32(bytes), mapped, 4));
+            if (codes) _mm_storeu_si128((__m128i *)(codes + i), bytes);
             continue;
         }
         bad |= nonfinite != 0;
@@ -506,13 +512,23 @@ int gs_quantize_map_avx512(const float *src, int64_t n, double scale, double rec
         _mm512_storeu_ps(out + i, _mm512_i32gather_ps(idx, mapped, 4));
         if (codes) _mm_storeu_si128((__m128i *)(codes + i), _mm512_cvtepi32_epi8(idx));
     }
-    if (i < n)
-        bad |= gs_quantize_map_avx2(src + i, n - i, scale, recip, zero, is_signed, mapped, out + i,
-                                    codes ? codes + i : NULL);
+    for (; i < n; ++i) { /* the last n % 16: gs_quant */
+        const float v = src[i];
+        uint8_t code;
+        if (!gs_finite(v)) {
+            code = (uint8_t)zero;
+            bad = 1;
+        } else {
+            code = is_signed ? gs_quant_s8(v, scale) : gs_quant_u8(v, scale, (double)zero);
+        }
+        out[i] = mapped[code];
+        if (codes) codes[i] = code;
+    }
     return bad != 0;
 }
 
-/* gs_factored_epilogue_row_avx2 on 8 lanes: float32(scale * (y + z)) (+ bias), float64 inside */
+/* gs_factored_epilogue_row_avx2 on 8 lanes: float32(scale * (y + z)) (+ bias), float64 inside;
+ * the tail is its scalar formula */
 void gs_factored_epilogue_row_avx512(const double *scale, const double *z, const float *bias, float *y, int64_t n)
 {
     int64_t j = 0;
@@ -522,5 +538,10 @@ void gs_factored_epilogue_row_avx512(const double *scale, const double *z, const
         if (bias) r = _mm256_add_ps(r, _mm256_loadu_ps(bias + j));
         _mm256_storeu_ps(y + j, r);
     }
-    if (j < n) gs_factored_epilogue_row_avx2(scale + j, z + j, bias ? bias + j : NULL, y + j, n - j);
+    for (; j < n; ++j) { /* the last n % 8 */
+        const float r = (float)(scale[j] * ((double)y[j] + z[j]));
+        y[j] = bias ? r + bias[j] : r;
+    }
 }
+
+#endif /* x86 */

@@ -191,16 +191,38 @@ void gs_factored_map(const gs_lut_table *t, const uint8_t *codes, int64_t n, int
     float mapped[256];
     for (int i = 0; i < 256; ++i) mapped[i] = t->fa[i] - shift; /* exact: integers below 2^25 */
     const int64_t chunk = 1 << 16, chunks = (n + chunk - 1) / chunk;
-    const int avx2 = gs_isa() >= GS_ISA_AVX2;
+    const gs_lut_ops *ops = gs_lut_ops_for(gs_isa());
     const int nt = gs_threads_for((double)n, 1 << 18);
 #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
     for (int64_t c = 0; c < chunks; ++c) {
         const int64_t i0 = c * chunk, len = n - i0 < chunk ? n - i0 : chunk;
-        if (avx2)
-            gs_factored_map_avx2(mapped, codes + i0, len, out + i0);
-        else
-            for (int64_t i = i0; i < i0 + len; ++i) out[i] = mapped[codes[i]];
+        ops->factored_map(mapped, codes + i0, len, out + i0);
     }
+}
+
+void gs_factored_map_scalar(const float *mapped, const uint8_t *codes, int64_t n, float *out)
+{
+    for (int64_t i = 0; i < n; ++i) out[i] = mapped[codes[i]];
+}
+
+int gs_quantize_map_scalar(const float *src, int64_t n, double scale, double recip, int32_t zero, int is_signed,
+                           const float *mapped, float *out, uint8_t *codes)
+{
+    (void)recip; /* gs_quant divides */
+    int bad = 0;
+    for (int64_t i = 0; i < n; ++i) {
+        const float v = src[i];
+        uint8_t code;
+        if (!gs_finite(v)) {
+            code = (uint8_t)zero;
+            bad = 1;
+        } else {
+            code = is_signed ? gs_quant_s8(v, scale) : gs_quant_u8(v, scale, (double)zero);
+        }
+        out[i] = mapped[code];
+        if (codes) codes[i] = code;
+    }
+    return bad;
 }
 
 int gs_quantize_map(const gs_lut_table *t, const float *src, int64_t n, const gs_qparams *q, int shift_code,
@@ -211,11 +233,9 @@ int gs_quantize_map(const gs_lut_table *t, const float *src, int64_t n, const gs
     for (int i = 0; i < 256; ++i) mapped[i] = t->fa[i] - shift;
     const gs_isa_level isa = gs_isa();
     const double recip = gs_recip(q->scale);
-    if (isa == GS_ISA_AVX512 && q->levels == 0)
-        return gs_quantize_map_avx512(src, n, q->scale, recip, q->zero, q->is_signed, mapped, out, codes);
-    if (isa >= GS_ISA_AVX2 && q->levels == 0)
-        return gs_quantize_map_avx2(src, n, q->scale, recip, q->zero, q->is_signed, mapped, out, codes);
-    /* N-bit activations, or no AVX2: the codes first, in pieces that stay in cache */
+    if (q->levels == 0)
+        return gs_lut_ops_for(isa)->quantize_map(src, n, q->scale, recip, q->zero, q->is_signed, mapped, out, codes);
+    /* N-bit activations: the codes first, in pieces that stay in cache */
     uint8_t piece[4096];
     int bad = 0;
     for (int64_t i0 = 0; i0 < n; i0 += (int64_t)sizeof piece) {
@@ -254,8 +274,7 @@ void gs_factored_base(const gs_epilogue *e, const double *gsum, float shift, int
 }
 
 /* One row: y[j] = float32(scale[j] * (float64(y[j]) + z[j])) (+ bias[j]). */
-static void factored_epilogue_row_scalar(const double *scale, const double *z, const float *bias, float *y,
-                                         int64_t n)
+void gs_factored_epilogue_row_scalar(const double *scale, const double *z, const float *bias, float *y, int64_t n)
 {
     if (bias)
         for (int64_t j = 0; j < n; ++j) y[j] = (float)(scale[j] * ((double)y[j] + z[j])) + bias[j];
@@ -272,7 +291,7 @@ int32_t gs_factored_epilogue(const char *fn, const gs_epilogue *e, const double 
     double *scale = gs_alloc(((int64_t)nt + 1) * n * (int64_t)sizeof(double));
     if (!scale) return gs_fail(GRAPHSWAP_ERR_OUT_OF_MEMORY, "%s: cannot allocate the epilogue's row", fn);
     for (int64_t j = 0; j < n; ++j) scale[j] = e->bad[j] ? __builtin_nan("") : e->sasb[j];
-    const int avx2 = gs_isa() >= GS_ISA_AVX2, avx512 = gs_isa() == GS_ISA_AVX512;
+    const gs_lut_ops *ops = gs_lut_ops_for(gs_isa());
     const int64_t cog = n / groups;
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
@@ -287,12 +306,7 @@ int32_t gs_factored_epilogue(const char *fn, const gs_epilogue *e, const double 
                 for (int64_t j = 0; j < n; ++j)
                     z[j] = base[j] - (double)e->zero[j] * (double)sums[r * groups + j / cog];
             const double *zr = sums ? z : base;
-            if (avx512)
-                gs_factored_epilogue_row_avx512(scale, zr, e->bias, out + r * n, n);
-            else if (avx2)
-                gs_factored_epilogue_row_avx2(scale, zr, e->bias, out + r * n, n);
-            else
-                factored_epilogue_row_scalar(scale, zr, e->bias, out + r * n, n);
+            ops->factored_epilogue_row(scale, zr, e->bias, out + r * n, n);
         }
     }
     gs_free(scale);

@@ -13,6 +13,8 @@
  * Sums are int32 over runs of at most t->kblock terms (no overflow), flushed to int64: the same
  * exact integers as every other kernel.
  */
+/* x86 only (GS_LUT_X86): elsewhere the dispatch has the scalar path alone. */
+#if defined(__x86_64__) || defined(__i386__)
 #pragma GCC target("avx2,fma")
 
 #include <immintrin.h>
@@ -68,3 +70,5 @@ void gs_lut_kernel_gather_avx2(const gs_lut_args *p)
         }
     }
 }
+
+#endif /* x86 */

@@ -13,7 +13,11 @@
  *   avx512  (lut_avx512.c)  weight-stationary VBMI lookups: one weight code's 256-entry column of
  *                           (T - min T), split into byte planes, sits in 4 zmm registers per plane,
  *                           and vpermi2b looks up 64 activations at once.
- * All three give identical int64 sums (exact integer arithmetic).  A table that factors exactly,
+ * All three give identical int64 sums (exact integer arithmetic).  Every per-ISA routine (kernels,
+ * quantizers, epilogues) is reached only through the function table of the path in use,
+ * gs_lut_ops_for (lut_table.c): an ISA file calls its own functions and ISA-neutral helpers, never
+ * another ISA file's, so each file's target attributes cover all it runs
+ * (tests/test_architecture_c.py).  A table that factors exactly,
  * T[a][b] = f(a) g(b), skips them: its sums are float32 GEMMs of f(a) and g(b) on OpenBLAS, in
  * runs of k short enough to stay exact (lut_factored.c) -- the same int64 sums.
  *
@@ -28,6 +32,14 @@
 #include <string.h>
 
 #include "internal.h"
+
+/* Where the avx2 / avx512 files are compiled in (elsewhere only the scalar path exists); the ISA
+ * files test the same macros before their target pragmas. */
+#if defined(__x86_64__) || defined(__i386__)
+#define GS_LUT_X86 1
+#else
+#define GS_LUT_X86 0
+#endif
 
 #define GS_LUT_ROWS 256  /* rows per block (4 groups of 64) */
 #define GS_LUT_COLS 256  /* columns per job */
@@ -106,7 +118,7 @@ static inline int gs_lut_uses_factors(const gs_lut_table *t)
     return t && t->factored && gs_table_factoring();
 }
 
-/* per-ISA kernels */
+/* per-ISA kernels (through gs_lut_ops_for only) */
 void gs_lut_kernel_scalar(const gs_lut_args *args);
 void gs_lut_kernel_avx2(const gs_lut_args *args);
 void gs_lut_kernel_avx512(const gs_lut_args *args);
@@ -237,6 +249,7 @@ int gs_quantize_span(gs_isa_level isa, const float *src, int64_t n, const double
                      uint8_t *dst);
 int gs_quantize_span_scalar(const float *src, int64_t n, const double *scale, const int32_t *zero,
                             int per_element, int is_signed, uint8_t *dst);
+/* the vector ones: through gs_lut_ops_for only */
 int gs_quantize_span_avx2(const float *src, int64_t n, const double *scale, const double *recip,
                           const int32_t *zero, int per_element, int is_signed, uint8_t *dst);
 int gs_quantize_span_avx512(const float *src, int64_t n, const double *scale, const double *recip,
@@ -252,7 +265,8 @@ static inline double gs_recip(double s)
 }
 
 /* min / max over the finite values of src[0..n) folded into *lo / *hi; returns 1 if any is not
- * finite. */
+ * finite (scalar: lut_quant.c; the vector ones through gs_lut_ops_for only). */
+int gs_range_span_scalar(const float *src, int64_t n, float *lo, float *hi);
 int gs_range_span_avx2(const float *src, int64_t n, float *lo, float *hi);
 int gs_range_span_avx512(const float *src, int64_t n, float *lo, float *hi);
 
@@ -293,22 +307,12 @@ static inline void gs_epilogue_rows_scalar(const gs_epilogue *e, const int64_t *
     }
 }
 
+/* the same, vectorised (through gs_lut_ops_for only; gs_epilogue_rows picks the path's) */
 void gs_epilogue_rows_avx512(const gs_epilogue *e, const int64_t *acc, int pairs, int64_t rows, int64_t n,
                              const int64_t *rsums, float *out, int64_t ldout);
 
 void gs_epilogue_rows_avx2(const gs_epilogue *e, const int64_t *acc, int pairs, int64_t rows, int64_t n,
                            const int64_t *rsums, float *out, int64_t ldout);
-
-static inline void gs_epilogue_rows(gs_isa_level isa, const gs_epilogue *e, const int64_t *acc, int pairs,
-                                    int64_t rows, int64_t n, const int64_t *rsums, float *out, int64_t ldout)
-{
-    if (isa == GS_ISA_AVX512)
-        gs_epilogue_rows_avx512(e, acc, pairs, rows, n, rsums, out, ldout);
-    else if (isa == GS_ISA_AVX2)
-        gs_epilogue_rows_avx2(e, acc, pairs, rows, n, rsums, out, ldout);
-    else
-        gs_epilogue_rows_scalar(e, acc, pairs, rows, n, rsums, out, ldout);
-}
 
 /* Quantized weights: w is K x N row-major (matmul b, or an HWIO filter as taps x out_channels). */
 typedef struct gs_wquant {
@@ -379,12 +383,15 @@ int gs_factored_float_fits(const gs_lut_table *t, int64_t k, int shift_code);
 void gs_factored_map(const gs_lut_table *t, const uint8_t *codes, int64_t n, int shift_code, float *out);
 /* Quantizes src (the activation parameters q) and maps each code in the same pass: out[i] =
  * f(code) - f(shift_code), codes[i] = code unless codes is NULL; returns 1 if any src[i] is not
- * finite.  (The AVX2 loop: gs_quantize_map_avx2 in lut_avx2.c, 8-bit codes.) */
+ * finite.  8-bit codes take the path's loop: out[i] = mapped[code of src[i]] (scalar:
+ * lut_factored.c; 8 lanes: lut_avx2.c; 16 lanes: lut_avx512.c; the vector ones through
+ * gs_lut_ops_for only), the same codes on every path. */
 int gs_quantize_map(const gs_lut_table *t, const float *src, int64_t n, const gs_qparams *q, int shift_code,
                     float *out, uint8_t *codes);
+int gs_quantize_map_scalar(const float *src, int64_t n, double scale, double recip, int32_t zero, int is_signed,
+                           const float *mapped, float *out, uint8_t *codes);
 int gs_quantize_map_avx2(const float *src, int64_t n, double scale, double recip, int32_t zero, int is_signed,
                          const float *mapped, float *out, uint8_t *codes);
-/* The same on 16 lanes (lut_avx512.c; avx512 path), the same codes. */
 int gs_quantize_map_avx512(const float *src, int64_t n, double scale, double recip, int32_t zero, int is_signed,
                            const float *mapped, float *out, uint8_t *codes);
 void gs_factored_filter(const gs_lut_table *t, const gs_wquant *w, int64_t K, int64_t N, int sm, float *g,
@@ -392,11 +399,42 @@ void gs_factored_filter(const gs_lut_table *t, const gs_wquant *w, int64_t K, in
 void gs_factored_base(const gs_epilogue *e, const double *gsum, float shift, int64_t n, double *base);
 int32_t gs_factored_epilogue(const char *fn, const gs_epilogue *e, const double *base, const int64_t *sums,
                              int64_t groups, int64_t rows, int64_t n, float *out);
-/* gs_factored_map's loop (lut_avx2.c): out[i] = mapped[codes[i]] by 8-lane gathers. */
+/* gs_factored_map's loop: out[i] = mapped[codes[i]] (scalar: lut_factored.c; by 8-lane gathers:
+ * lut_avx2.c, which the avx512 path uses too). */
+void gs_factored_map_scalar(const float *mapped, const uint8_t *codes, int64_t n, float *out);
 void gs_factored_map_avx2(const float *mapped, const uint8_t *codes, int64_t n, float *out);
-/* One row of it (lut_avx2.c): y[j] = float32(scale[j] * (float64(y[j]) + z[j])) (+ bias[j]). */
+/* One row of gs_factored_epilogue: y[j] = float32(scale[j] * (float64(y[j]) + z[j])) (+ bias[j])
+ * (scalar: lut_factored.c; lut_avx2.c, lut_avx512.c). */
+void gs_factored_epilogue_row_scalar(const double *scale, const double *z, const float *bias, float *y, int64_t n);
 void gs_factored_epilogue_row_avx2(const double *scale, const double *z, const float *bias, float *y, int64_t n);
 void gs_factored_epilogue_row_avx512(const double *scale, const double *z, const float *bias, float *y, int64_t n);
+
+/* ---- run-time dispatch (lut_table.c) ----
+ * The routines of one instruction-set path; gs_lut_ops_for(isa) gives the path's table and is
+ * the only way shared code reaches an ISA file.  A path without a routine of its own names the
+ * narrower one it runs (the avx512 path's factored_map is the avx2 loop). */
+typedef struct gs_lut_ops {
+    void (*kernel)(const gs_lut_args *args);
+    void (*kernel_few_rows)(const gs_lut_args *args); /* jobs of <= GS_LUT_GATHER_ROWS rows */
+    int64_t (*scratch)(const gs_lut_table *t, int64_t k, int64_t rows); /* bytes for `kernel` */
+    int (*quantize_span)(const float *src, int64_t n, const double *scale, const double *recip,
+                         const int32_t *zero, int per_element, int is_signed, uint8_t *dst);
+    int (*range_span)(const float *src, int64_t n, float *lo, float *hi);
+    void (*epilogue_rows)(const gs_epilogue *e, const int64_t *acc, int pairs, int64_t rows, int64_t n,
+                          const int64_t *rsums, float *out, int64_t ldout);
+    void (*factored_map)(const float *mapped, const uint8_t *codes, int64_t n, float *out);
+    int (*quantize_map)(const float *src, int64_t n, double scale, double recip, int32_t zero, int is_signed,
+                        const float *mapped, float *out, uint8_t *codes);
+    void (*factored_epilogue_row)(const double *scale, const double *z, const float *bias, float *y, int64_t n);
+} gs_lut_ops;
+
+const gs_lut_ops *gs_lut_ops_for(gs_isa_level isa);
+
+static inline void gs_epilogue_rows(gs_isa_level isa, const gs_epilogue *e, const int64_t *acc, int pairs,
+                                    int64_t rows, int64_t n, const int64_t *rsums, float *out, int64_t ldout)
+{
+    gs_lut_ops_for(isa)->epilogue_rows(e, acc, pairs, rows, n, rsums, out, ldout);
+}
 
 /* Checks a graphswap_lut_quant; fills the static activation parameters when STATIC. */
 int32_t gs_quant_check(const char *fn, const graphswap_lut_quant *q, gs_qparams *act);

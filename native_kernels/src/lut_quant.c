@@ -35,25 +35,15 @@ int gs_quantize_span(gs_isa_level isa, const float *src, int64_t n, const double
                      const double *recip, const int32_t *zero, int per_element, int is_signed,
                      uint8_t *dst)
 {
-    switch (isa) {
-    case GS_ISA_AVX512: return gs_quantize_span_avx512(src, n, scale, recip, zero, per_element, is_signed, dst);
-    case GS_ISA_AVX2: return gs_quantize_span_avx2(src, n, scale, recip, zero, per_element, is_signed, dst);
-    default: return gs_quantize_span_scalar(src, n, scale, zero, per_element, is_signed, dst);
-    }
+    return gs_lut_ops_for(isa)->quantize_span(src, n, scale, recip, zero, per_element, is_signed, dst);
 }
 
-static void range_chunk(const float *x, int64_t n, float *lo, float *hi, int *bad)
+int gs_range_span_scalar(const float *src, int64_t n, float *lo, float *hi)
 {
-    float l = INFINITY, h = -INFINITY;
+    float l = *lo, h = *hi;
     int b = 0;
-    const gs_isa_level isa = gs_isa();
-    if (isa == GS_ISA_AVX512 || isa == GS_ISA_AVX2) {
-        b = isa == GS_ISA_AVX512 ? gs_range_span_avx512(x, n, &l, &h) : gs_range_span_avx2(x, n, &l, &h);
-        *lo = l, *hi = h, *bad = b;
-        return;
-    }
     for (int64_t i = 0; i < n; ++i) {
-        const float v = x[i];
+        const float v = src[i];
         if (gs_finite(v)) {
             l = v < l ? v : l;
             h = v > h ? v : h;
@@ -61,7 +51,15 @@ static void range_chunk(const float *x, int64_t n, float *lo, float *hi, int *ba
             b = 1;
         }
     }
-    *lo = l, *hi = h, *bad = b;
+    *lo = l, *hi = h;
+    return b;
+}
+
+static void range_chunk(const float *x, int64_t n, float *lo, float *hi, int *bad)
+{
+    float l = INFINITY, h = -INFINITY;
+    *bad = gs_lut_ops_for(gs_isa())->range_span(x, n, &l, &h);
+    *lo = l, *hi = h;
 }
 
 void gs_range_f32(const float *x, int64_t n, float *lo, float *hi, int *any_bad)

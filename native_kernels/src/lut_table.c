@@ -1,5 +1,6 @@
 /*
- * lut_table.c -- prepared multiplier tables, cached by content, and kernel dispatch.
+ * lut_table.c -- prepared multiplier tables, cached by content, and the per-ISA dispatch: the one
+ * file that names the routines of lut_scalar.c, lut_avx2.c, lut_gather_avx2.c and lut_avx512.c.
  *
  * Preparing a table (transpose, range, byte planes) reads and writes ~0.5 MiB, tens of
  * microseconds: too much to repeat on every call of a small layer.  Prepared tables are kept in a
@@ -117,6 +118,76 @@ void gs_lut_table_release(gs_lut_table *t)
  * Dispatch
  * ------------------------------------------------------------------------------------------------ */
 
+/* Each path's routines; a path runs only on a CPU gs_isa() found able to. */
+
+static int quantize_span_scalar(const float *src, int64_t n, const double *scale, const double *recip,
+                                const int32_t *zero, int per_element, int is_signed, uint8_t *dst)
+{
+    (void)recip; /* the scalar loop divides */
+    return gs_quantize_span_scalar(src, n, scale, zero, per_element, is_signed, dst);
+}
+
+static int64_t scratch_scalar(const gs_lut_table *t, int64_t k, int64_t rows)
+{
+    (void)t, (void)k, (void)rows;
+    return (int64_t)GS_LUT_COLS * (4 + 8) + 64;
+}
+
+static const gs_lut_ops ops_scalar = {
+    .kernel = gs_lut_kernel_scalar,
+    .kernel_few_rows = gs_lut_kernel_scalar,
+    .scratch = scratch_scalar,
+    .quantize_span = quantize_span_scalar,
+    .range_span = gs_range_span_scalar,
+    .epilogue_rows = gs_epilogue_rows_scalar,
+    .factored_map = gs_factored_map_scalar,
+    .quantize_map = gs_quantize_map_scalar,
+    .factored_epilogue_row = gs_factored_epilogue_row_scalar,
+};
+
+#if GS_LUT_X86
+static const gs_lut_ops ops_avx2 = {
+    .kernel = gs_lut_kernel_avx2,
+    .kernel_few_rows = gs_lut_kernel_gather_avx2, /* its expansion would not pay (GS_LUT_GATHER_ROWS) */
+    .scratch = gs_lut_scratch_avx2,
+    .quantize_span = gs_quantize_span_avx2,
+    .range_span = gs_range_span_avx2,
+    .epilogue_rows = gs_epilogue_rows_avx2,
+    .factored_map = gs_factored_map_avx2,
+    .quantize_map = gs_quantize_map_avx2,
+    .factored_epilogue_row = gs_factored_epilogue_row_avx2,
+};
+
+static int64_t scratch_avx512(const gs_lut_table *t, int64_t k, int64_t rows)
+{
+    (void)t, (void)rows;
+    return (int64_t)GS_LUT_ROWS * (4 + 8 * 8) + 64 + (k > 0 ? k : 1) * 18 + 64;
+}
+
+static const gs_lut_ops ops_avx512 = {
+    .kernel = gs_lut_kernel_avx512,
+    .kernel_few_rows = gs_lut_kernel_avx512,
+    .scratch = scratch_avx512,
+    .quantize_span = gs_quantize_span_avx512,
+    .range_span = gs_range_span_avx512,
+    .epilogue_rows = gs_epilogue_rows_avx512,
+    .factored_map = gs_factored_map_avx2, /* no 16-lane loop of its own: the 8-lane gathers */
+    .quantize_map = gs_quantize_map_avx512,
+    .factored_epilogue_row = gs_factored_epilogue_row_avx512,
+};
+#endif
+
+const gs_lut_ops *gs_lut_ops_for(gs_isa_level isa)
+{
+#if GS_LUT_X86
+    if (isa == GS_ISA_AVX512) return &ops_avx512;
+    if (isa == GS_ISA_AVX2) return &ops_avx2;
+#else
+    (void)isa;
+#endif
+    return &ops_scalar;
+}
+
 /* The avx512 kernel needs byte planes (table span < 2^24); avx2 needs 8-term int32 runs. */
 static gs_isa_level effective(gs_isa_level isa, const gs_lut_table *t)
 {
@@ -138,11 +209,7 @@ gs_lut_shape gs_lut_job_shape(gs_isa_level isa, const gs_lut_table *t)
 int64_t gs_lut_scratch_bytes(gs_isa_level isa, const gs_lut_table *t, int64_t k, int64_t rows)
 {
     if (gs_lut_uses_factors(t)) return gs_lut_scratch_factored(k, rows, GS_LUT_FACTORED_COLS);
-    switch (effective(isa, t)) {
-    case GS_ISA_AVX512: return (int64_t)GS_LUT_ROWS * (4 + 8 * 8) + 64 + (k > 0 ? k : 1) * 18 + 64;
-    case GS_ISA_AVX2: return gs_lut_scratch_avx2(t, k, rows);
-    default: return (int64_t)GS_LUT_COLS * (4 + 8) + 64;
-    }
+    return gs_lut_ops_for(effective(isa, t))->scratch(t, k, rows);
 }
 
 int gs_lut_pairs_fused(gs_isa_level isa, const gs_lut_table *t)
@@ -163,14 +230,9 @@ void gs_lut_run(gs_isa_level isa, const gs_lut_args *args)
         gs_lut_kernel_factored(args);
         return;
     }
-    switch (effective(isa, args->t)) {
-    case GS_ISA_AVX512: gs_lut_kernel_avx512(args); break;
-    case GS_ISA_AVX2:
-        if (args->rows <= GS_LUT_GATHER_ROWS)
-            gs_lut_kernel_gather_avx2(args);
-        else
-            gs_lut_kernel_avx2(args);
-        break;
-    default: gs_lut_kernel_scalar(args); break;
-    }
+    const gs_lut_ops *ops = gs_lut_ops_for(effective(isa, args->t));
+    if (args->rows <= GS_LUT_GATHER_ROWS)
+        ops->kernel_few_rows(args);
+    else
+        ops->kernel(args);
 }
