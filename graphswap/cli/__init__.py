@@ -11,10 +11,11 @@ grouped under headings (quantization and calibration, data and task, model loadi
 running.py holds what the commands do around their API call.
 
 Importing this package imports no TensorFlow: `graphswap --help`, every command's --help, usage
-errors and `graphswap kernels` answer at once.  The API subpackages are imported on their first
-use inside a command (reporting.LazyModule: `io`, `research`, `swap` import TensorFlow, quietly,
-then; `kernels` does not), and the option choices and defaults the help texts show are literal
-values (values.py; tests/test_cli_startup.py holds each to the API's own).  The console
+errors and `graphswap kernels` answer at once.  Each command imports the API subpackages it calls
+inside its body (`from graphswap import io`), after import_tensorflow_quietly() where they need
+TensorFlow (`kernels` does not), so a reader follows every call to its module; the option choices and defaults the help texts show are literal
+values or - the methods chosen by name - read from graphswap.methods, which imports no TensorFlow
+(values.py; tests/test_cli_startup.py holds each to the API's own).  The console
 command's entry point is graphswap_command.main (docs/ARCHITECTURE.md, "The command starts
 without TensorFlow"); `python -m graphswap.cli` runs the same group.
 """

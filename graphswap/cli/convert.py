@@ -6,12 +6,12 @@ import json
 
 import click
 
+from graphswap._quiet_import import import_tensorflow_quietly
 from graphswap.cli.help import SectionedCommand
 from graphswap.cli.options import (MODEL_OUTPUT_HELP, ModelOutput, force_option, json_option,
                                    layer_types_option, model_loading_options, more_option,
                                    quantization_options, selection_options,
                                    sequence_length_option)
-from graphswap.cli.reporting import io
 from graphswap.cli.running import load_model, record_named_kernels, rewrite_options, say_recorded
 from graphswap.cli.values import BACKWARD_MODES, DEFAULT_SEQUENCE_LENGTH, MAX_CHECK_BATCH
 
@@ -67,6 +67,8 @@ def convert(ctx, model_path, output, kernel, kernel_map, include, exclude, layer
     model: a prediction no longer depends on its batch); --bias-correction and --recalibrate-bn
     add the zero-gradient-step recovery on the same data (docs/RECOVERY.md).
     """
+    import_tensorflow_quietly()   # before the API, which imports it
+    from graphswap import io
     source = model_path
     if rewrite["calibrate"] is not None:   # the data is read for the model: load it first
         output = output or io.default_output_path(model_path, "convert")

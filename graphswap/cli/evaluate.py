@@ -6,12 +6,12 @@ from pathlib import Path
 
 import click
 
+from graphswap._quiet_import import import_tensorflow_quietly
 from graphswap.cli.help import SectionedCommand
 from graphswap.cli.options import (LEARNING_RATE, OutputFile, data_option, data_options,
                                    force_option, model_loading_options, more_option,
                                    plot_option, quantization_options, selection_options,
                                    task_options)
-from graphswap.cli.reporting import io, research
 from graphswap.cli.running import echo_notes, record_named_kernels, rewrite_options, \
     say_recorded
 from graphswap.cli.values import DEFAULT_LEARNING_RATE
@@ -53,6 +53,8 @@ def evaluate_command(ctx, model_path, data_path, kernel_specs, finetune_data, ep
                      force, json_target, custom_objects, unsafe, rewrite, loss=None,
                      task_metrics=None):
     """Evaluate MODEL and one rewritten copy per --kernel on the same data, side by side."""
+    import_tensorflow_quietly()   # before the API, which imports it
+    from graphswap import io, research
     as_json = json_target == "-"
     if json_target not in (None, "-"):
         if output is not None and output != json_target:

@@ -9,11 +9,11 @@ import sys
 
 import click
 
+from graphswap._quiet_import import import_tensorflow_quietly
 from graphswap.cli.help import SectionedCommand
 from graphswap.cli.options import (OutputFile, data_option, data_options, force_option,
                                    json_option, model_loading_options, more_option, plot_option,
                                    quantization_options, selection_options, task_options)
-from graphswap.cli.reporting import io, research
 from graphswap.cli.running import rewrite_options, say_recorded
 
 
@@ -82,6 +82,8 @@ def explore_command(ctx, model_path, data_path, library_sources, metrics_table, 
     assignment is measured as 'convert --kernel-map FRONT#INDEX' with the same options builds
     it; the front file records them.  Several workers may share one --study.
     """
+    import_tensorflow_quietly()   # before the API, which imports it
+    from graphswap import io, research
     options = rewrite_options(rewrite, ctx=ctx)
     if output is None:
         output = io.default_output_path(model_path, "explore")

@@ -6,10 +6,10 @@ import json
 
 import click
 
+from graphswap._quiet_import import import_tensorflow_quietly
 from graphswap.cli.help import SectionedCommand
 from graphswap.cli.options import (force_option, json_option, model_loading_options,
                                    more_option, sequence_length_option)
-from graphswap.cli.reporting import io, swap
 from graphswap.cli.running import load_model
 from graphswap.cli.values import DEFAULT_SEQUENCE_LENGTH, MAX_CHECK_BATCH
 
@@ -56,6 +56,8 @@ def export_command(model_path, export_format, keep_kernels, output, opset, check
     Every export is run on a sample batch and compared with the Keras model before it
     is written (see docs/EXPORT.md).
     """
+    import_tensorflow_quietly()   # before the API, which imports it
+    from graphswap import io, swap
     if keep_kernels and export_format != "onnx":
         raise click.UsageError(
             "--keep-kernels needs --format onnx: a SavedModel cannot hold the C kernels (a "

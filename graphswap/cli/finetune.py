@@ -7,13 +7,14 @@ import sys
 
 import click
 
+from graphswap._quiet_import import import_tensorflow_quietly
 from graphswap.cli.help import SectionedCommand
 from graphswap.cli.options import (LEARNING_RATE, MODEL_OUTPUT_HELP, ModelOutput, data_option,
                                    data_options, force_option, json_option,
                                    model_loading_options, more_option, task_options)
-from graphswap.cli.reporting import io, research
 from graphswap.cli.values import DEFAULT_BATCH_SIZE, DEFAULT_LEARNING_RATE, DEFAULT_SCHEDULE, \
     SCHEDULES
+from graphswap.methods import SCHEDULE_REGISTRY
 
 
 @click.command("finetune", cls=SectionedCommand)
@@ -31,10 +32,8 @@ from graphswap.cli.values import DEFAULT_BATCH_SIZE, DEFAULT_LEARNING_RATE, DEFA
               help="Adam learning rate (the start of the schedule; 0 to 10), or 'auto': 1e-4 "
                    "when the model's training loss at the start shows it still fits its data, "
                    "3e-4 when it is within 4x the original float model's, else 1e-3.")
-@more_option("--schedule", type=click.Choice(list(SCHEDULES)),
-             default=DEFAULT_SCHEDULE, show_default=True,
-             help="Learning rate over the run: decayed to 0 by a cosine, or constant (the "
-                  "default recipe was chosen from measurements: docs/RECOVERY.md).")
+@more_option("--schedule", type=click.Choice(list(SCHEDULES)), default=DEFAULT_SCHEDULE,
+             help=SCHEDULE_REGISTRY.help("The fine-tuning recipe's learning rate over the run"))
 @click.option("--recalibrate-bn/--no-recalibrate-bn", default=None,
               help="Re-estimate BatchNormalization statistics with the approximate forward (no "
                    "gradient steps) before and after training [default: after training, for "
@@ -81,6 +80,8 @@ def finetune(model_path, data_path, val_data, val_split, epochs, batch_size, lea
     SavedModel directory (written by 'export --format savedmodel'); the output then is one
     too by default, serving the fine-tuned weights.
     """
+    import_tensorflow_quietly()   # before the API, which imports it
+    from graphswap import io, research
     if output is None:
         output = io.default_output_path(model_path, "finetune",
                                         directory=io.is_graphswap_saved_model(model_path))

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import click
 
+from graphswap._quiet_import import import_tensorflow_quietly
 from graphswap.cli.help import SectionedCommand
 from graphswap.cli.options import (json_option, layer_types_option, model_loading_options,
                                    selection_options, sequence_length_option)
-from graphswap.cli.reporting import swap
 from graphswap.cli.running import load_model
 
 
@@ -23,6 +23,8 @@ from graphswap.cli.running import load_model
 def inspect(model_path, kernel, include, exclude, layer_types, sequence_length, as_json,
             custom_objects, unsafe):
     """List MODEL's layers and what `convert` would swap (nothing is written)."""
+    import_tensorflow_quietly()   # before the API, which imports it
+    from graphswap import swap
     model = load_model(model_path, custom_objects, unsafe)
     with swap.counting_length(sequence_length):
         report = swap.plan(model, kernel=kernel, include=list(include) or None,

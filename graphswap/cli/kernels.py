@@ -9,8 +9,9 @@ import sys
 
 import click
 
+from graphswap._quiet_import import import_tensorflow_quietly
 from graphswap.cli.options import force_option, json_option, plot_option
-from graphswap.cli.reporting import EXIT_ERROR, ReportingGroup, io, kernels
+from graphswap.cli.reporting import EXIT_ERROR, ReportingGroup
 
 
 @click.group("kernels", cls=ReportingGroup, invoke_without_command=True)
@@ -18,6 +19,7 @@ from graphswap.cli.reporting import EXIT_ERROR, ReportingGroup, io, kernels
 @click.pass_context
 def kernels_group(ctx, as_json):
     """List the built-in kernels (or use a subcommand: check)."""
+    from graphswap import kernels
     if ctx.invoked_subcommand is not None:
         return
     listing = kernels.available_kernels()
@@ -46,6 +48,8 @@ def kernels_check(spec, plot, timeout, force, as_json):
     Exit code 1 when a check fails; warnings (a property some published circuits have, such as
     f(0, 0) != 0) do not fail it.
     """
+    import_tensorflow_quietly()   # before the API, which imports it
+    from graphswap import io, kernels
     if plot:
         io.check_output_path(plot, force)
     result = kernels.check_kernel(spec, plot=plot, timeout=timeout)

@@ -15,15 +15,15 @@ from pathlib import Path
 
 import click
 
+from graphswap._quiet_import import import_tensorflow_quietly
 from graphswap.cli.help import DATA, LOADING, MORE, QUANTIZATION, SectionOption
-from graphswap.cli.reporting import io, research, swap, trust_store
 from graphswap.cli.values import (CALIBRATION_METHODS, CALIBRATION_SOURCES, COMPENSATION_METHODS,
                                   DEFAULT_BN_REESTIMATION, DEFAULT_CALIBRATION_METHOD,
                                   DEFAULT_CALIBRATION_SAMPLES, DEFAULT_CALIBRATION_SOURCE,
-                                  DEFAULT_COMPENSATION, DEFAULT_SEQUENCE_LENGTH, LAYER_TYPES,
-                                  MAX_SEQUENCE_LENGTH, MIN_CALIBRATION_SAMPLES, OPERAND_CHOICES,
-                                  QUANTIZATION_PRESETS)
+                                  DEFAULT_SEQUENCE_LENGTH, LAYER_TYPES, MAX_SEQUENCE_LENGTH,
+                                  MIN_CALIBRATION_SAMPLES, OPERAND_CHOICES, QUANTIZATION_PRESETS)
 from graphswap.errors import GraphswapError, OutputPathError
+from graphswap.methods import CALIBRATION_REGISTRY, COMPENSATION_REGISTRY
 
 #: click.option for a command's own less used options: shown by --help-all only
 more_option = functools.partial(click.option, cls=SectionOption, section=MORE)
@@ -61,6 +61,8 @@ class ModelOutput(click.Path):
     without a suffix or ending in '/'); checked while parsing (io.model_output_format)."""
 
     def convert(self, value, param, ctx):
+        import_tensorflow_quietly()   # before the API, which imports it
+        from graphswap import io
         value = super().convert(value, param, ctx)
         io.model_output_format(value)
         return value
@@ -76,6 +78,8 @@ class _LearningRate(click.ParamType):
     name = "RATE|auto"
 
     def convert(self, value, param, ctx):
+        import_tensorflow_quietly()   # before the API, which imports it
+        from graphswap import research
         try:
             return research.check_learning_rate(value)
         except GraphswapError as exc:
@@ -111,6 +115,8 @@ def selection_options(include="As for convert.", exclude="As for convert."):
 
 def _layer_types(ctx, param, values):
     """--layer-types: repeatable and/or comma-separated type names; () means every type."""
+    import_tensorflow_quietly()   # before the API, which imports it
+    from graphswap import swap
     names = [name.strip() for value in values for name in value.split(",") if name.strip()]
     try:
         return swap.check_layer_types(names) if names else None
@@ -137,6 +143,7 @@ def sequence_length_option(what, default=f"{DEFAULT_SEQUENCE_LENGTH}"):
 # --- model loading ---------------------------------------------------------------------------
 
 def _trust_kernels(ctx, param, paths):
+    from graphswap.kernels import trust as trust_store
     for path in paths:
         try:
             trust_store.trust(path)
@@ -211,6 +218,10 @@ def task_options(metrics_option="--metrics"):
 
 # --- quantization and calibration ------------------------------------------------------------
 
+#: --bias-correction's off switch, a choice of the command line's (no compensation method)
+BIAS_CORRECTION_OFF = ("none", "no compensation")
+
+
 def _quantization(*declarations, **attributes) -> SectionOption:
     return SectionOption(list(declarations), section=QUANTIZATION, **attributes)
 
@@ -228,22 +239,19 @@ QUANTIZATION_OPTIONS = (
         help=f"Calibration examples to use (first N; at least {MIN_CALIBRATION_SAMPLES})."),
     _quantization(
         "--calibration-method", type=click.Choice(list(CALIBRATION_METHODS)),
-        default=DEFAULT_CALIBRATION_METHOD, show_default=True,
-        help="Range of each layer's input: min/max, the 99.99th percentile, the clipping range of "
-             "least quantization error, of least KL divergence (TensorRT's entropy calibrator), "
-             "or the percentile range narrowed where the layer's output through the multiplier "
-             "errs less ('output')."),
+        default=DEFAULT_CALIBRATION_METHOD,
+        help=CALIBRATION_REGISTRY.help("Range of each layer's input")),
     _quantization(
         "--calibration-source", type=click.Choice(list(CALIBRATION_SOURCES)),
         default=DEFAULT_CALIBRATION_SOURCE, show_default=True,
         help="Observe each layer's input in the float model, or with the layers before it "
              "already approximate ('approximate', layer by layer)."),
     _quantization(
-        "--bias-correction", type=click.Choice(["none", *COMPENSATION_METHODS]), default=None,
-        help="With --calibrate: compensate each multiplier layer's product error per output "
-             "channel - 'mean' (mean error) or 'moments' (mean and spread), or 'none' [default "
-             f"with --calibrate: {DEFAULT_COMPENSATION}, the best measured, see "
-             "docs/RECOVERY.md]."),
+        "--bias-correction", type=click.Choice([BIAS_CORRECTION_OFF[0], *COMPENSATION_METHODS]),
+        default=None,
+        help=COMPENSATION_REGISTRY.help("With --calibrate: compensate each multiplier layer's "
+                                        "product error per output channel",
+                                        extra=[BIAS_CORRECTION_OFF], when=" with --calibrate")),
     _quantization(
         "--weight-tuning/--no-weight-tuning", default=None,
         help="With --calibrate: replace each multiplier layer's weight codes by the codes whose "

@@ -1,6 +1,7 @@
-"""What every command shares while it runs: the API subpackages, imported on first use
-(LazyModule), and the error reporting - report_errors and ReportingGroup turn any error into one
-`Error: ...` line and exit code 1.
+"""What every command shares while it runs: the error reporting - report_errors and ReportingGroup
+turn any error into one `Error: ...` line and exit code 1.  (Each command imports the API it calls
+inside its body, after import_tensorflow_quietly(): loading the command line imports nothing
+heavy, and a reader follows every call to its module.)
 
 Errors graphswap raises on bad input (GraphswapError) print with their message; click's usage
 errors (unknown option, bad choice, missing argument) exit 1 too; anything unexpected prints one
@@ -9,38 +10,13 @@ line too (set GRAPHSWAP_DEBUG=1 for the traceback).
 
 from __future__ import annotations
 
-import importlib
 import os
 import sys
 
 import click
 
-from graphswap._quiet_import import import_tensorflow_quietly
 from graphswap.errors import GraphswapError
 
-
-class LazyModule:
-    """A graphswap subpackage imported on first attribute access (TensorFlow first, quietly,
-    for those that need it), so that merely loading the command line imports nothing heavy."""
-
-    def __init__(self, name: str, tensorflow: bool = True):
-        self._name, self._tensorflow, self._module = name, tensorflow, None
-
-    def __getattr__(self, attribute):
-        if attribute.startswith("__"):
-            raise AttributeError(attribute)
-        if self._module is None:
-            if self._tensorflow:
-                import_tensorflow_quietly()
-            self._module = importlib.import_module(self._name)
-        return getattr(self._module, attribute)
-
-
-io = LazyModule("graphswap.io")
-research = LazyModule("graphswap.research")
-swap = LazyModule("graphswap.swap")
-kernels = LazyModule("graphswap.kernels", tensorflow=False)   # no TensorFlow: kernels' list
-trust_store = LazyModule("graphswap.kernels.trust", tensorflow=False)
 
 EXIT_ERROR = 1
 
@@ -66,7 +42,8 @@ def report_errors(run):
             raise
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         if type(exc).__module__.startswith("tensorflow"):
-            first = swap.tensorflow_reason(exc)  # not Keras' "Exception encountered when ..."
+            from graphswap.swap import tensorflow_reason   # TensorFlow raised it: loaded
+            first = tensorflow_reason(exc)  # not Keras' "Exception encountered when ..."
         click.echo(f"Error: unexpected {type(exc).__name__}: {first} "
                    f"(set GRAPHSWAP_DEBUG=1 to see the traceback)", err=True)
         sys.exit(EXIT_ERROR)
@@ -81,7 +58,8 @@ class ReportingGroup(click.Group):
 
     def invoke(self, ctx):
         def run():
-            trust_store.config_dir()  # $GRAPHSWAP_CONFIG_DIR naming a file: refused before work
+            from graphswap.kernels.trust import config_dir
+            config_dir()  # $GRAPHSWAP_CONFIG_DIR naming a file: refused before work
             return super(ReportingGroup, self).invoke(ctx)
 
         _print_names_as_given()

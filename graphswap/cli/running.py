@@ -9,7 +9,7 @@ import os
 
 import click
 
-from graphswap.cli.reporting import io, kernels, research, trust_store
+from graphswap._quiet_import import import_tensorflow_quietly
 from graphswap.cli.values import (CHECK_SAMPLES, DEFAULT_COMPENSATION, DEFAULT_RECIPE,
                                   DEFAULT_WEIGHT_TUNING)
 from graphswap.errors import GraphswapError, OutputPathError, TrustStoreError
@@ -23,6 +23,8 @@ def record_named_kernels(specs, written=None) -> list:
     (say_recorded), where its error is said as before.  `written`: what the command already
     wrote (it records only after its work).  Returns the contents newly recorded and the specs
     to try again."""
+    from graphswap import kernels
+    from graphswap.kernels import trust as trust_store
     recorded = []
     for spec in specs:
         if spec is None:
@@ -70,6 +72,8 @@ def say_recorded(recorded, err: bool = False, written="the output") -> None:
 def rewrite_options(rewrite: dict, model=None, ctx=None) -> dict:
     """rewrite_model's keyword arguments from the quantization options (calibration data read
     for `model` when given, else passed on as a path)."""
+    import_tensorflow_quietly()   # before the API, which imports it
+    from graphswap import research
     explicit = {k: rewrite[k] for k in ("weights", "weight_granularity") if rewrite[k]}
     if rewrite["quantization"] == "tfapprox" and explicit:
         raise click.UsageError("--quantization tfapprox fixes the weight encoding and "
@@ -129,6 +133,8 @@ def default_recipe(rewrite: dict) -> tuple:
 
 
 def load_model(path, custom_objects=None, unsafe=False):
+    import_tensorflow_quietly()   # before the API, which imports it
+    from graphswap import io
     return io.load_model(path, custom_objects=custom_objects, safe_mode=not unsafe)
 
 

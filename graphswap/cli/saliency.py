@@ -6,9 +6,9 @@ from pathlib import Path
 
 import click
 
+from graphswap._quiet_import import import_tensorflow_quietly
 from graphswap.cli.help import SectionedCommand
 from graphswap.cli.options import OutputFile, force_option, model_loading_options
-from graphswap.cli.reporting import io, research
 from graphswap.cli.running import load_model
 
 
@@ -36,6 +36,8 @@ def saliency(model_path, image_path, output, class_index, method, index, key, fo
 
     An image file is converted to the model's channels and resized to its input size.
     """
+    import_tensorflow_quietly()   # before the API, which imports it
+    from graphswap import io, research
     io.check_output_path(output, force, inputs=[model_path, image_path])
     model = load_model(model_path, custom_objects, unsafe)
     image, label, notes = research.load_sample(model, image_path, index=index, key=key)

@@ -8,12 +8,12 @@ import sys
 
 import click
 
+from graphswap._quiet_import import import_tensorflow_quietly
 from graphswap.cli.help import SectionedCommand
 from graphswap.cli.options import (OutputFile, data_option, data_options, force_option,
                                    json_option, layer_types_option, model_loading_options,
                                    more_option, plot_option, quantization_options,
                                    selection_options, task_options)
-from graphswap.cli.reporting import io, research
 from graphswap.cli.running import echo_notes, record_named_kernels, rewrite_options, \
     say_recorded
 
@@ -77,6 +77,8 @@ def sweep_command(ctx, model_path, data_path, kernel_spec, power_options, refere
     On a terminal a progress bar (click's) on stderr counts the evaluated models: one per
     layer, then one per cumulative step.
     """
+    import_tensorflow_quietly()   # before the API, which imports it
+    from graphswap import io, research
     if output is None:
         output = io.default_output_path(model_path, "sweep")
     for path in (output, plot):

@@ -9,7 +9,7 @@ import os
 import click
 
 from graphswap.cli.options import json_option
-from graphswap.cli.reporting import ReportingGroup, trust_store
+from graphswap.cli.reporting import ReportingGroup
 from graphswap.errors import KernelTrustError
 from graphswap.tables import format_table
 
@@ -34,6 +34,7 @@ def trust_group():
                 type=click.Path(dir_okay=False))
 def trust_add(paths):
     """Trust the current content of each kernel FILE (.c, .so), for later sessions too."""
+    from graphswap.kernels import trust as trust_store
     for path in paths:
         digest = trust_store.trust(path, persist=True)
         click.echo(f"trusted {trust_store.shown(os.path.realpath(path))} (sha256 {digest})")
@@ -45,6 +46,7 @@ def trust_add(paths):
 def trust_list(as_json):
     """List the trusted kernel files (path, SHA-256, when added, and whether the file still
     has that content)."""
+    from graphswap.kernels import trust as trust_store
     entries = trust_store.stored_trust()
     for entry in entries:
         entry["current"] = _file_state(entry)
@@ -62,6 +64,7 @@ def trust_list(as_json):
 
 
 def _file_state(entry) -> str:
+    from graphswap.kernels import trust as trust_store
     state = trust_store.file_state(entry)
     return {"same": "same content", "changed": "changed (not trusted)", "missing": "missing",
             "reads other files": "same content, but refused: it includes headers from outside "
@@ -73,6 +76,7 @@ def _file_state(entry) -> str:
 @click.argument("keys", metavar="FILE|SHA256...", nargs=-1, required=True)
 def trust_remove(keys):
     """Stop trusting a kernel file (every recorded content of that path) or one SHA-256."""
+    from graphswap.kernels import trust as trust_store
     for key in keys:
         removed = trust_store.untrust(key)
         if not removed:

@@ -29,6 +29,9 @@ Methods (per layer, over the observed values v; a range always contains 0):
                 scaled by f, f over 100 steps from 0.01 to 1 (the best f is kept)
     output      the percentile range, narrowed where the layer's own output through its multiplier
                 errs less (graphswap.swap.output_calibration: one more pass per group of layers)
+Each method is described (name, --help line, default) in graphswap/methods.py's
+CALIBRATION_REGISTRY and implemented here by one range function registered with
+`@range_method(name)` (RANGE_METHODS; "output" adds calibrate's extra pass).
 Percentile and mse read a deterministic subsample of at most SUBSAMPLE_VALUES values per layer (and
 always the exact minimum and maximum); minmax reads every value.
 
@@ -45,6 +48,7 @@ import dataclasses
 import numpy as np
 
 from graphswap.errors import QuantizationError
+from graphswap.methods import CALIBRATION_REGISTRY, Implementations
 from graphswap.kernels import resolve_kernel
 from graphswap.kernels.quantized import asymmetric_params, weight_limit
 from graphswap.swap.clone import iter_layers
@@ -54,9 +58,9 @@ from graphswap.swap.entropy_calibration import entropy_range
 from graphswap.swap.output_calibration import SEARCH_SAMPLES, OutputSearch, describe
 from graphswap.swap.text_inputs import input_array
 
-CALIBRATION_METHODS = ("minmax", "percentile", "mse", "entropy", "output")
+CALIBRATION_METHODS = CALIBRATION_REGISTRY.names   # described in graphswap/methods.py
 CALIBRATION_SOURCES = ("float", "approximate")
-DEFAULT_CALIBRATION_METHOD = "output"   # measured: docs/RECOVERY.md, ResNet-8 on CIFAR-10
+DEFAULT_CALIBRATION_METHOD = CALIBRATION_REGISTRY.default   # measured: docs/RECOVERY.md, ResNet-8
 DEFAULT_CALIBRATION_SOURCE = "approximate"   # measured: docs/RECOVERY.md, ResNet-8 on CIFAR-10
 DEFAULT_CALIBRATION_SAMPLES = 512
 MIN_CALIBRATION_SAMPLES = 16
@@ -217,20 +221,50 @@ class RangeObserver:
 
     def range(self, method: str, signed: bool, percentile: float = DEFAULT_PERCENTILE,
               bits: int = 8):
+        """(lo, hi) of the values seen, by the calibration `method`'s function (RANGE_METHODS)."""
+        function = RANGE_METHODS[method]
         if not self.count:
             return 0.0, 0.0
-        if method == "minmax":
-            return self.lo, self.hi
-        values = self.values().astype(np.float64)
-        if method == "percentile":
-            if signed:
-                a = float(np.percentile(np.abs(values), percentile))
-                return max(self.lo, -a), min(self.hi, a)
-            return (min(float(np.percentile(values, 100 - percentile)), 0.0),
-                    float(np.percentile(values, percentile)))
-        if method == "entropy":
-            return entropy_range(values, self.lo, self.hi, signed, weight_limit(signed, bits))
-        return _mse_range(values, self.lo, self.hi, signed, bits)
+        return function(self, signed, percentile, bits)
+
+
+#: the range function of each calibration method (graphswap.methods.CALIBRATION_REGISTRY):
+#: function(observer, signed, percentile, bits) -> (lo, hi) of a RangeObserver that saw values
+RANGE_METHODS = Implementations(CALIBRATION_REGISTRY)
+range_method = RANGE_METHODS.register
+
+
+@range_method("minmax")
+def minmax_range(observer: RangeObserver, signed: bool, percentile: float, bits: int):
+    return observer.lo, observer.hi
+
+
+@range_method("percentile")
+def percentile_range(observer: RangeObserver, signed: bool, percentile: float, bits: int):
+    values = observer.values().astype(np.float64)
+    if signed:
+        a = float(np.percentile(np.abs(values), percentile))
+        return max(observer.lo, -a), min(observer.hi, a)
+    return (min(float(np.percentile(values, 100 - percentile)), 0.0),
+            float(np.percentile(values, percentile)))
+
+
+@range_method("entropy")
+def kl_range(observer: RangeObserver, signed: bool, percentile: float, bits: int):
+    return entropy_range(observer.values().astype(np.float64), observer.lo, observer.hi, signed,
+                         weight_limit(signed, bits))
+
+
+@range_method("mse")
+def mse_range(observer: RangeObserver, signed: bool, percentile: float, bits: int):
+    return _mse_range(observer.values().astype(np.float64), observer.lo, observer.hi, signed,
+                      bits)
+
+
+@range_method("output")
+def output_start_range(observer: RangeObserver, signed: bool, percentile: float, bits: int):
+    """The percentile range; calibrate's extra pass narrows it (swap.output_calibration)."""
+    return percentile_range(observer, signed, percentile, bits)
 
 
 def _quantization_mse(values, lo, hi, signed, bits: int = 8) -> float:
@@ -286,9 +320,7 @@ class CalibrationReport:
 
 
 def check_method(method: str, source: str = "float") -> None:
-    if method not in CALIBRATION_METHODS:
-        raise QuantizationError(f"unknown calibration method {method!r}; allowed: "
-                                f"{', '.join(CALIBRATION_METHODS)}")
+    CALIBRATION_REGISTRY.check(method)
     if source not in CALIBRATION_SOURCES:
         raise QuantizationError(f"unknown calibration source {source!r}; allowed: "
                                 f"{', '.join(CALIBRATION_SOURCES)}")
@@ -333,8 +365,7 @@ def calibrate(model, data, *, samples: int = DEFAULT_CALIBRATION_SAMPLES,
             signed = layer.quantization.weights == "symmetric"
             bits = getattr(getattr(layer, "arithmetic", None), "activation_bits", 8)
             for point in (None, *layer.intermediate_points):
-                lo, hi = observers[(id(layer), point)].range(
-                    "percentile" if method == "output" else method, signed, percentile, bits)
+                lo, hi = observers[(id(layer), point)].range(method, signed, percentile, bits)
                 ranges[path if point is None else f"{path}:{point}"] = (
                     float(np.float32(lo)), float(np.float32(hi)))
                 if point is None:

@@ -11,7 +11,9 @@ compensate_bias(model, data, method="mean")
         method "moments": gain_c = std(y_e) / std(y) (1 if std(y) == 0),
                           offset_c = mean(y_e) - gain_c mean(y)     (mean and spread matched)
     and the layer's output correction becomes y <- gain * y + offset (before the bias) - an
-    integer bias / per-channel requantization scale in hardware.  Zero training.
+    integer bias / per-channel requantization scale in hardware.  Zero training.  The methods
+    are described in graphswap/methods.py's COMPENSATION_REGISTRY; each one's correction is
+    registered here with `@correction_method(name)` (CORRECTION_METHODS).
 
     Recurrent cells (LSTM, GRU, SimpleRNN; `recurrent_products`): the correction sits on the input
     product x_t @ kernel, and the recurrent products add to the same gate pre-activations, so
@@ -45,6 +47,7 @@ import numpy as np
 
 from graphswap.errors import QuantizationError
 from graphswap.kernels import bind_scheme
+from graphswap.methods import COMPENSATION_REGISTRY, Implementations
 from graphswap.swap.calibration import (BATCH_SIZE, DEFAULT_CALIBRATION_METHOD,
                                         DEFAULT_CALIBRATION_SAMPLES, DEFAULT_CALIBRATION_SOURCE,
                                         CalibrationReport, calibrate, calibration_inputs,
@@ -55,8 +58,8 @@ from graphswap.swap.recurrent_cells import SWAPPED_CELLS, SwappedGRUCell
 from graphswap.swap.weight_tuning import WeightTuningReport, tune_weights
 from graphswap.swap.wiring import WiringReport, choose_operands
 
-COMPENSATION_METHODS = ("mean", "moments")
-DEFAULT_COMPENSATION = "moments"   # measured better (docs/RECOVERY.md, ablation)
+COMPENSATION_METHODS = COMPENSATION_REGISTRY.names   # described in graphswap/methods.py
+DEFAULT_COMPENSATION = COMPENSATION_REGISTRY.default   # measured: docs/RECOVERY.md, ablation
 
 
 @dataclasses.dataclass
@@ -95,15 +98,31 @@ class _ChannelMoments:
         self.n += len(a)
 
     def correction(self, method: str):
+        """(gain, offset) by the compensation `method`'s function (CORRECTION_METHODS)."""
+        function = CORRECTION_METHODS[method]
         if not self.n:
             return None, None
-        mean_a, mean_e, square_a, square_e = self.sums / self.n
-        if method == "mean":
-            return None, mean_e - mean_a
-        std_a = np.sqrt(np.maximum(square_a - mean_a ** 2, 0.0))
-        std_e = np.sqrt(np.maximum(square_e - mean_e ** 2, 0.0))
-        gain = np.where(std_a > 0, std_e / np.where(std_a > 0, std_a, 1.0), 1.0)
-        return gain, mean_e - gain * mean_a
+        return function(*(self.sums / self.n))
+
+
+#: the correction of each bias compensation method (graphswap.methods.COMPENSATION_REGISTRY):
+#: function(mean_a, mean_e, square_a, square_e) -> (gain or None, offset) per output channel, from
+#: the means of the approximate (a) and exact (e) products and of their squares
+CORRECTION_METHODS = Implementations(COMPENSATION_REGISTRY)
+correction_method = CORRECTION_METHODS.register
+
+
+@correction_method("mean")
+def mean_correction(mean_a, mean_e, square_a, square_e):
+    return None, mean_e - mean_a
+
+
+@correction_method("moments")
+def moments_correction(mean_a, mean_e, square_a, square_e):
+    std_a = np.sqrt(np.maximum(square_a - mean_a ** 2, 0.0))
+    std_e = np.sqrt(np.maximum(square_e - mean_e ** 2, 0.0))
+    gain = np.where(std_a > 0, std_e / np.where(std_a > 0, std_a, 1.0), 1.0)
+    return gain, mean_e - gain * mean_a
 
 
 def recurrent_products(cell) -> dict:
@@ -175,9 +194,7 @@ def compensate_bias(model, data, *, samples: int = DEFAULT_CALIBRATION_SAMPLES,
                     layers=None) -> RecoveryStep:
     """Per-output-channel compensation of the approximate products' error (module docstring);
     `layers`: only the quantizing layers with these paths."""
-    if method not in COMPENSATION_METHODS:
-        raise QuantizationError(f"unknown bias compensation method {method!r}; allowed: "
-                                f"{', '.join(COMPENSATION_METHODS)}")
+    COMPENSATION_REGISTRY.check(method)
     inputs = calibration_inputs(model, data, samples, what="bias compensation data")
     targets = select_layers(quantizing_layers(model), layers)
     if not targets:
@@ -298,9 +315,8 @@ def calibrate_and_compensate(model, data, *, samples: int = DEFAULT_CALIBRATION_
     BatchNormalization re-estimated, with everything before it already done - so every range and
     correction is measured on the activations the finished model produces.  Returns report
     lines."""
-    if bias_correction is not None and bias_correction not in COMPENSATION_METHODS:
-        raise QuantizationError(f"unknown bias compensation method {bias_correction!r}; "
-                                f"allowed: {', '.join(COMPENSATION_METHODS)}")
+    if bias_correction is not None:
+        COMPENSATION_REGISTRY.check(bias_correction)
     options = dict(samples=samples, batch_size=batch_size)
     if source == "float":
         lines = calibrate(model, data, method=method, source=source, **options).lines()

@@ -12,8 +12,9 @@ import numpy as np
 
 from graphswap.errors import QuantizationError
 from graphswap.kernels import QuantScheme
+from graphswap.methods import COMPENSATION_REGISTRY
 from graphswap.swap.clone import iter_layers
-from graphswap.swap.compensation import COMPENSATION_METHODS, DEFAULT_COMPENSATION
+from graphswap.swap.compensation import DEFAULT_COMPENSATION
 from graphswap.swap.quantstate import legacy_scheme
 from graphswap.swap.weight_tuning import DEFAULT_WEIGHT_TUNING
 from graphswap.swap.wiring import DEFAULT_OPERANDS, OPERAND_CHOICES
@@ -52,9 +53,7 @@ def recipe_defaults(bias_correction, weight_tuning, calibrated: bool, recalibrat
         raise QuantizationError("BatchNorm re-estimation in rewrite_model runs on the calibration "
                                 "data: pass calibration_data= (--calibrate DATA) as well")
     if bias_correction is not None:
-        if bias_correction not in COMPENSATION_METHODS:
-            raise QuantizationError(f"unknown bias compensation method {bias_correction!r}; "
-                                    f"allowed: {', '.join(COMPENSATION_METHODS)}")
+        COMPENSATION_REGISTRY.check(bias_correction)
         if not calibrated:
             raise QuantizationError("bias compensation is estimated on calibration data: pass "
                                     "calibration_data= (--calibrate DATA) as well")

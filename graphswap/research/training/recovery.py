@@ -21,7 +21,9 @@ re-estimated with the approximate forward after training (the moving averages Ke
 default -, 1e-4, 3e-4, 1e-3 with cosine decay - the second -, and auto), a fixed 1e-3 is the only
 one that brings the severe signed multiplier within 3 points in 3 epochs, but it moves a model
 that already fits by 2-3 test images in one epoch; auto takes 1e-3 for exactly the starts that
-need it (see the recipes table).
+need it (see the recipes table).  The schedules are described in graphswap/methods.py's
+SCHEDULE_REGISTRY; each one's learning rate is registered here with `@schedule_method(name)`
+(SCHEDULE_METHODS).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import numpy as np
 
 from graphswap.errors import DataError, GraphswapError
 from graphswap.io import lower_model
+from graphswap.methods import SCHEDULE_REGISTRY, Implementations
 from graphswap.research.data.data import translate_errors
 from graphswap.research.data.loading import load_data
 from graphswap.swap.recipe import has_batchnorm
@@ -39,8 +42,8 @@ from graphswap.swap import (CHECK_SAMPLES, DEFAULT_CALIBRATION_SAMPLES, DEFAULT_
                             recalibrate_batchnorm as recalibrate_layers)
 
 DEFAULT_BIAS_CORRECTION = DEFAULT_COMPENSATION
-SCHEDULES = ("constant", "cosine")
-DEFAULT_SCHEDULE = "cosine"
+SCHEDULES = SCHEDULE_REGISTRY.names   # described in graphswap/methods.py
+DEFAULT_SCHEDULE = SCHEDULE_REGISTRY.default
 # Batch 32 (Keras fit's own default): on the small data sets fine-tuning gets (a few thousand
 # examples), 3 epochs at 128 are 66 steps - measured on the ResNet-8 (docs/RECOVERY.md) batch 32
 # recovers 2 to 6 points more on the severe multipliers and the same on the medium ones.
@@ -178,9 +181,7 @@ def auto_learning_rate(model, data, loss, batch_size: int = 128,
 def make_optimizer(optimizer, learning_rate, schedule: str = "constant", steps: int | None = None):
     """The fine-tuning optimizer: `optimizer` (a name or a Keras optimizer, used as is), with
     `learning_rate` constant or decayed by a cosine to 0 over `steps` training steps."""
-    if schedule not in SCHEDULES:
-        raise GraphswapError(f"unknown learning-rate schedule {schedule!r}; allowed: "
-                             f"{', '.join(SCHEDULES)}")
+    learning_rate_over = SCHEDULE_METHODS[schedule]
     if isinstance(optimizer, keras.optimizers.Optimizer):
         return optimizer
     try:
@@ -189,10 +190,27 @@ def make_optimizer(optimizer, learning_rate, schedule: str = "constant", steps: 
         raise GraphswapError(f"unknown optimizer {optimizer!r}: {exc}") from None
     if learning_rate is None:
         return opt
-    rate = learning_rate
-    if schedule == "cosine" and steps:
-        rate = keras.optimizers.schedules.CosineDecay(float(learning_rate), int(steps))
+    rate = learning_rate_over(learning_rate, steps)
     return type(opt).from_config({**opt.get_config(), "learning_rate": rate})
+
+
+#: the learning rate of each schedule (graphswap.methods.SCHEDULE_REGISTRY):
+#: function(learning_rate, steps or None) -> a rate or a Keras LearningRateSchedule
+SCHEDULE_METHODS = Implementations(SCHEDULE_REGISTRY)
+schedule_method = SCHEDULE_METHODS.register
+
+
+@schedule_method("constant")
+def constant_rate(learning_rate, steps):
+    return learning_rate
+
+
+@schedule_method("cosine")
+def cosine_rate(learning_rate, steps):
+    """Decayed by a cosine to 0 over `steps` (constant when the steps are not known)."""
+    if not steps:
+        return learning_rate
+    return keras.optimizers.schedules.CosineDecay(float(learning_rate), int(steps))
 
 
 REWRITE_OPTIONS = ("quantization", "calibration_data", "calibration_samples", "calibration_method",
