@@ -1,7 +1,7 @@
 """Models the benchmarks build (not part of the package): ResNet-8 for CIFAR-shaped inputs, a
 ViT-Ti/16-style model, the keras.applications models (weights=None: nothing downloaded), the
-models of issue 26 (MobileNetV1-0.25 at 96x96, the MLPerf Tiny DS-CNN, a stride-2
-Conv2DTranspose decoder, an Embedding + LSTM text classifier), those of issue 37 (an image-codec
+small edge models (MobileNetV1-0.25 at 96x96, the MLPerf Tiny DS-CNN, a stride-2
+Conv2DTranspose decoder, an Embedding + LSTM text classifier), two larger ones (an image-codec
 decoder of 3x3/5x5/7x7 stride-2 Conv2DTranspose layers, a stack of 1024-wide Dense layers); and
 the training step the benchmarks time."""
 
@@ -94,7 +94,7 @@ def conv_decoder(seed: int = 0, code: int = 32):
 
 
 def codec_decoder(seed: int = 0):
-    """An image-codec decoder (issue 37): 16x16x16 latents -> three stride-2 'same'
+    """An image-codec decoder: 16x16x16 latents -> three stride-2 'same'
     Conv2DTranspose layers with ReLU (3x3/16, 5x5/32, 7x7/128 filters: 32x32, 64x64, 128x128)
     -> Conv2D 3x3/3 sigmoid, a 128x128x3 image."""
     import keras
@@ -136,12 +136,12 @@ def lstm_text(seed: int = 0, vocabulary: int = 2000, length: int = 100, units: i
     return keras.Model(inputs, outputs, name="lstm_text")
 
 
-# the models of issue 26 (bench_models.py runs them at --batch, the decoder at --decoder-batch)
-ISSUE26 = ("MobileNetV1", "DSCNN", "Decoder", "LSTM")
-# issue 37: a real image-codec decoder, and a stack of 1024-wide Dense layers
-ISSUE37 = ("CodecDecoder", "Dense1024")
-NAMES = ("ResNet8", "MobileNetV2", "ResNet50", "EfficientNetB0", "Xception", "ViT") + ISSUE26 \
-    + ISSUE37
+# the small edge models (bench_models.py runs them at --batch, the decoder at --decoder-batch)
+EDGE_MODELS = ("MobileNetV1", "DSCNN", "Decoder", "LSTM")
+# a real image-codec decoder, and a stack of 1024-wide Dense layers
+CODEC_AND_DENSE = ("CodecDecoder", "Dense1024")
+NAMES = ("ResNet8", "MobileNetV2", "ResNet50", "EfficientNetB0", "Xception", "ViT") \
+    + EDGE_MODELS + CODEC_AND_DENSE
 
 
 def build(name: str, size: int = 224):

@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Would asymmetric (zero-point) int8 activations help a signed multiplier?  A measurement of the
-multiplier error alone, before building it (issue 35: mul8s_1L1G and mul8s_1KR3 on the ResNet-8).
+multiplier error alone, before building it (mul8s_1L1G and mul8s_1KR3 on the MLPerf Tiny ResNet-8).
 
 Symmetric int8 gives a ReLU layer's activations the codes 0..127 only; a zero point of -128 would
 use all 256 codes (half the step) but moves the most common activation, 0, from code 0 (where an

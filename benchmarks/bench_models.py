@@ -4,11 +4,11 @@ them (inside a tf.function, as fit/predict do):
 
     ResNet-8 (32x32x3)  MobileNetV2 (224x224)  ResNet-50 (224x224)   keras.applications /
     benchmarks/_models.py, random weights (weights=None: nothing downloaded); also Xception
-    (SeparableConv2D) and a ViT-Ti/16 (MultiHeadAttention) on request; and the models of issue 26:
+    (SeparableConv2D) and a ViT-Ti/16 (MultiHeadAttention) on request; and the small edge models:
     MobileNetV1 (alpha 0.25, 96x96x3, 2 classes: MLPerf Tiny visual wake words), DSCNN (MLPerf
     Tiny keyword spotting, 49x10x1), Decoder (Dense -> 6x6x64 -> four stride-2 Conv2DTranspose to
-    96x96x3, MSE) and LSTM (Embedding(2000, 64) over 100 tokens -> LSTM(64) -> Dense); and those
-    of issue 37: CodecDecoder (16x16x16 latents -> stride-2 Conv2DTranspose 3x3/16, 5x5/32,
+    96x96x3, MSE) and LSTM (Embedding(2000, 64) over 100 tokens -> LSTM(64) -> Dense); and two
+    larger ones: CodecDecoder (16x16x16 latents -> stride-2 Conv2DTranspose 3x3/16, 5x5/32,
     7x7/128 with ReLU to 128x128 -> Conv2D 3x3/3 sigmoid, MSE) and Dense1024 (three Dense(1024)
     with ReLU over 1024 features -> Dense(10))
 
@@ -23,8 +23,8 @@ the variants alternating in blocks, best of `--rounds` (benchmarks/_timing.py).
         MobileNetV1,DSCNN,Decoder,LSTM,CodecDecoder,Dense1024] [--multiplier mul8u_drum4] [--batch 32] [--big-batch 8]
         [--decoder-batch 16] [--variants exact,lut,static,asym] [--rounds 2] [--no-train] [--as-avx2]
 
---batch is the batch of ResNet8 and of the issue-26 and issue-37 models but the decoders
-(--decoder-batch); --big-batch that of the 224x224 models.
+--batch is the batch of ResNet8, of the edge models and of Dense1024; --decoder-batch that of
+Decoder and CodecDecoder; --big-batch that of the 224x224 models.
 """
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ use_repository_package()
 
 import numpy as np  # noqa: E402
 
-from _models import ISSUE26, ISSUE37, build, train_step_fn  # noqa: E402  (benchmarks/ is on sys.path)
+from _models import CODEC_AND_DENSE, EDGE_MODELS, build, train_step_fn  # noqa: E402  (benchmarks/ is on sys.path)
 
 
 def inference_fn(model):
@@ -77,7 +77,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
     parser.add_argument("--models", default="ResNet8,MobileNetV2,ResNet50")
     parser.add_argument("--multiplier", default="mul8u_drum4")
-    parser.add_argument("--batch", type=int, default=32, help="batch for ResNet-8 and the issue-26 models")
+    parser.add_argument("--batch", type=int, default=32, help="batch for ResNet-8, the edge models and Dense1024")
     parser.add_argument("--big-batch", type=int, default=8, help="batch for the 224x224 models")
     parser.add_argument("--decoder-batch", type=int, default=16, help="batch for Decoder, CodecDecoder")
     parser.add_argument("--variants", default=",".join(VARIANTS),
@@ -111,7 +111,7 @@ def main() -> None:
         name = name.strip()
         model = build(name, args.size)
         batch = (args.decoder_batch if name in ("Decoder", "CodecDecoder")
-                 else args.batch if name == "ResNet8" or name in ISSUE26 + ISSUE37
+                 else args.batch if name == "ResNet8" or name in EDGE_MODELS + CODEC_AND_DENSE
                  else args.big_batch)
         rng = np.random.default_rng(0)
         x, y, calibration, loss = inputs_for(model, batch, rng)

@@ -1,10 +1,11 @@
 #!/usr/bin/env python
 """Recovery on a real, harder task, through the command line exactly as a new user runs it: the
 published MLPerf Tiny ResNet-8 (tf.keras .h5, raw 0..255 inputs, softmax over 10 classes) on real
-CIFAR-10 images, four multipliers in every layer (issue 35; the numbers of docs/RECOVERY.md,
+CIFAR-10 images, four multipliers in every layer (the numbers of docs/RECOVERY.md,
 "CIFAR-10 with the MLPerf Tiny ResNet-8").
 
-Material (not written by this project; ../shared/data beside the checkout, or --data-dir):
+Material (not written by this project; pass its folder as --data-dir - the default,
+../shared/data beside the checkout, is where it is on the developers' machine):
   mlperf_tiny_resnet8.h5     the published model, unchanged
   cifar10_train_part.npz     3,805 real CIFAR-10 training images, class indices
 The images are split once, seeded: --test-size held-out images judge every recipe (no recipe
@@ -21,7 +22,7 @@ Recipes (each a command line; every row is `graphswap evaluate` of the model it 
   dynamic        convert (no calibration: activations quantized per call, as TFApprox)
   previous       convert --calibrate train.npz --operands activation-first --no-dynamic-fallback
                  --calibration-source float --no-weight-tuning --calibration-method
-                 percentile (the default before issue 35)
+                 percentile (the previous defaults)
   default        convert --calibrate train.npz                     (today's default)
   +wt            convert --calibrate train.npz --weight-tuning     (always, not measured)
   +float         convert --calibrate train.npz --calibration-source float
@@ -30,7 +31,7 @@ Recipes (each a command line; every row is `graphswap evaluate` of the model it 
   pct            convert --calibrate train.npz --calibration-method percentile (the default
                  until the output method was measured)
   ft:NAME        finetune NAME.keras --data train.npz --epochs E  (the CLI's default recipe)
-  ft-prev:NAME   finetune ... --batch-size 128 --lr 1e-3 (what the defaults before issue 35 did
+  ft-prev:NAME   finetune ... --batch-size 128 --lr 1e-3 (what the previous defaults did
                  on this model), and the other flags of FINETUNE_RECIPES
 
     python benchmarks/recovery_cifar.py --multipliers ~/evoapproxlib       # about 1.5 h, 2 cores
@@ -76,7 +77,7 @@ ZERO_STEP = {
 }
 FINETUNE_RECIPES = {
     "ft": [],                                        # the CLI's defaults
-    "ft-prev": ["--batch-size", "128", "--lr", "1e-3"],  # what the defaults before issue 35 ran
+    "ft-prev": ["--batch-size", "128", "--lr", "1e-3"],  # what the previous defaults ran
                                                      # on this model (auto picked 1e-3 for all)
     "ft-b128": ["--batch-size", "128"],
     "ft-lr1e-3": ["--lr", "1e-3"],
@@ -125,8 +126,8 @@ def zero_step(name, args, source, kernel, train, work, env) -> tuple[Path, list[
 def run(args) -> dict:
     data_dir = Path(args.data_dir)
     if not (data_dir / "mlperf_tiny_resnet8.h5").exists():
-        print(f"no {data_dir / 'mlperf_tiny_resnet8.h5'}: this benchmark needs the shared data "
-              f"(--data-dir)")
+        print(f"no {data_dir / 'mlperf_tiny_resnet8.h5'}: this benchmark needs the published "
+              f"MLPerf Tiny ResNet-8 and CIFAR-10 images (pass their folder as --data-dir)")
         sys.exit(0)
     cache = Path(args.json)
     results = {} if args.fresh or not cache.exists() else json.loads(cache.read_text())

@@ -1,6 +1,6 @@
 #!/usr/bin/env python
-"""Three more fine-tuning techniques measured on the MLPerf Tiny ResNet-8 with real CIFAR-10
-(issue 35, item 3), against the command line's `finetune --epochs 3` (ft:default).
+"""Three more fine-tuning techniques measured on the MLPerf Tiny ResNet-8 with real CIFAR-10,
+against the command line's `finetune --epochs 3` (ft:default).
 
 Same material, split and scoring as benchmarks/recovery_cifar.py (whose helpers this imports):
 2,805 training images (calibration and training only), 1,000 held-out images scored by

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Is there a cheaper exact formulation of a full-rank multiplier's table GEMM?  (issue 37, item 9)
+"""Is there a cheaper exact formulation of a full-rank multiplier's table GEMM?
 
 A table whose products factor exactly, T[a][b] = f(a) g(b) (DRUM, operand truncation), already
 runs as float32 GEMMs of the mapped operands (native_kernels/src/lut_factored.c).  For the other

@@ -17,8 +17,8 @@ the same architecture is saved as a Keras 3 `.keras` and as tf.keras `.h5` / Ker
 Sizes are cut down so that a test runs in seconds; the layer kinds and their options are the
 published ones.  Every model is compiled with the loss its task would use, as users save them.
 
-Issue 37's fixtures (`ROUND2`, not in the zoo's BUILDERS: each is about one way a file or an
-export went wrong, tests/test_realmodels_round2.py):
+The file and export cases (`FILE_AND_EXPORT_CASES`, not in the zoo's BUILDERS: each is about one
+way a file or an export can go wrong, tests/test_realmodels_keras2_and_exports.py):
 
     gru_sensor       a Keras 2-era sequence classifier: GRU(recurrent_activation="hard_sigmoid",
                      reset_after=False) - Keras 2.0-2.2's defaults -, an LSTM with the same gate,
@@ -244,7 +244,8 @@ def augmented_cnn(k, size=16, classes=4, flip=None):
     return model
 
 
-ROUND2 = {f.__name__: f for f in (gru_sensor, sequential_gru, two_heads, augmented_cnn)}
+FILE_AND_EXPORT_CASES = {f.__name__: f for f in (gru_sensor, sequential_gru, two_heads,
+                                                 augmented_cnn)}
 
 
 BUILDERS = {f.__name__: f for f in (resnet8, mobilenet_v1, ds_cnn, fc_autoencoder, lstm_text,
@@ -283,7 +284,7 @@ def trained(k, name, epochs=2, seed=0):
     its BatchNormalization statistics and outputs are not those of an initialisation)."""
     if hasattr(k.utils, "set_random_seed"):
         k.utils.set_random_seed(seed)
-    model = {**BUILDERS, **ROUND2}[name](k)
+    model = {**BUILDERS, **FILE_AND_EXPORT_CASES}[name](k)
     x, y = sample_data(model, seed=seed)
     model.fit(x, y, epochs=epochs, batch_size=16, verbose=0)
     return model

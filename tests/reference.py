@@ -1,4 +1,4 @@
-"""Independent references for the multiplier-level work (issue 3), written from the papers and from
+"""Independent references for the multiplier-level work, written from the papers and from
 the quantization rules documented in graphswap/quantized.py -- not by calling graphswap's C or
 reusing graphswap.quantized's helpers -- so the tests compare two derivations of the same spec.
 

@@ -20,8 +20,8 @@ from graphswap.native.abi import Conv2DParams
 
 RNG = np.random.default_rng(37)
 
-# (batch, dx height, width, filters C, dy channels K, kernel, stride, padding): the issue-37 codec
-# decoder's layers (shrunk), the issue-26 decoder's, odd channel counts (a 16-lane block, masked
+# (batch, dx height, width, filters C, dy channels K, kernel, stride, padding): the benchmarks'
+# CodecDecoder's layers (shrunk), their Decoder's, odd channel counts (a 16-lane block, masked
 # tails), strides 1 and 3, VALID, and dy channels past one OpenBLAS small-matrix GEMM
 GEOMETRIES = [
     (2, 16, 16, 16, 16, 3, 2, "same"), (2, 16, 18, 32, 16, 5, 2, "same"),

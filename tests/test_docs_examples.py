@@ -1,4 +1,4 @@
-"""Every documented example is a test (issue 27): each ```python block and each `graphswap ...`
+"""Every documented example is a test: each ```python block and each `graphswap ...`
 command of README.md and docs/*.md runs against the shipped sample, in order, one temporary
 directory per file (docs/doc_examples.py says exactly what counts and what the markers mean).
 A renamed function, module or option fails here, naming the file and line."""
@@ -92,7 +92,8 @@ def test_a_renamed_function_in_a_python_block_fails_naming_its_line(workdir):
 
 
 def test_the_old_export_and_gradients_imports_fail(workdir):
-    """What docs/EXPORT.md and docs/GRADIENTS.md said before issue 27 fails the checker."""
+    """What docs/EXPORT.md and docs/GRADIENTS.md once said (imports that no longer exist) fails
+    the checker."""
     export = """\
     * open the model with
 

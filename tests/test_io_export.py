@@ -1,4 +1,4 @@
-"""Export (issue 6): lowered ONNX, kept-kernel ONNX, inference SavedModel, their metadata, the CLI,
+"""Export: lowered ONNX, kept-kernel ONNX, inference SavedModel, their metadata, the CLI,
 the .h5 -> convert -> fine-tune -> export round trip, and every bad input's clear refusal."""
 
 from __future__ import annotations

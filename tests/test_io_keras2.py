@@ -1,4 +1,4 @@
-"""Keras 2 inputs (issue 6): SavedModel directories written by tf_keras and legacy full-model .h5,
+"""Keras 2 inputs: SavedModel directories written by tf_keras and legacy full-model .h5,
 translated to Keras 3 with the same weights and checked on real data; their refusals."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Keras 2 files as people have them (issue 26): tf_keras writes the MLPerf Tiny architectures (small),
+"""Keras 2 files as people have them: tf_keras writes the MLPerf Tiny architectures (small),
 a MultiHeadAttention transformer block, an LSTM/GRU text model, a Conv2DTranspose decoder and a
 model of TFOpLambda ops as .h5, as SavedModel (TF 2.5+ and TF 2.0-2.4 layouts) and as Keras 2
 .keras archives; graphswap loads each with no option and its outputs equal tf_keras'."""

@@ -1,4 +1,4 @@
-"""graphswap SavedModels (issue 16): one directory that serves without graphswap and reopens in
+"""graphswap SavedModels: one directory that serves without graphswap and reopens in
 graphswap - the convert -> export -> finetune -> serve round trip in subprocesses, fine-tuning from
 the directory equal to fine-tuning from the .keras, the consistency check refusing every edited
 half, the bad inputs, and every MODEL-taking command accepting the directory."""

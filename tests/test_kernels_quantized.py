@@ -1,4 +1,4 @@
-"""Quantized LUT execution (issue 3): the C LUT GEMM / conv bit-exact against numpy, LutKernel
+"""Quantized LUT execution: the C LUT GEMM / conv bit-exact against numpy, LutKernel
 bit-exact against the independent reference pipeline, exact multipliers within a stated
 quantization-error bound of float, and the awkward inputs (NaN, Inf, zeros, constants, empties)."""
 

@@ -1,4 +1,4 @@
-"""Multiplier specs (issue 3): built-in tables vs the papers, EvoApproxLib-style C files of both
+"""Multiplier specs: built-in tables vs the papers, EvoApproxLib-style C files of both
 signature generations, shared-library symbols, table files, metrics, checks, error messages."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""8xN mixed-precision multipliers (issue 28, item 1): an 8-bit activation times an N-bit weight.
+"""8xN mixed-precision multipliers: an 8-bit activation times an N-bit weight.
 
 Tables against the C function for every operand pair, header metrics at the circuit's own output
 width, the fused C kernels against tests/reference.py (N-bit weights) on every ISA path, a model

@@ -1,4 +1,4 @@
-"""Nx8 multipliers (issue 28, item 1): an N-bit activation times an 8-bit weight.
+"""Nx8 multipliers: an N-bit activation times an 8-bit weight.
 
 Tables against the C function for every operand pair, header metrics at the circuit's own output
 width, the fused C kernels against tests/reference.py (N-bit activations, dynamic and static) on

@@ -1,4 +1,4 @@
-"""The "output" calibration method (graphswap.swap.output_calibration; issue 35, item 2): each
+"""The "output" calibration method (graphswap.swap.output_calibration): each
 layer's activation range narrowed from the percentile range where the layer's own output through
 its multiplier errs less.  The residuals the search ranks by are re-derived here independently
 (TensorFlow's float convolution, a per-channel least-squares fit in numpy), the choice is checked

@@ -1,4 +1,4 @@
-"""Real models, round 2 (issue 37, items 2 and 3): models that take strings.
+"""Real models that take strings.
 
 Layer state that is not a weight - a TextVectorization's vocabulary, a StringLookup's table, a
 Normalization's adapted statistics - survives rewrite_model, saving, reloading and the SavedModel

@@ -1,16 +1,15 @@
-"""Issue 37, "Real models, round 2", items 7 and 4: a video model's TimeDistributed layers and a
-text model of any length.
+"""Real models: a video model's TimeDistributed layers and a text model of any length.
 
-- 7. TimeDistributed was never swapped: a video classifier (Input((T, H, W, C)) ->
-  TimeDistributed(Conv2D) -> TimeDistributed(MaxPool) -> TimeDistributed(Flatten) -> LSTM -> Dense)
-  kept 73% of its weight MACs (99.6% at a real video size) in float.  Now the wrapped layer is
-  swapped (graphswap.swap.layers_wrapped: the timesteps folded into one kernel call), calibrated
-  and compensated through its inner layer, saved and reloaded, exported (lowered ONNX, kept-kernel
+- TimeDistributed: in a video classifier (Input((T, H, W, C)) -> TimeDistributed(Conv2D) ->
+  TimeDistributed(MaxPool) -> TimeDistributed(Flatten) -> LSTM -> Dense) the wrapped layer is
+  swapped (graphswap.swap.layers_wrapped: the timesteps folded into one kernel call; kept, it
+  would leave 73% of the weight MACs, 99.6% at a real video size, in float), calibrated and
+  compensated through its inner layer, saved and reloaded, exported (lowered ONNX, kept-kernel
   ONNX, SavedModel) and counted as timesteps x the wrapped layer's MACs.
-- 4. Variable-length inputs: `convert` of Input((None,)) tokens -> Embedding -> Bidirectional(GRU)
-  -> Dense failed without data (its check batch needed every dimension), both exports always
-  failed, and the report counted the BiGRU as 0 MACs.  Now free dimensions take a length (the
-  data's, `--sequence-length N`, else 16), stated in the report with the MACs counted at it.
+- Variable-length inputs: `convert` of Input((None,)) tokens -> Embedding -> Bidirectional(GRU)
+  -> Dense works without data (a check batch needs every dimension), both exports work, and the
+  BiGRU's MACs are counted: free dimensions take a length (the data's, `--sequence-length N`,
+  else 16), stated in the report with the MACs counted at it.
 
 Fixtures are built here the way users write them (Keras 3 `.keras`; the video model also as a
 tf_keras `.h5`), tiny so that each command runs in seconds.

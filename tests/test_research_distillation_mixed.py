@@ -1,5 +1,5 @@
-"""Distillation mixed with the labels (issue 35, item 3: "knowledge distillation from the float
-model as an option on labelled data too"): finetune(..., teacher=..., teacher_weight=w) and
+"""Distillation mixed with the labels ("knowledge distillation from the float model as an option
+on labelled data too"): finetune(..., teacher=..., teacher_weight=w) and
 `finetune --teacher original --teacher-weight W` train on w x the teacher's targets + (1 - w) x the
 labels - the same gradients as w x the distillation loss + (1 - w) x the label loss, checked here
 against TensorFlow computing both losses separately."""

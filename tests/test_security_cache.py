@@ -1,4 +1,4 @@
-"""Caches are code, and trust is decided on what was opened (issue 25, found items 3 and 4).
+"""Caches are code, and trust is decided on what was opened.
 
 Written from the attacker's side: every planted library carries a constructor that writes a
 marker file the moment it is loaded, and the marker must never appear.

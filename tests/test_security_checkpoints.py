@@ -1,4 +1,4 @@
-"""Fine-tuning checkpoints are one atomic unit per epoch, under a lock (issue 25, data loss 8-9).
+"""Fine-tuning checkpoints are one atomic unit per epoch, under a lock.
 
 A kill between the old checkpoint's two renames (last.keras, state.json) made `--resume` train an
 epoch twice; two fine-tunes on one --checkpoint-dir mixed their files.  Here: fault injection at

@@ -1,4 +1,4 @@
-"""Data and side files graphswap reads end in one clear error (issue 25, build item 7).
+"""Data and side files graphswap reads end in one clear error.
 
 Each case is tried through the CLI (one `Error:` line, exit 1, no traceback) and the API (the
 error class and its message): .npz members whose declared sizes or bytes cannot be right, 0-d

@@ -1,4 +1,4 @@
-"""Kept-kernel ONNX files are checked whole before onnxruntime sees them (issue 25, item 10).
+"""Kept-kernel ONNX files are checked whole before onnxruntime sees them.
 
 onnxruntime-extensions' Python bridge ends the process (SIGABRT) on any exception raised inside a
 custom operator, so every graphswap node - in the main graph, in If/Loop/Scan bodies, in every

@@ -1,4 +1,4 @@
-"""Outputs never destroy what graphswap did not write (issue 25, data loss 6-7; issue 26, output paths).
+"""Outputs never destroy what graphswap did not write, and output paths are checked.
 
 Written from the attacker's / unlucky user's side: `--force` aimed at a directory holding the input
 or other files, two writers racing for one output (made deterministic with a barrier between the

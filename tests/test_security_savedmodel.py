@@ -1,4 +1,4 @@
-"""Issue 25 (items 1, 2, 5): a SavedModel is a program.  Every file here is the attacker's: a
+"""A SavedModel is a program.  Every file here is the attacker's: a
 tf_keras Dense model whose tracked resource's initialiser writes a marker file on load, a Lambda
 hidden in a TimeDistributed (its own metadata node renamed), side-effecting ops in every place a
 SavedModel can hold them, and a directory swapped between graphswap's check and its load.  Each is
@@ -85,7 +85,7 @@ def dense_keras2(seed: int = 0):
 
 @pytest.fixture(scope="module")
 def canary(tmp_path_factory):
-    """An ordinary tf_keras Dense model carrying a marker-writing resource (issue 25 item 1)."""
+    """An ordinary tf_keras Dense model carrying a marker-writing resource."""
     work = tmp_path_factory.mktemp("canary")
     marker = work / "marker.txt"
     model = dense_keras2()
@@ -539,8 +539,7 @@ tf.saved_model.save(module, sys.argv[1], signatures={"serving_default": module.s
 
 @pytest.fixture(scope="module")
 def lstm_export(tmp_path_factory):
-    """graphswap's own SavedModel of a Keras 3 LSTM model (issue 26: it used to be refused for
-    its While op)."""
+    """graphswap's own SavedModel of a Keras 3 LSTM model (its While op must not be refused)."""
     work = tmp_path_factory.mktemp("lstm_export")
     keras.utils.set_random_seed(0)
     inputs = keras.Input((5, 3), name="tokens")

@@ -257,8 +257,8 @@ def test_report_counts_recurrent_macs_by_the_hand_formula():
 
 
 def test_time_distributed_dense_is_swapped_and_counted_per_timestep():
-    """Issue 37 item 7: TimeDistributed swaps the layer it wraps (it was kept in float); the
-    whole video model is tests/test_realmodels_timedistributed.py."""
+    """TimeDistributed swaps the layer it wraps (not kept in float); the whole video model is
+    tests/test_realmodels_timedistributed.py."""
     inputs = keras.Input((STEPS, FEATURES))
     x = keras.layers.LSTM(UNITS, return_sequences=True)(inputs)
     model = keras.Model(inputs, keras.layers.TimeDistributed(keras.layers.Dense(2))(x))

@@ -40,7 +40,7 @@ USER_LIBRARY = """
 
 @pytest.fixture
 def user_library(tmp_path):
-    """An operation-level float library of the user's (matmul only; trusted for this session):
+    """An operation-level float library of the user's (matmul only; trusted for the session):
     the kind of kernel the device path does not cover."""
     path = compile_library(tmp_path / "lib", "userops", USER_LIBRARY)
     graphswap.kernels.trust_file(str(path))

@@ -406,7 +406,7 @@ def test_the_default_recipe_recovers_more_than_calibration_alone(digits):
                                           **options)
         return float(np.mean(np.asarray(swapped(x, training=False)).argmax(axis=1) == y))
 
-    # the table's columns: calibration from the float forward (the default before issue 35)
+    # the table's columns: calibration from the float forward (the previous default)
     alone = accuracy(bias_correction=None, recalibrate_bn=False, calibration_source="float",
                      weight_tuning=False, dynamic_fallback=False)
     moments = accuracy(recalibrate_bn=False, calibration_source="float",

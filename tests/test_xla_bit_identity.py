@@ -1,4 +1,4 @@
-"""Issue 37 item 10: under tf.function(jit_compile=True) a swapped layer's output - its product,
+"""Under tf.function(jit_compile=True) a swapped layer's output - its product,
 dequantize, output correction, bias and the ReLU graphswap fuses - is the C path's bit for bit,
 with calibrated static ranges and a real output correction (gain != 1, bias compensation).
 
@@ -122,7 +122,7 @@ def _mnist_cnn():
 
 
 def test_mnist_cnn_logits_under_jit_are_the_c_paths_and_only_softmax_is_xlas():
-    """The issue's model: two multipliers, calibrated.  The logits are bit for bit; the softmax
+    """An MNIST CNN with two multipliers, calibrated.  The logits are bit for bit; the softmax
     output differs from the C path's only because XLA's softmax is not TensorFlow's (the float
     model shows the same): XLA's softmax of the C path's logits is the jitted output exactly."""
     model = _mnist_cnn()

@@ -1,5 +1,5 @@
-"""Issue 35's target on every model of tests/realmodels.py: the default calibrated conversion is
-never below the dynamic (uncalibrated) one.  For each model kind (residual CNN with BatchNorm,
+"""On every model of tests/realmodels.py the default calibrated conversion is never below the
+dynamic (uncalibrated) one.  For each model kind (residual CNN with BatchNorm,
 depthwise MobileNet, DS-CNN, autoencoder, LSTM/GRU text classifiers, transposed-convolution decoder,
 binary and regression MLPs, a custom transformer block) the default conversion with calibration
 data and the plain dynamic conversion are both scored here, independently of graphswap's own check

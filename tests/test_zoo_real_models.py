@@ -1,4 +1,4 @@
-"""Issue 26's zoo: small versions of the models people bring (tests/realmodels.py), each through the
+"""The real-model zoo: small versions of the models people bring (tests/realmodels.py), each through the
 README's pipeline from the file as saved - with no option beyond the README's and no reshaped
 labels: the data files hold the labels in the form the model's saved loss expects.
 

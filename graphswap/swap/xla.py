@@ -160,7 +160,7 @@ def affine(y, gain, shift):
     """y * gain + shift (a None one left out; both cast to y's dtype) with the product and the
     sum each rounded, as the C epilogue (graphswap_channel_affine_f32, built with
     -ffp-contract=off) and TensorFlow's Mul and AddV2 kernels round them.  XLA contracts a
-    multiply feeding an add into one FMA (one rounding: an ulp apart, issue 37), so inside XLA a
+    multiply feeding an add into one FMA (one rounding: outputs an ulp apart), so inside XLA a
     float32 product is taken in float64 (exact: 24 + 24 bits), rounded to float32 by
     ReducePrecision (an XLA op no FMA can absorb; it flushes subnormals, so products below
     float32's smallest normal are put on its subnormal grid here), the shift added in float64 and

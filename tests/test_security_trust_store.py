@@ -1,16 +1,15 @@
-"""Issue 36, security and data safety round 4: the trust store's own files.
+"""Security and data safety of the trust store's own files.
 
-Each test is the attack, written from the attacker's (or the unlucky user's) side: it failed on
-the code before the fix and passes after it.
+Each test is the attack, written from the attacker's (or the unlucky user's) side.
 
-* A full disk under the config folder: `graphswap trust add` / `trust remove` said "unexpected
-  OSError"; now one `Error:` line naming the store, the reason and what to do, exit 1, and the
+* A full disk under the config folder: `graphswap trust add` / `trust remove` end in one `Error:`
+  line naming the store, the reason and what to do (not "unexpected OSError"), exit 1, and the
   store as it was (written to a temporary, synced, renamed; a failed write leaves no temporary).
-* Links planted in the config folder: the store's lock file was opened following a link (a
-  dangling link's target was created, a FIFO or folder under its name gave "unexpected ..."), the
-  store was read through a link, and its temporary had a predictable name opened with O_TRUNC
-  following a link (the target was truncated and overwritten, then the link renamed over the
-  store).  Now the lock and the store are opened with O_NOFOLLOW and must be plain files (one
+* Links planted in the config folder: a lock file opened following a link would create a dangling
+  link's target (a FIFO or folder under its name would give "unexpected ..."), a store read
+  through a link would trust another list, and a temporary of a predictable name opened with
+  O_TRUNC following a link would truncate and overwrite its target, then rename the link over the
+  store.  So the lock and the store are opened with O_NOFOLLOW and must be plain files (one
   `TrustStoreError` naming the path and what it is), the temporary is a fresh name (mkstemp),
   and nothing under a planted name is touched.
 """

@@ -1,6 +1,6 @@
-"""Security round 4, trust: the pin covers every file a trusted kernel makes graphswap read.
+"""Trust checks: the pin covers every file a trusted kernel makes graphswap read.
 
-Each test is an attack (or a bad input) that today's graphswap lets through or answers unclearly:
+Each test is an attack (or a bad input) that graphswap must refuse, with one clear error:
 a header a trusted C source includes, changed after the trust; a library a trusted shared library
 needs, replaced; a relative entry in $GRAPHSWAP_TRUSTED_KERNELS; a FIFO given to `trust add`; a
 path with control characters in the trust store; a negative or NaN hardware figure in a header.
@@ -29,7 +29,7 @@ from graphswap.kernels import trust as kernel_trust
 CANARY = r"""
 #include <stdio.h>
 #include <stdlib.h>
-__attribute__((constructor)) static void graphswap_round4_canary(void) {
+__attribute__((constructor)) static void graphswap_trust_canary(void) {
     const char *path = getenv("GRAPHSWAP_TEST_CANARY");
     FILE *f = fopen(path ? path : "/tmp/graphswap-test-canary", "a");
     if (f) { fputs("attacker code ran\n", f); fclose(f); }

@@ -1,7 +1,7 @@
-"""Issue 36, security and data safety round 4: files and resources.
+"""Security and data safety of files and resources: what commands may delete, and bounded reads.
 
-Each test is the attack, written from the attacker's (or the unlucky user's) side: it failed on
-the code before the fix and passes after it.
+Each test is the attack, written from the attacker's (or the unlucky user's) side; the
+parenthesised notes say what an unguarded implementation did.
 
 * Files graphswap did not write are never deleted or replaced: a `.graphswap.lock` that is a
   symbolic link (its target was truncated and overwritten with a pid), the checkpoint lock's

@@ -1,18 +1,19 @@
-"""Issue 37, "Real models, round 2": files and exports of real models that went wrong.
+"""Real models' files and exports: Keras 2 math and file layouts, two-output and augmented exports.
 
-- A Keras 2 model whose math Keras 3 changed loaded silently with the new math (`hard_sigmoid`:
-  0.2 x + 0.5 clipped in Keras 2, x / 6 + 0.5 in Keras 3), and `evaluate` scored that changed
-  model as "original".  Now Keras 2's formula is kept (`graphswap>keras2_hard_sigmoid`, saved,
-  reloaded, exported), Keras 2's defaults fill absent keys, and a Keras 2 file is compared with
-  tf_keras' own load of it (a difference is refused, naming the layer).
+- A Keras 2 model whose math Keras 3 changed (`hard_sigmoid`: 0.2 x + 0.5 clipped in Keras 2,
+  x / 6 + 0.5 in Keras 3) keeps Keras 2's formula (`graphswap>keras2_hard_sigmoid`, saved,
+  reloaded, exported; without it the model would load silently with the new math and `evaluate`
+  would score that changed model as "original"), Keras 2's defaults fill absent keys, and a
+  Keras 2 file is compared with tf_keras' own load of it (a difference is refused, naming the
+  layer).
 - Keras 2 files older tf.keras wrote: a Bidirectional whose inner layer has no `module` key, a
   Sequential whose first layer holds `batch_input_shape` (no InputLayer entry).
-- Exports: a two-output model's ONNX outputs compared by position against outputs ordered by
-  name; a model holding RandomFlip could not be exported as a SavedModel (its seed generator's
-  variable not reachable from the root).
+- Exports: a two-output model's ONNX outputs are matched by name, not by position, against
+  outputs ordered by name; a model holding RandomFlip exports as a SavedModel (its seed
+  generator's variable reachable from the root).
 
-Fixtures: tests/realmodels.py (ROUND2), written by the Keras that users' tools used - tf_keras for
-the Keras 2 files, with their configs edited only where older writers wrote them so.
+Fixtures: tests/realmodels.py (FILE_AND_EXPORT_CASES), written by the Keras that users' tools used
+- tf_keras for the Keras 2 files, with their configs edited only where older writers wrote them so.
 """
 
 from __future__ import annotations
@@ -115,7 +116,7 @@ def _strip_input_layer(config):
 def keras2(tmp_path_factory):
     """The Keras 2 fixtures trained and saved by tf_keras (.h5 and .keras), with their sample
     data and tf_keras' outputs on it."""
-    root = tmp_path_factory.mktemp("round2")
+    root = tmp_path_factory.mktemp("keras2_files")
     files = {}
     for name in ("gru_sensor", "sequential_gru", "gru_text"):
         model = realmodels.trained(tf_keras, name)
@@ -324,7 +325,7 @@ def test_cli_export_onnx_of_two_heads_matches_outputs_by_name(kernel, keep, tmp_
     assert_close_to_roundoff(alpha, np.asarray(want_alpha), 16)
 
 
-@keras.saving.register_keras_serializable(package="round2")
+@keras.saving.register_keras_serializable(package="keras2_and_exports")
 class UserFlip(keras.layers.RandomFlip):
     """A user's augmentation layer (a subclass: exports keep it, with its seed state)."""
 
