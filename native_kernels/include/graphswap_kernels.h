@@ -305,7 +305,7 @@ GRAPHSWAP_EXPORT int32_t graphswap_lut_matmul_grad(const uint8_t *a, const uint8
                                                    const float *g_b, float *da, float *db,
                                                    int64_t m, int64_t k, int64_t n);
 
-/* ---- extra exports of graphswap's own library (issue 3: built-in multipliers) ----
+/* ---- extra exports of graphswap's own library (the built-in multipliers) ----
  *
  * Fills table[(a_code << 8) | b_code] (65536 int32 entries, codes as for graphswap_lut_*) with the
  * built-in multiplier `name`: "mul8u_exact", "mul8s_exact", "mul8{u,s}_trunc{1..8}",
