@@ -101,7 +101,7 @@ def test_pairs_that_cannot_be_folded_are_reported():
     assert "applies an activation" in reasons["bn_after_relu"]
     assert "also used elsewhere" in reasons["bn_shared_input"]
     assert "channel axis" in reasons["bn_axis1"]
-    assert ("no foldable Dense/Conv2D/Conv1D/DepthwiseConv2D/SeparableConv2D + "
+    assert ("no foldable Dense/Conv2D/DepthwiseConv2D/SeparableConv2D/Conv1D + "
             "BatchNormalization pair" in report.lines()[0])
     x = RNG.uniform(size=(2, 6, 6, 1)).astype(np.float32)
     np.testing.assert_array_equal(folded(x, training=False), model(x, training=False))

@@ -13,9 +13,10 @@ graphswap.io.onnx_export's handler, which makes it a custom node (graphswap.io.o
     TimeDistributed: the kept version of the layer it wraps, called once on the timesteps folded
         into the batch (reshapes around it)                    -> the wrapped layer's nodes
 
-`onnx_node(part)` gives each part's custom op and attributes.  These layers are only ever traced
-for tf2onnx: never trained, never saved.  The numbers are the swapped layers' own: the same Kernel
-on the same operands.
+KEPT_CLASSES maps each layer kind (graphswap.swap.kinds) to its kept class (Dense's and Conv2D's
+in graphswap.io.kept_dense_conv).  `onnx_node(part)` gives each part's custom op and attributes.
+These layers are only ever traced for tf2onnx: never trained, never saved.  The numbers are the
+swapped layers' own: the same Kernel on the same operands.
 """
 
 from __future__ import annotations
@@ -23,12 +24,13 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from graphswap.io.onnx_ops import CONV2D_OP, MATMUL_OP
+from graphswap.io.kept_dense_conv import KeptConv2D, KeptDense
+from graphswap.io.onnx_ops import MATMUL_OP, conv_attributes
 from graphswap.native import conv_geometry, einsum_plan, transposed_conv
 from graphswap.swap import (SwappedBidirectional, SwappedConv1D, SwappedConv2DTranspose,
                             SwappedDepthwiseConv2D, SwappedEinsumDense, SwappedGRU, SwappedLSTM,
                             SwappedMultiHeadAttention, SwappedRNN, SwappedSeparableConv2D,
-                            SwappedSimpleRNN, SwappedTimeDistributed)
+                            SwappedSimpleRNN, type_name)
 from graphswap.swap.layers_wrapped import FoldedTimeDistributed
 from graphswap.swap.recurrent_cells import SwappedGRUCell, SwappedLSTMCell, SwappedSimpleRNNCell
 from graphswap.swap.report import input_shape_of
@@ -37,12 +39,6 @@ from graphswap.swap.tracking import replace_attribute
 
 def part_name(marker: str, part: int) -> str:
     return f"{marker}_part{part}"
-
-
-def conv_attributes(padding, strides, dilations, groups) -> tuple[str, dict]:
-    return CONV2D_OP, {"padding": str(padding).lower(), "stride_h": int(strides[0]),
-                       "stride_w": int(strides[1]), "dilation_h": int(dilations[0]),
-                       "dilation_w": int(dilations[1]), "groups": int(groups)}
 
 
 def kernel_conv(arithmetic, x, w, name, strides=(1, 1), padding="valid", dilations=(1, 1),
@@ -322,10 +318,6 @@ class KeptRNN(_KeptRNNMixin, SwappedRNN):
         return super().from_config(config, custom_objects)
 
 
-KEPT_RECURRENT = {SwappedLSTM: KeptLSTM, SwappedGRU: KeptGRU, SwappedSimpleRNN: KeptSimpleRNN,
-                  SwappedRNN: KeptRNN}
-
-
 class KeptBidirectional(SwappedBidirectional):
     """Both directions as kept layers: the forward cell's parts first, then the backward's (the
     order of `part_schemes()`)."""
@@ -339,7 +331,8 @@ class KeptBidirectional(SwappedBidirectional):
             config = inner.get_config()
             if not isinstance(inner, SwappedRNN):
                 config["arithmetic"] = inner.arithmetic
-            replace_attribute(self, attribute, KEPT_RECURRENT[type(inner)].from_config(config))
+            kept = KEPT_CLASSES[type_name(inner)]     # a direction is an LSTM/GRU/SimpleRNN/RNN
+            replace_attribute(self, attribute, kept.from_config(config))
 
     def kept_cells(self) -> list:
         return [self.forward_layer.cell, self.backward_layer.cell]
@@ -371,9 +364,21 @@ def mark(layer, marker: str) -> None:
         base += 1 + len(cell.intermediate_points)
 
 
-KEPT_CLASSES = {SwappedDepthwiseConv2D: KeptDepthwiseConv2D,
-                SwappedSeparableConv2D: KeptSeparableConv2D, SwappedConv1D: KeptConv1D,
-                SwappedConv2DTranspose: KeptConv2DTranspose, SwappedEinsumDense: KeptEinsumDense,
-                SwappedMultiHeadAttention: KeptMultiHeadAttention,
-                SwappedBidirectional: KeptBidirectional, **KEPT_RECURRENT,
-                SwappedTimeDistributed: KeptTimeDistributed}
+#: layer kind (graphswap.swap.kinds) -> its kept-kernel class, every kind
+#: (tests/test_architecture.py checks)
+KEPT_CLASSES = {
+    "Dense": KeptDense,
+    "Conv2D": KeptConv2D,
+    "DepthwiseConv2D": KeptDepthwiseConv2D,
+    "SeparableConv2D": KeptSeparableConv2D,
+    "Conv1D": KeptConv1D,
+    "Conv2DTranspose": KeptConv2DTranspose,
+    "EinsumDense": KeptEinsumDense,
+    "MultiHeadAttention": KeptMultiHeadAttention,
+    "LSTM": KeptLSTM,
+    "GRU": KeptGRU,
+    "SimpleRNN": KeptSimpleRNN,
+    "RNN": KeptRNN,
+    "Bidirectional": KeptBidirectional,
+    "TimeDistributed": KeptTimeDistributed,
+}

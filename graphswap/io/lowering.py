@@ -1,6 +1,7 @@
 """Lowering swapped layers for export: back to their stock Keras layers (same weights), or to
-layers whose kernel calls are marked PyFuncs that tf2onnx turns into custom ONNX nodes
-(graphswap.io.kept_layers for the layers beyond Dense/Conv2D).
+layers whose kernel calls are marked PyFuncs that tf2onnx turns into custom ONNX nodes.  Each layer
+kind (graphswap.swap.kinds) has one entry in MARKED_CLASSES here (its stock class in a marking name
+scope) and one in graphswap.io.kept_layers.KEPT_CLASSES (its kept-kernel class).
 
 `lower_model(model)` computes what `model` computes with the exact kernel (an output correction
 compensates an approximate multiplier's error, so it is dropped with it); `kept_kernel_model`
@@ -20,13 +21,11 @@ import re
 import keras
 import tensorflow as tf
 
-from graphswap.io.kept_layers import KEPT_CLASSES, conv_attributes, mark
-from graphswap.io.onnx_ops import MATMUL_OP
-from graphswap.native import conv_geometry
+from graphswap.io.kept_layers import KEPT_CLASSES, mark
 from graphswap.errors import ExportError, GraphswapError
-from graphswap.swap import (SWAPPED_CLASSES, SwappedConv2D, SwappedDense,
-                            SwappedTimeDistributed, iter_layers, stock_class, transform_model,
+from graphswap.swap import (SWAPPED_CLASSES, iter_layers, stock_class, transform_model,
                             type_name)
+from graphswap.swap.kinds import of_layer
 from graphswap.swap.layers_wrapped import FoldedTimeDistributed, fold_time_steps, folded_copy
 from graphswap.swap.report import input_shape_of
 from graphswap.swap.layers_recurrent import STOCK as RECURRENT_STOCK
@@ -176,80 +175,31 @@ class MarkedConv1D(MarkedLayer, keras.layers.Conv1D):
         if self.data_format == "channels_first":
             y = tf.transpose(y, [0, 2, 1])
         return self.activation(y) if self.activation is not None else y
-class KeptDense(SwappedDense):
-    """A swapped Dense whose kernel call is one numpy_function named by its marker (only ever
-    traced for tf2onnx: never trained, never saved)."""
-
-    graphswap_marker = ""
-
-    def call(self, inputs, training=None):
-        dtype = inputs.dtype
-        x = tf.cast(inputs, tf.float32)
-        w = tf.cast(self.kernel, tf.float32)
-        k, n = int(w.shape[0]), int(w.shape[1])
-        x2d = tf.reshape(x, [-1, k]) if x.shape.rank != 2 else x
-        # the scheme as it is now (static parameters: constants of the export)
-        arithmetic = self.current_scheme_kernel()
-        y = tf.numpy_function(lambda a, b: arithmetic.matmul(a, b), [x2d, w],
-                              tf.float32, stateful=False, name=self.graphswap_marker)
-        # ensure_shape, not set_shape: tf2onnx re-infers shapes from the GraphDef, where a
-        # PyFunc's output shape is unknown; ops needing it downstream (a Concat with axis -1)
-        # would be left half-converted.  EnsureShape carries it and becomes an Identity.
-        y = tf.ensure_shape(y, [x2d.shape[0], n])
-        y = self._correct_outputs(y)
-        if x.shape.rank != 2:
-            y = tf.reshape(y, tf.concat([tf.shape(x)[:-1], [n]], axis=0))
-            y.set_shape(x.shape[:-1].concatenate([n]))
-        if self.bias is not None:
-            y = tf.add(y, tf.cast(self.bias, tf.float32))
-        if self.activation is not None:
-            y = self.activation(y)
-        return tf.cast(y, dtype) if dtype != tf.float32 else y
-
-    def onnx_node(self, part):
-        return MATMUL_OP, {}
 
 
-class KeptConv2D(SwappedConv2D):
-    """A swapped Conv2D whose kernel call is one marked numpy_function (traced only)."""
+def _marked(stock):
+    """The stock class in a marking name scope, as it computes (no XLA functions on CPU)."""
+    return type(f"Marked{stock.__name__}", (MarkedLayer, stock), {})
 
-    graphswap_marker = ""
 
-    def call(self, inputs, training=None):
-        # Keras's own Conv2D.call: convolution_op below, then Keras's bias add (ONNX's Add)
-        return keras.layers.Conv2D.call(self, inputs)
-
-    def convolution_op(self, inputs, kernel):
-        channels_first = self.data_format == "channels_first"
-        x = tf.cast(inputs, tf.float32)
-        if channels_first:
-            x = tf.transpose(x, [0, 2, 3, 1])
-        w = tf.cast(kernel, tf.float32)
-        filter_shape = tuple(int(d) for d in w.shape)
-        strides, dilations = tuple(self.strides), tuple(self.dilation_rate)
-        padding, groups = self.padding, self.groups
-        # the scheme as it is now (static parameters: constants of the export)
-        arithmetic = self.current_scheme_kernel()
-
-        def forward(x_array, w_array):
-            geometry = conv_geometry(x_array.shape, filter_shape, strides, dilations, padding,
-                                     groups)
-            return arithmetic.conv2d(x_array, w_array, geometry)
-
-        y = tf.numpy_function(forward, [x, w], tf.float32, stateful=False,
-                              name=self.graphswap_marker)
-        static = x.shape
-        if None not in static[1:]:
-            g = conv_geometry((1, *static[1:]), filter_shape, strides, dilations, padding,
-                              groups)
-            y = tf.ensure_shape(y, [static[0], g.out_height, g.out_width, filter_shape[3]])
-        y = self._correct_outputs(y)
-        if channels_first:
-            y = tf.transpose(y, [0, 3, 1, 2])
-        return tf.cast(y, inputs.dtype) if inputs.dtype != tf.float32 else y
-
-    def onnx_node(self, part):
-        return conv_attributes(self.padding, self.strides, self.dilation_rate, self.groups)
+#: layer kind (graphswap.swap.kinds) -> the marking version of its stock class, every kind
+#: (tests/test_architecture.py checks)
+MARKED_CLASSES = {
+    "Dense": MarkedDense,
+    "Conv2D": MarkedConv2D,
+    "DepthwiseConv2D": _marked(keras.layers.DepthwiseConv2D),
+    "SeparableConv2D": _marked(keras.layers.SeparableConv2D),
+    "Conv1D": MarkedConv1D,
+    "Conv2DTranspose": _marked(keras.layers.Conv2DTranspose),
+    "EinsumDense": _marked(keras.layers.EinsumDense),
+    "MultiHeadAttention": _marked(keras.layers.MultiHeadAttention),
+    "LSTM": _marked(keras.layers.LSTM),
+    "GRU": _marked(keras.layers.GRU),
+    "SimpleRNN": _marked(keras.layers.SimpleRNN),
+    "RNN": _marked(keras.layers.RNN),
+    "Bidirectional": _marked(keras.layers.Bidirectional),
+    "TimeDistributed": MarkedTimeDistributed,
+}
 
 
 def _is_swapped(layer) -> bool:
@@ -304,24 +254,6 @@ def _record(index, path, layer) -> SwappedLayer:
                         corrected=getattr(layer, "output_correction", None) is not None)
 
 
-def _marked_class(stock):
-    """The marking version of a stock class (made once per class)."""
-    if stock is keras.layers.Dense:
-        return MarkedDense
-    if stock is keras.layers.Conv2D:
-        return MarkedConv2D
-    if stock is keras.layers.Conv1D:
-        return MarkedConv1D
-    if stock is keras.layers.TimeDistributed:
-        return MarkedTimeDistributed
-    if stock not in _MARKED:
-        _MARKED[stock] = type(f"Marked{stock.__name__}", (MarkedLayer, stock), {})
-    return _MARKED[stock]
-
-
-_MARKED: dict = {}
-
-
 def lower_model(model, marked: bool = False, keep=()):
     """A copy of `model` with every swapped layer replaced by its stock layer (same weights).
 
@@ -331,8 +263,7 @@ def lower_model(model, marked: bool = False, keep=()):
     paths in `keep` stay swapped (the reference of an ONNX export whose FP8 layers are QDQ).
     """
     def class_of(layer):
-        stock = stock_class(layer)
-        return _marked_class(stock) if marked else stock
+        return MARKED_CLASSES[type_name(layer)] if marked else stock_class(layer)
 
     return _replace_swapped(model, class_of, _plain_config, keep=keep, inference=marked)
 
@@ -342,16 +273,12 @@ def kept_kernel_model(model):
     layers: their cells' products, inside the RNN loop; custom layers: a copy of the layer with
     the swapped layers it holds kept the same way).  Each record gets `layer`, its kept layer."""
     def class_of(layer):
-        if isinstance(layer, SwappedDense):
-            return KeptDense
-        if isinstance(layer, SwappedConv2D):
-            return KeptConv2D
-        if type(layer) not in KEPT_CLASSES:
+        if type_name(layer) not in KEPT_CLASSES:
             raise ExportError(
                 f"layer {layer.name!r} ({type_name(layer)}): the kept-kernel ONNX export does not "
                 f"cover layers of type {type(layer).__name__}; export it lowered (exact float32 "
                 f"arithmetic, without --keep-kernels)")
-        return KEPT_CLASSES[type(layer)]
+        return KEPT_CLASSES[type_name(layer)]
 
     def custom(path, layer, keep):
         try:
@@ -412,11 +339,12 @@ def _replace_swapped(model, class_of, config_of, custom=None, keep=(), inference
 
 
 def _replacement(layer, class_of, config_of):
-    """class_of(layer) made from config_of(layer); a TimeDistributed around the replacement of
-    the layer it wraps (made the same way)."""
-    if isinstance(layer, SwappedTimeDistributed):
+    """class_of(layer) made from config_of(layer); a wrapper (TimeDistributed) around the
+    replacement of the layer it wraps (made the same way)."""
+    kind = of_layer(layer)
+    if kind is not None and kind.wrapped is not None:
         config = {key: value for key, value in layer.get_config().items() if key != "layer"}
-        return class_of(layer)(_replacement(layer.layer, class_of, config_of), **config)
+        return class_of(layer)(_replacement(kind.wrapped(layer), class_of, config_of), **config)
     return class_of(layer).from_config(config_of(layer))
 
 

@@ -167,6 +167,15 @@ MAX_CONV_INTEGER = 2 ** 31 - 1
 STRING_ATTRIBUTES = {MATMUL_OP: ("kernel", "quant"), CONV2D_OP: ("kernel", "quant", "padding")}
 INT_ATTRIBUTES = {MATMUL_OP: (),
                   CONV2D_OP: ("stride_h", "stride_w", "dilation_h", "dilation_w", "groups")}
+
+
+def conv_attributes(padding, strides, dilations, groups) -> tuple[str, dict]:
+    """(op type, attributes) of the GraphswapConv2D node of one convolution."""
+    return CONV2D_OP, {"padding": str(padding).lower(), "stride_h": int(strides[0]),
+                       "stride_w": int(strides[1]), "dilation_h": int(dilations[0]),
+                       "dilation_w": int(dilations[1]), "groups": int(groups)}
+
+
 _REEXPORT = "re-export the model with 'graphswap export MODEL --format onnx --keep-kernels'"
 
 

@@ -8,7 +8,8 @@ compiled op their forwards use), layers (Dense, Conv2D), layers_conv (DepthwiseC
 SeparableConv2D, Conv1D, Conv2DTranspose), layers_attention (EinsumDense, MultiHeadAttention),
 layers_recurrent and recurrent_cells (LSTM, GRU, SimpleRNN, RNN, Bidirectional), layers_wrapped
 (TimeDistributed around any of them),
-quantstate (a swapped layer's quantization state), catalog (stock -> swapped), tracking (replacing
+quantstate (a swapped layer's quantization state), kinds (one module per layer kind: its classes,
+MAC count, folding, own swapping steps), catalog (stock -> swapped, from kinds), tracking (replacing
 held sublayers in place), clone (transform_model, iter_layers), subclassed (subclassed models),
 rewrite (rewrite_model, plan, kernel maps), report, compare, calibration (static activation
 ranges), folding (BatchNormalization folding), compensation (bias compensation, BN re-estimation).

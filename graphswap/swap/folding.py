@@ -1,4 +1,5 @@
-"""BatchNormalization folding: each Dense/Conv2D/Conv1D/DepthwiseConv2D/SeparableConv2D followed
+"""BatchNormalization folding: each Dense/Conv2D/Conv1D/DepthwiseConv2D/SeparableConv2D (the layer
+kinds with a BatchNormFold, graphswap.swap.kinds, which says where their channels are) followed
 by a BatchNormalization is replaced by one layer whose weights and bias absorb the normalization
 (inference statistics), and the BatchNormalization by the identity (FoldedBatchNormalization) -
 what an int8 accelerator executes, and what quantization must see (the folded weights are the
@@ -34,9 +35,11 @@ import keras
 import numpy as np
 
 from graphswap.swap.clone import is_functional, iter_layers, transform_model
+from graphswap.swap.kinds import all_kinds, folding_kind
 
-FOLDABLE_TYPES = (keras.layers.Dense, keras.layers.Conv2D, keras.layers.Conv1D,
-                  keras.layers.DepthwiseConv2D, keras.layers.SeparableConv2D)
+#: the stock classes a BatchNormalization folds into: the kinds with a BatchNormFold, in report
+#: order (their subclasses and swapped layers fold too)
+FOLDABLE_TYPES = tuple(kind.stock for kind in all_kinds() if kind.fold is not None)
 FOLDABLE_NAMES = "/".join(t.__name__ for t in FOLDABLE_TYPES)
 
 
@@ -172,39 +175,36 @@ def fold_factor(bn, channels: int) -> np.ndarray:
 
 
 def _output_kernel(layer):
-    """The kernel whose last axes are the layer's output channels (SeparableConv2D: the
-    pointwise one)."""
-    if isinstance(layer, keras.layers.SeparableConv2D):
-        return layer.pointwise_kernel
-    return layer.kernel
+    """The kernel whose last axes are the layer's output channels (its kind's BatchNormFold
+    names it: SeparableConv2D's pointwise one)."""
+    return getattr(layer, folding_kind(layer).fold.kernel)
 
 
 def output_channels(layer) -> int:
     """Output channels of a foldable layer: the kernel's last axis, or for a depthwise kernel
     (h, w, in, multiplier) in * multiplier (output channel c = i * multiplier + m)."""
     shape = _output_kernel(layer).shape
-    if isinstance(layer, keras.layers.DepthwiseConv2D):
+    if folding_kind(layer).fold.depthwise:
         return int(shape[-2]) * int(shape[-1])
     return int(shape[-1])
 
 
 def folded_weights(layer, bn) -> list[np.ndarray]:
     """The layer's weights with `bn` folded in (module docstring): [W', b'], or for a
-    SeparableConv2D [depthwise kernel, pointwise W', b']."""
+    SeparableConv2D [depthwise kernel, pointwise W', b'] (its fold's `kept` weights first)."""
+    fold = folding_kind(layer).fold
     kernel = np.asarray(_output_kernel(layer), dtype=np.float64)
     channels = output_channels(layer)
     bias = np.asarray(layer.bias, dtype=np.float64) if layer.use_bias else np.zeros(channels)
     beta = np.asarray(bn.beta, np.float64) if bn.center else np.zeros(channels)
     mean = np.asarray(bn.moving_mean, np.float64)
     factor = fold_factor(bn, channels)
-    if isinstance(layer, keras.layers.DepthwiseConv2D):   # channel c = i * multiplier + m
+    if fold.depthwise:   # channel c = i * multiplier + m
         scaled = kernel * factor.reshape(kernel.shape[-2:])
     else:
         scaled = kernel * factor
     folded = [scaled.astype(np.float32), ((bias - mean) * factor + beta).astype(np.float32)]
-    if isinstance(layer, keras.layers.SeparableConv2D):
-        return [np.asarray(layer.depthwise_kernel, np.float32), *folded]
-    return folded
+    return [np.asarray(getattr(layer, name), np.float32) for name in fold.kept] + folded
 
 
 def fold_batchnorm(model):

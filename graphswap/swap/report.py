@@ -1,5 +1,6 @@
 """What a rewrite did, layer by layer: the report rewrite_model returns and `convert` prints, and
-the multiply-accumulates of a layer.
+the multiply-accumulates of a layer (each kind counts its own: its module of graphswap.swap.kinds,
+through graphswap.swap.kinds.counting.layer_macs).
 
 MACs are counted per sample for every layer with weights graphswap can count - swapped or not, so
 a report shows what stays exact float arithmetic: Dense, EinsumDense, every Keras convolution
@@ -19,47 +20,21 @@ layer's line records it (`length`) and the summary says "at length n".
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import dataclasses
 import json
 
 import keras
-import numpy as np
-from keras.src.layers.convolutional.base_conv import BaseConv  # Keras 3 has no public bases
-from keras.src.layers.convolutional.base_conv_transpose import BaseConvTranspose
-from keras.src.layers.convolutional.base_depthwise_conv import BaseDepthwiseConv
-from keras.src.layers.convolutional.base_separable_conv import BaseSeparableConv
 
-from graphswap.errors import UnsupportedLayerError
-from graphswap.native import einsum_plan
-from graphswap.swap.compare import DEFAULT_SEQUENCE_LENGTH, validate_sequence_length
+from graphswap.swap.kinds.counting import (cell_step_macs, counting_length,
+                                           current_counting_length, input_shape_of, layer_macs,
+                                           recurrent_macs)
+from graphswap.swap.kinds.multi_head_attention import attention_macs
 from graphswap.tables import format_table
 
-_COUNTING_LENGTH = contextvars.ContextVar("graphswap_counting_length", default=None)
-
-
-@contextlib.contextmanager
-def counting_length(length):
-    """Within: free input dimensions are counted at `length` (None: DEFAULT_SEQUENCE_LENGTH)."""
-    token = _COUNTING_LENGTH.set(None if length is None else validate_sequence_length(length))
-    try:
-        yield
-    finally:
-        _COUNTING_LENGTH.reset(token)
-
-
-def current_counting_length() -> int:
-    length = _COUNTING_LENGTH.get()
-    return DEFAULT_SEQUENCE_LENGTH if length is None else length
-
-
-def _fixed(shape):
-    """`shape` with its free dimensions beyond the batch at the counting length."""
-    if shape is None:
-        return None
-    length = current_counting_length()
-    return (shape[0], *(length if d is None else d for d in shape[1:]))
+# what callers import from here: the count lives with the layer kinds (graphswap.swap.kinds)
+__all__ = ["LayerReport", "RewriteReport", "assumed_length", "attention_macs", "cell_step_macs",
+           "counting_length", "current_counting_length", "input_shape_of", "layer_macs",
+           "quantization_line", "recurrent_macs"]
 
 
 @dataclasses.dataclass
@@ -182,72 +157,6 @@ def quantization_line(layer) -> str:
                            getattr(arithmetic, "activation_bits", 8))
 
 
-def input_shape_of(layer):
-    """The (first) input shape a layer was called or built with, or None."""
-    try:
-        inputs = layer.input
-        if isinstance(inputs, (list, tuple)):
-            inputs = inputs[0]
-        return tuple(inputs.shape)
-    except (AttributeError, ValueError, IndexError):
-        pass
-    shapes = getattr(layer, "_build_shapes_dict", None)
-    if shapes:
-        first = next(iter(shapes.values()))
-        if isinstance(first, (list, tuple)) and first and isinstance(first[0], (list, tuple)):
-            first = first[0]  # a list of input shapes
-        if isinstance(first, (list, tuple)):
-            return tuple(first)
-    return None
-
-
-def _prod(values) -> int:
-    return int(np.prod([int(v) for v in values], dtype=np.int64)) if values else 1
-
-
-def _spatial(shape, layer):
-    return shape[2:] if getattr(layer, "data_format", "channels_last") == "channels_first" \
-        else shape[1:-1]
-
-
-def _channels(shape, layer):
-    return shape[1] if getattr(layer, "data_format", "channels_last") == "channels_first" \
-        else shape[-1]
-
-
-def attention_macs(layer) -> tuple[int, int]:
-    """(projection MACs, attention-score MACs) per sample of a built MultiHeadAttention."""
-    query, value = getattr(layer, "_query_dense", None), getattr(layer, "_value_dense", None)
-    output = getattr(layer, "_output_dense", None)
-    inputs = [getattr(layer, a, None) for a in ("_query_dense", "_key_dense", "_gate_dense",
-                                                "_value_dense")]
-    projection_macs = sum(layer_macs(p) for p in inputs if p is not None)
-    q_shape = _fixed(input_shape_of(query)) if query is not None else None
-    v_shape = _fixed(input_shape_of(value)) if value is not None else None
-    scores = 0
-    if q_shape and None not in q_shape[1:]:
-        targets = _prod(q_shape[1:-1])
-        if output is not None:  # Keras builds it with the sequence length unknown
-            projection_macs += targets * _prod(output.kernel.shape)
-        if v_shape and None not in v_shape[1:]:
-            scores = targets * _prod(v_shape[1:-1]) * layer.num_heads * (layer.key_dim
-                                                                         + layer.value_dim)
-    return projection_macs, scores
-
-
-def layer_macs(layer) -> int:
-    """Weight multiply-accumulates per sample of a layer (0 if not built, unknown or none)."""
-    if isinstance(layer, keras.layers.MultiHeadAttention):
-        return attention_macs(layer)[0] if layer.built else 0
-    shape = _fixed(input_shape_of(layer))
-    if not shape or not getattr(layer, "built", False):
-        return 0
-    try:
-        return _weight_macs(layer, shape)
-    except (TypeError, ValueError, AttributeError, UnsupportedLayerError):
-        return 0
-
-
 def assumed_length(layer) -> int | None:
     """The length `layer_macs` counted the layer's free input dimensions at (None: it has none,
     or no MACs)."""
@@ -259,58 +168,3 @@ def assumed_length(layer) -> int | None:
     if any(shape and None in shape[1:] for shape in shapes) and layer_macs(layer):
         return current_counting_length()
     return None
-
-
-def cell_step_macs(cell) -> int:
-    """Weight MACs of one step of a built recurrent cell: every 2-D kernel it holds (input and
-    recurrent: LSTMCell, GRUCell, SimpleRNNCell and cells like them), the cells of a stack
-    summed; 0 for cells without such kernels (convolutional cells)."""
-    if isinstance(cell, keras.layers.StackedRNNCells):
-        return sum(cell_step_macs(inner) for inner in cell.cells)
-    total = 0
-    for attribute in ("kernel", "recurrent_kernel"):
-        weight = getattr(cell, attribute, None)
-        if weight is not None and len(weight.shape) == 2:
-            total += _prod(weight.shape)
-    return total
-
-
-def recurrent_macs(layer, shape) -> int:
-    """Weight MACs per sample of a built RNN layer (LSTM, GRU, SimpleRNN, RNN) or a
-    Bidirectional around one: timesteps x (input_dim + units) x gates x units per direction
-    (an unknown sequence length at the counting length)."""
-    shape = _fixed(shape)
-    if isinstance(layer, keras.layers.Bidirectional):
-        return recurrent_macs(layer.forward_layer, shape) + \
-            recurrent_macs(layer.backward_layer, shape)
-    if len(shape) < 3 or not getattr(layer.cell, "built", False):
-        return 0
-    return int(shape[1]) * cell_step_macs(layer.cell)
-
-
-def _weight_macs(layer, shape) -> int:
-    layers = keras.layers
-    if isinstance(layer, (layers.RNN, layers.Bidirectional)):
-        return recurrent_macs(layer, shape)
-    if isinstance(layer, layers.TimeDistributed):   # timesteps x the wrapped layer's
-        if len(shape) < 3 or not layer.layer.built:
-            return 0
-        return int(shape[1]) * _weight_macs(layer.layer, (shape[0], *shape[2:]))
-    if isinstance(layer, layers.EinsumDense):
-        return einsum_plan(layer.equation, len(shape)).macs(shape, tuple(layer.kernel.shape))
-    if isinstance(layer, layers.Dense):
-        return _prod(shape[1:-1]) * int(shape[-1]) * int(layer.units)
-    if isinstance(layer, (BaseConv, BaseDepthwiseConv, BaseSeparableConv, BaseConvTranspose)):
-        in_c = int(_channels(shape, layer))
-        taps = _prod(layer.kernel_size)
-        if isinstance(layer, BaseConvTranspose):
-            return _prod(_spatial(shape, layer)) * taps * in_c * int(layer.filters)
-        out = layer.compute_output_shape(shape)
-        positions = _prod(_spatial(out, layer))
-        if isinstance(layer, BaseDepthwiseConv):
-            return positions * in_c * int(layer.depth_multiplier) * taps
-        if isinstance(layer, BaseSeparableConv):
-            middle = in_c * int(layer.depth_multiplier)
-            return positions * (middle * taps + middle * int(layer.filters))
-        return positions * int(layer.filters) * taps * (in_c // int(layer.groups))
-    return 0
