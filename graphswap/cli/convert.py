@@ -56,8 +56,8 @@ def convert(ctx, model_path, output, kernel, kernel_map, include, exclude, layer
     """Rewrite MODEL so its layers with weights run KERNEL; save it and report.
 
     MODEL: .keras, full-model .h5, a graphswap SavedModel directory or a Keras 2 SavedModel.
-    Swapped by default: Dense, Conv2D, DepthwiseConv2D, SeparableConv2D, Conv1D,
-    Conv2DTranspose, EinsumDense and MultiHeadAttention (its projections).  Layers that are
+    Swapped by default: every type --layer-types lists (MultiHeadAttention: its projections;
+    recurrent layers: their cells' products).  Layers that are
     already swapped get the new kernel when selected and keep theirs otherwise.  The report
     gives, per layer type, the multiply-accumulates per sample that run on the kernel and
     those that stay float.  A subclassed model (class Net(keras.Model)) is converted when
