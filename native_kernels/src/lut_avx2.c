@@ -515,18 +515,9 @@ int gs_quantize_map_avx2(const float *src, int64_t n, double scale, double recip
                              _mm_unpacklo_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1)));
         }
     }
-    for (; i < n; ++i) {
-        const float v = src[i];
-        uint8_t code;
-        if (!gs_finite(v)) {
-            code = (uint8_t)zero;
-            bad = 1;
-        } else {
-            code = is_signed ? gs_quant_s8(v, scale) : gs_quant_u8(v, scale, (double)zero);
-        }
-        out[i] = mapped[code];
-        if (codes) codes[i] = code;
-    }
+    if (i < n) /* the last n % 8: the scalar loop (gs_quant) */
+        bad |= gs_quantize_map_scalar(src + i, n - i, scale, recip, zero, is_signed, mapped, out + i,
+                                      codes ? codes + i : NULL);
     return bad != 0;
 }
 

@@ -512,18 +512,9 @@ int gs_quantize_map_avx512(const float *src, int64_t n, double scale, double rec
         _mm512_storeu_ps(out + i, _mm512_i32gather_ps(idx, mapped, 4));
         if (codes) _mm_storeu_si128((__m128i *)(codes + i), _mm512_cvtepi32_epi8(idx));
     }
-    for (; i < n; ++i) { /* the last n % 16: gs_quant */
-        const float v = src[i];
-        uint8_t code;
-        if (!gs_finite(v)) {
-            code = (uint8_t)zero;
-            bad = 1;
-        } else {
-            code = is_signed ? gs_quant_s8(v, scale) : gs_quant_u8(v, scale, (double)zero);
-        }
-        out[i] = mapped[code];
-        if (codes) codes[i] = code;
-    }
+    if (i < n) /* the last n % 16: the scalar loop (gs_quant) */
+        bad |= gs_quantize_map_scalar(src + i, n - i, scale, recip, zero, is_signed, mapped, out + i,
+                                      codes ? codes + i : NULL);
     return bad != 0;
 }
 
@@ -538,10 +529,8 @@ void gs_factored_epilogue_row_avx512(const double *scale, const double *z, const
         if (bias) r = _mm256_add_ps(r, _mm256_loadu_ps(bias + j));
         _mm256_storeu_ps(y + j, r);
     }
-    for (; j < n; ++j) { /* the last n % 8 */
-        const float r = (float)(scale[j] * ((double)y[j] + z[j]));
-        y[j] = bias ? r + bias[j] : r;
-    }
+    if (j < n) /* the last n % 8 */
+        gs_factored_epilogue_row_scalar(scale + j, z + j, bias ? bias + j : NULL, y + j, n - j);
 }
 
 #endif /* x86 */
