@@ -121,14 +121,35 @@ def operands_default(operands, calibrated: bool) -> str | None:
 QUANTIZATION_PRESETS = ("default", "tfapprox")
 
 
-def quantization_request(quantization, calibrated: bool, operands: str | None = None):
-    """scheme_for(kernel) -> the QuantScheme rewrite_model gives a multiplier layer running that
-    kernel.  `quantization`: None or "default" (sign-magnitude weights for unsigned multipliers,
-    symmetric for signed, per-channel), "tfapprox" (TFApprox: asymmetric per-tensor for unsigned
-    multipliers; signed ones keep symmetric per-channel), a dict or a QuantScheme.  Activations
-    are static exactly when calibration data is given (dynamic, per call, otherwise).
-    `operands`: a fixed wiring for every layer ("activation_first" / "weight_first"), or None
-    to keep the scheme's."""
+@dataclasses.dataclass(frozen=True)
+class QuantizationRequest:
+    """What rewrite_model was asked for, per kernel: `base` the scheme every multiplier layer
+    starts from (None: the legacy default, by the kernel's signedness), static activations when
+    `calibrated`, and a fixed operand wiring (None: the scheme's)."""
+
+    base: QuantScheme | None
+    calibrated: bool
+    operands: str | None = None
+
+    def scheme_for(self, kernel) -> QuantScheme:
+        """The QuantScheme a multiplier layer running `kernel` gets."""
+        scheme = self.base if self.base is not None else \
+            legacy_scheme(bool(getattr(kernel, "signed", 0)))
+        if self.calibrated:
+            scheme = dataclasses.replace(scheme, activations="static", activation_range=None)
+        if self.operands is not None:
+            scheme = dataclasses.replace(scheme, operands=self.operands)
+        return scheme
+
+
+def quantization_request(quantization, calibrated: bool,
+                         operands: str | None = None) -> QuantizationRequest:
+    """The QuantizationRequest rewrite_model gives its multiplier layers.  `quantization`: None
+    or "default" (sign-magnitude weights for unsigned multipliers, symmetric for signed,
+    per-channel), "tfapprox" (TFApprox: asymmetric per-tensor for unsigned multipliers; signed
+    ones keep symmetric per-channel), a dict or a QuantScheme.  Activations are static exactly
+    when calibration data is given (dynamic, per call, otherwise).  `operands`: a fixed wiring
+    for every layer ("activation_first" / "weight_first"), or None to keep the scheme's."""
     if quantization is None or quantization == "default":
         base = QuantScheme()
     elif isinstance(quantization, str):
@@ -142,13 +163,4 @@ def quantization_request(quantization, calibrated: bool, operands: str | None = 
             and base.activation_range is None:
         raise QuantizationError("static activations need calibration data: pass "
                                 "calibration_data= (--calibrate DATA), or use dynamic activations")
-
-    def scheme_for(kernel) -> QuantScheme:
-        scheme = base if base is not None else legacy_scheme(bool(getattr(kernel, "signed", 0)))
-        if calibrated:
-            scheme = dataclasses.replace(scheme, activations="static", activation_range=None)
-        if operands is not None:
-            scheme = dataclasses.replace(scheme, operands=operands)
-        return scheme
-
-    return scheme_for
+    return QuantizationRequest(base, calibrated, operands)

@@ -21,7 +21,7 @@ from graphswap.swap.calibration import (DEFAULT_CALIBRATION_METHOD, DEFAULT_CALI
 from graphswap.swap.catalog import float_wrapper_reason, swapped_from
 from graphswap.swap.clone import copy_compile_config, transform_model
 from graphswap.swap.compensation import calibrate_and_compensate
-from graphswap.swap.recipe import (DEFAULT_RECIPE, fallback_wanted,
+from graphswap.swap.recipe import (DEFAULT_RECIPE, QuantizationRequest, fallback_wanted,
                                    has_batchnorm, operands_default, quantization_request,
                                    recipe_defaults, recipe_note)
 from graphswap.swap.fallback import choose_conversion
@@ -107,8 +107,8 @@ def rewrite_model(model, kernel="exact", include=None, exclude=None, kernel_map=
         bias_correction, weight_tuning, calibrated, recalibrate_bn, has_batchnorm(model))
     operands = operands_default(operands, calibrated)
     fallback = calibrated and fallback_wanted(dynamic_fallback, quantization, inplace)
-    scheme_for = quantization_request(quantization, calibrated,
-                                      None if operands == "auto" else operands)
+    request = quantization_request(quantization, calibrated,
+                                   None if operands == "auto" else operands)
     if calibrated:   # checked before any work is done
         check_method(calibration_method, calibration_source)
         calibration_inputs(model, calibration_data, calibration_samples)
@@ -121,7 +121,7 @@ def rewrite_model(model, kernel="exact", include=None, exclude=None, kernel_map=
         if bn_by_default:   # re-estimated by default only where a BatchNorm is left unfolded
             recalibrate_bn = recalibrate_bn and has_batchnorm(source_model)
     selection = LayerSelection.from_arguments(kernel, include, exclude, kernel_map, layer_types)
-    swapper = LayerSwapper(selection, backward, scheme_for,
+    swapper = LayerSwapper(selection, backward, request,
                            enter_custom_layers=not is_subclassed(source_model))
     if is_subclassed(source_model):
         new_model = _rewrite_subclassed(source_model, swapper.replace, inplace, notes)
@@ -179,21 +179,21 @@ def rewrite_model(model, kernel="exact", include=None, exclude=None, kernel_map=
 
 class LayerSwapper:
     """transform_model's `replace(path, layer)` for one rewrite: each layer's Kernel from the
-    selection, its QuantScheme from `scheme_for(kernel)` (graphswap.swap.recipe), the swapped
+    selection, its QuantScheme from the QuantizationRequest (graphswap.swap.recipe), the swapped
     layer from graphswap.swap.catalog.swapped_from; one report entry per layer seen
     (`entries`).  A custom layer of a functional model is entered: the layers it holds are
     swapped on a copy of it."""
 
-    def __init__(self, selection: LayerSelection, backward: str, scheme_for,
+    def __init__(self, selection: LayerSelection, backward: str, request: QuantizationRequest,
                  enter_custom_layers: bool):
-        self.selection, self.backward, self.scheme_for = selection, backward, scheme_for
+        self.selection, self.backward, self.request = selection, backward, request
         self.enter_custom_layers = enter_custom_layers
         self.entries: list[LayerReport] = []
 
     def layer_quantization(self, kernel) -> dict:
         """The QuantScheme config a layer running `kernel` is created with: a static scheme is
         created dynamic and calibrated after the clone."""
-        scheme = self.scheme_for(kernel)
+        scheme = self.request.scheme_for(kernel)
         return (scheme.dynamic() if scheme.activation_range is None else scheme).to_config()
 
     def replace(self, path, layer):
