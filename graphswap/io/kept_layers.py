@@ -33,7 +33,7 @@ from graphswap.swap import (SwappedBidirectional, SwappedConv1D, SwappedConv2DTr
                             SwappedSimpleRNN, type_name)
 from graphswap.swap.layers_wrapped import FoldedTimeDistributed
 from graphswap.swap.recurrent_cells import SwappedGRUCell, SwappedLSTMCell, SwappedSimpleRNNCell
-from graphswap.swap.report import input_shape_of
+from graphswap.swap.kinds.counting import input_shape_of
 from graphswap.swap.tracking import replace_attribute
 
 

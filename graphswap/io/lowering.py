@@ -27,7 +27,7 @@ from graphswap.swap import (SWAPPED_CLASSES, iter_layers, stock_class, transform
                             type_name)
 from graphswap.swap.kinds import of_layer
 from graphswap.swap.layers_wrapped import FoldedTimeDistributed, fold_time_steps, folded_copy
-from graphswap.swap.report import input_shape_of
+from graphswap.swap.kinds.counting import input_shape_of
 from graphswap.swap.layers_recurrent import STOCK as RECURRENT_STOCK
 from graphswap.swap.layers_recurrent import stock_config as recurrent_stock_config
 from graphswap.swap.rewrite import built_replacement

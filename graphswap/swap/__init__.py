@@ -46,7 +46,8 @@ from graphswap.swap.layers_recurrent import (SwappedBidirectional, SwappedGRU, S
                                              SwappedRNN, SwappedSimpleRNN)
 from graphswap.swap.layers_wrapped import SwappedTimeDistributed
 from graphswap.swap.ops import BACKWARD_MODES, check_backward_mode, swapped_conv2d, swapped_matmul
-from graphswap.swap.report import LayerReport, RewriteReport, counting_length, layer_macs
+from graphswap.swap.kinds.counting import counting_length, layer_macs
+from graphswap.swap.report import LayerReport, RewriteReport
 from graphswap.swap.quantstate import legacy_scheme
 from graphswap.swap.rewrite import plan, rewrite_model
 from graphswap.swap.selection import (LayerSelection, check_layer_types, load_kernel_map,

@@ -25,16 +25,8 @@ import json
 
 import keras
 
-from graphswap.swap.kinds.counting import (cell_step_macs, counting_length,
-                                           current_counting_length, input_shape_of, layer_macs,
-                                           recurrent_macs)
-from graphswap.swap.kinds.multi_head_attention import attention_macs
+from graphswap.swap.kinds.counting import current_counting_length, input_shape_of, layer_macs
 from graphswap.tables import format_table
-
-# what callers import from here: the count lives with the layer kinds (graphswap.swap.kinds)
-__all__ = ["LayerReport", "RewriteReport", "assumed_length", "attention_macs", "cell_step_macs",
-           "counting_length", "current_counting_length", "input_shape_of", "layer_macs",
-           "quantization_line", "recurrent_macs"]
 
 
 @dataclasses.dataclass

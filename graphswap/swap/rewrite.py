@@ -27,8 +27,9 @@ from graphswap.swap.recipe import (DEFAULT_RECIPE, QuantizationRequest, fallback
 from graphswap.swap.fallback import choose_conversion
 from graphswap.swap.folding import fold_batchnorm as fold_pairs
 from graphswap.swap.selection import LayerSelection
-from graphswap.swap.report import (LayerReport, RewriteReport, assumed_length, attention_macs,
-                                   layer_macs, quantization_line)
+from graphswap.swap.kinds.counting import layer_macs
+from graphswap.swap.kinds.multi_head_attention import attention_macs
+from graphswap.swap.report import LayerReport, RewriteReport, assumed_length, quantization_line
 from graphswap.swap.subclassed import (copy_custom_layer, copy_subclassed, held_layers,
                                        is_custom_container, is_custom_layer, is_subclassed,
                                        layer_paths, mark_swapped, own_weights, swap_layers)
