@@ -12,7 +12,7 @@ import json
 import keras
 import numpy as np
 from click.testing import CliRunner
-from conftest import REPO, run_python
+from conftest import REPO, SAMPLE_MODEL, run_python
 
 import graphswap
 from graphswap import cli
@@ -80,6 +80,22 @@ def test_help_kernels_and_usage_errors_start_without_tensorflow():
                                                     "nonsense")]
     assert missing["code"] == 1 and "Missing argument 'MODEL'" in missing["out"]
     assert bad_choice["code"] == 1 and "'nonsense' is not one of" in bad_choice["out"]
+
+
+def test_errors_a_command_finds_in_its_own_arguments_come_before_tensorflow():
+    """A command checks what it can without the API first: these errors print, exit 1, and
+    leave TensorFlow unimported."""
+    model = str(SAMPLE_MODEL)
+    invocations = [["export", model, "--keep-kernels", "--format", "savedmodel"],
+                   ["convert", model, "--bias-correction", "mean"],
+                   ["kernels", "check", "nonsense_kernel"]]
+    result = _run_deferred(invocations)
+    assert result["tensorflow"] is False and result["keras"] is False, result["runs"]
+    keep, needs_data, unknown = result["runs"]
+    assert keep["code"] == 1 and "--keep-kernels needs --format onnx" in keep["out"]
+    assert needs_data["code"] == 1 and "--bias-correction needs --calibrate DATA" in \
+        needs_data["out"]
+    assert unknown["code"] == 1 and "nonsense_kernel" in unknown["out"]
 
 
 def test_option_values_are_the_apis():

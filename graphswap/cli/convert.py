@@ -67,15 +67,17 @@ def convert(ctx, model_path, output, kernel, kernel_map, include, exclude, layer
     model: a prediction no longer depends on its batch); --bias-correction and --recalibrate-bn
     add the zero-gradient-step recovery on the same data (docs/RECOVERY.md).
     """
-    import_tensorflow_quietly()   # before the API, which imports it
-    from graphswap import io
     source = model_path
     if rewrite["calibrate"] is not None:   # the data is read for the model: load it first
+        import_tensorflow_quietly()   # before the API, which imports it
+        from graphswap import io
         output = output or io.default_output_path(model_path, "convert")
         io.check_model_output_path(output, force, inputs=[model_path])
         source = load_model(model_path, custom_objects, unsafe)
     options = rewrite_options(rewrite, source if source is not model_path else None, ctx)
     recorded = record_named_kernels([kernel])   # before the work: nothing written if it fails
+    import_tensorflow_quietly()   # before the API, which imports it
+    from graphswap import io
     result = io.convert(source, kernel, kernel_map=kernel_map, include=list(include) or None,
                         exclude=list(exclude) or None,
                         layer_types=layer_types, backward=backward,

@@ -53,8 +53,6 @@ def evaluate_command(ctx, model_path, data_path, kernel_specs, finetune_data, ep
                      force, json_target, custom_objects, unsafe, rewrite, loss=None,
                      task_metrics=None):
     """Evaluate MODEL and one rewritten copy per --kernel on the same data, side by side."""
-    import_tensorflow_quietly()   # before the API, which imports it
-    from graphswap import io, research
     as_json = json_target == "-"
     if json_target not in (None, "-"):
         if output is not None and output != json_target:
@@ -63,6 +61,8 @@ def evaluate_command(ctx, model_path, data_path, kernel_specs, finetune_data, ep
         if Path(json_target).suffix.lower() != ".json":
             raise OutputPathError(f"--json {json_target} must end in .json")
         output = json_target
+    import_tensorflow_quietly()   # before the API, which imports it
+    from graphswap import io, research
     for path in (output, plot):
         if path is not None:
             io.check_output_path(path, force, inputs=[model_path, data_path])

@@ -56,12 +56,12 @@ def export_command(model_path, export_format, keep_kernels, output, opset, check
     Every export is run on a sample batch and compared with the Keras model before it
     is written (see docs/EXPORT.md).
     """
-    import_tensorflow_quietly()   # before the API, which imports it
-    from graphswap import io, swap
     if keep_kernels and export_format != "onnx":
         raise click.UsageError(
             "--keep-kernels needs --format onnx: a SavedModel cannot hold the C kernels (a "
             "tf.numpy_function body is not serialized), so it could not serve")
+    import_tensorflow_quietly()   # before the API, which imports it
+    from graphswap import io, swap
     if output is None:
         kind = export_format if export_format == "savedmodel" else (
             "onnx-kept-kernels" if keep_kernels else "onnx")

@@ -48,9 +48,10 @@ def kernels_check(spec, plot, timeout, force, as_json):
     Exit code 1 when a check fails; warnings (a property some published circuits have, such as
     f(0, 0) != 0) do not fail it.
     """
-    import_tensorflow_quietly()   # before the API, which imports it
-    from graphswap import io, kernels
+    from graphswap import kernels
     if plot:
+        import_tensorflow_quietly()   # before the API, which imports it
+        from graphswap import io
         io.check_output_path(plot, force)
     result = kernels.check_kernel(spec, plot=plot, timeout=timeout)
     click.echo(json.dumps(result, indent=2, default=float) if as_json

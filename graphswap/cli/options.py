@@ -115,11 +115,13 @@ def selection_options(include="As for convert.", exclude="As for convert."):
 
 def _layer_types(ctx, param, values):
     """--layer-types: repeatable and/or comma-separated type names; () means every type."""
+    names = [name.strip() for value in values for name in value.split(",") if name.strip()]
+    if not names:
+        return None
     import_tensorflow_quietly()   # before the API, which imports it
     from graphswap import swap
-    names = [name.strip() for value in values for name in value.split(",") if name.strip()]
     try:
-        return swap.check_layer_types(names) if names else None
+        return swap.check_layer_types(names)
     except GraphswapError as exc:
         raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
 

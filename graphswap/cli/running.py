@@ -72,8 +72,6 @@ def say_recorded(recorded, err: bool = False, written="the output") -> None:
 def rewrite_options(rewrite: dict, model=None, ctx=None) -> dict:
     """rewrite_model's keyword arguments from the quantization options (calibration data read
     for `model` when given, else passed on as a path)."""
-    import_tensorflow_quietly()   # before the API, which imports it
-    from graphswap import research
     explicit = {k: rewrite[k] for k in ("weights", "weight_granularity") if rewrite[k]}
     if rewrite["quantization"] == "tfapprox" and explicit:
         raise click.UsageError("--quantization tfapprox fixes the weight encoding and "
@@ -106,6 +104,8 @@ def rewrite_options(rewrite: dict, model=None, ctx=None) -> dict:
     if rewrite["calibrate"] is not None:
         data = rewrite["calibrate"]
         if model is not None:
+            import_tensorflow_quietly()   # before the API, which imports it
+            from graphswap import research
             # the examples beyond those calibrated on are the zero-step check's (swap.fallback)
             data = research.calibration_arrays(data, model, rewrite["calibration_samples"]
                                                + CHECK_SAMPLES)
